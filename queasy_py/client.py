@@ -1,0 +1,119 @@
+"""Client: one process's connection to Redis, its queues and (when listening) its supervisor."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from . import defaults
+from .connection import connect, mask_url
+from .errors import InvalidInput, QueasyError
+from .library import ensure_loaded
+from .queue import Queue
+
+if TYPE_CHECKING:
+    from .embedded import EmbeddedServer
+    from .options import ListenOptions
+
+log = logging.getLogger("queasy_py")
+
+
+def new_client_id() -> str:
+    return f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+class Client:
+    """A connection to Redis. `url` None: $QUEASY_REDIS_URL, else an embedded server.
+
+    `workers` is the number of worker subprocesses a supervisor started by run() uses
+    (default os.cpu_count(); 0 makes a producer-only client). Other supervisor settings
+    (see queasy_py/defaults.py SUPERVISOR) are keyword arguments.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        workers: int | None = None,
+        *,
+        prefix: str = defaults.PREFIX,
+        max_payload: int = defaults.MAX_PAYLOAD_BYTES,
+        **settings: Any,
+    ) -> None:
+        unknown = set(settings) - set(defaults.SUPERVISOR)
+        if unknown:
+            raise InvalidInput(f"unknown Client settings: {sorted(unknown)}")
+        if workers is not None and (
+            isinstance(workers, bool) or not isinstance(workers, int) or workers < 0
+        ):
+            raise InvalidInput(f"workers must be an int >= 0, not {workers!r}")
+        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+            raise InvalidInput(f"invalid key prefix {prefix!r}: a non-empty str without braces")
+        self.prefix = prefix
+        self.max_payload = max_payload
+        self.settings: dict[str, Any] = {**defaults.SUPERVISOR, **settings, "workers": workers}
+        self.server: EmbeddedServer | None = None
+        url = url or os.environ.get(defaults.URL_ENV) or None
+        if url is None:
+            from .embedded import EmbeddedServer
+
+            self.server = EmbeddedServer().start()
+            url = self.server.url
+            log.info("no Redis URL given: using an embedded server at %s", url)
+        self.url = url
+        self.redis: redis.Redis = connect(url)
+        try:
+            self.library_version = ensure_loaded(self.redis)
+        except BaseException:
+            self.close()
+            raise
+        self.id = new_client_id()
+        self._queues: dict[str, Queue] = {}
+        self.listeners: dict[str, tuple[Queue, ListenOptions]] = {}
+
+    def __repr__(self) -> str:
+        return f"<Client {self.id} {mask_url(self.url)}>"
+
+    def queue(self, name: str) -> Queue:
+        """The queue called `name` (1-100 chars of A-Z a-z 0-9 _ . : -)."""
+        return self._queue(name, None)
+
+    def _queue(self, name: str, tag: str | None) -> Queue:
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = Queue(self, name, tag)
+            self._queues[name] = queue
+        elif tag is not None and queue.keys.tag != tag:
+            raise InvalidInput(
+                f"queue {name!r} is already in use with hash tag {queue.keys.tag!r}; "
+                f"it cannot also be the fail queue of {tag!r}"
+            )
+        return queue
+
+    def _add_listener(self, queue: Queue, spec: ListenOptions) -> None:
+        if queue.name in self.listeners:
+            raise InvalidInput(f"queue {queue.name!r} is already listened to by this client")
+        self.listeners[queue.name] = (queue, spec)
+
+    def run(self) -> int:
+        """Supervise the listened queues until SIGTERM/SIGINT. Returns an exit code."""
+        from .supervisor import Supervisor
+
+        if not self.listeners:
+            raise QueasyError("run() needs at least one queue.listen(...) first")
+        return Supervisor(self).run()
+
+    def close(self) -> None:
+        self.redis.close()
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,73 @@
+"""Opening a Redis connection: bounded retries, clear errors, passwords never shown."""
+
+from __future__ import annotations
+
+import logging
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+
+from . import defaults
+from .errors import ConnectionFailed, QueasyError
+
+log = logging.getLogger("queasy_py")
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ***, safe to log."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def connect(
+    url: str,
+    attempts: int = defaults.CONNECT_ATTEMPTS,
+    backoff: float = defaults.CONNECT_BACKOFF,
+) -> redis.Redis:
+    """A connected redis.Redis (bytes responses), or ConnectionFailed naming the masked URL."""
+    try:
+        r = redis.Redis.from_url(url, socket_connect_timeout=5.0, socket_keepalive=True)
+    except ValueError as exc:
+        raise ConnectionFailed(f"invalid Redis URL {mask_url(url)}: {exc}") from None
+    delay = backoff
+    for attempt in range(1, attempts + 1):
+        try:
+            r.ping()
+            return r
+        except redis.AuthenticationError as exc:
+            r.close()
+            raise ConnectionFailed(
+                f"Redis at {mask_url(url)} refused the credentials: {exc}"
+            ) from None
+        except redis.ResponseError as exc:
+            if "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
+                r.close()
+                raise ConnectionFailed(
+                    f"Redis at {mask_url(url)} refused the credentials: {exc}"
+                ) from None
+            r.close()
+            raise QueasyError(f"Redis at {mask_url(url)} answered PING with {exc}") from None
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            if attempt == attempts:
+                r.close()
+                raise ConnectionFailed(
+                    f"cannot connect to Redis at {mask_url(url)} after {attempts} attempts: {exc}"
+                ) from None
+            log.warning(
+                "cannot connect to Redis at %s (attempt %d of %d): %s; retrying in %.1fs",
+                mask_url(url),
+                attempt,
+                attempts,
+                exc,
+                delay,
+            )
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")

@@ -1,0 +1,59 @@
+"""The one source of defaults. The README quotes this file; change both together."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+#: key prefix of every Redis key queasy_py writes
+PREFIX = "queasy"
+#: suffix of a queue's fail queue name (the fail queue shares the queue's hash tag)
+FAIL_QUEUE_SUFFIX = "-fail"
+#: the largest JSON-encoded job data accepted by dispatch, in bytes
+MAX_PAYLOAD_BYTES = 1024 * 1024
+#: entries kept in a queue's outcome-event stream (approximate MAXLEN; 0 turns events off)
+EVENTS_MAXLEN = 100_000
+#: attempts and first backoff (seconds, doubling) when connecting to Redis
+CONNECT_ATTEMPTS = 3
+CONNECT_BACKOFF = 0.2
+#: environment variable read when no URL is given
+URL_ENV = "QUEASY_REDIS_URL"
+#: capacity units of one worker process
+WORKER_UNITS = 100
+
+#: keyword arguments of Queue.listen() and their defaults
+LISTEN: dict[str, Any] = {
+    "size": 10,
+    "priority": 100,
+    "timeout": 60.0,
+    "max_retries": 10,
+    "max_stalls": 3,
+    "max_timeouts": 3,
+    "min_backoff": 2.0,
+    "max_backoff": 300.0,
+    "fail_handler": None,
+    "fail_options": None,
+    "events_maxlen": EVENTS_MAXLEN,
+}
+
+#: options of a fail queue (its jobs run the fail handler); listen(fail_options=...) overrides
+FAIL_OPTIONS: dict[str, Any] = {
+    "max_retries": 100,
+    "min_backoff": 10.0,
+    "max_backoff": 900.0,
+    "size": 2,
+}
+
+#: supervisor settings: Client(...) keywords and the top-level keys of `queasy run` config
+SUPERVISOR: dict[str, Any] = {
+    "workers": None,  # None: os.cpu_count()
+    "heartbeat_interval": 5.0,  # seconds; the expiry is twice this
+    "shutdown_timeout": 30.0,  # seconds to wait for running jobs on SIGTERM/SIGINT
+    "max_jobs_per_worker": 0,  # 0: never recycle a worker by job count
+    "max_worker_memory": 0,  # bytes of RSS; 0: never recycle by memory
+    "poll_interval": 1.0,  # seconds: the longest sleep without a wake-up message
+}
+
+
+def default_workers() -> int:
+    return os.cpu_count() or 1

@@ -1,0 +1,41 @@
+"""Every exception queasy_py raises, and the ones handlers raise to steer retries."""
+
+from __future__ import annotations
+
+
+class QueasyError(Exception):
+    """Base class of every queasy_py error."""
+
+
+class InvalidInput(QueasyError, ValueError):
+    """An argument was rejected before anything was written."""
+
+
+class ConfigError(QueasyError, ValueError):
+    """A configuration file or option is malformed; the message names the key."""
+
+
+class ConnectionFailed(QueasyError):
+    """The Redis server could not be reached (the URL is named, its password masked)."""
+
+
+class VersionMismatch(QueasyError):
+    """The server holds a queasy function library of a newer major version."""
+
+
+class HandlerError(QueasyError):
+    """A handler module path does not import, or its module has no callable `handle`."""
+
+
+class PermanentError(QueasyError):
+    """Raised by a handler to fail its job at once: no retries, straight to the fail handler."""
+
+    kind = "permanent"
+
+
+class RetryLater(QueasyError):
+    """Raised by a handler to retry its job at `retry_at` (aware datetime or epoch seconds)."""
+
+    def __init__(self, message: str = "", retry_at: object = None) -> None:
+        super().__init__(message)
+        self.retry_at = retry_at

@@ -1,0 +1,43 @@
+"""Every Redis key and channel name of a queue is built here and nowhere else.
+
+Keys derived inside the Lua library from a queue's base key are listed in the key-layout
+table at the top of lua/queasy.lua.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """Keys of one queue. `tag` is the hash tag shared with its fail queue."""
+
+    prefix: str
+    name: str
+    tag: str
+
+    @property
+    def base(self) -> str:
+        return f"{self.prefix}:{{{self.tag}}}:{self.name}"
+
+    @property
+    def wake(self) -> str:
+        return f"{self.base}:wake"
+
+    @property
+    def events(self) -> str:
+        return f"{self.base}:events"
+
+    @property
+    def waiting(self) -> str:
+        return f"{self.base}:waiting"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.base}:job:{job_id}"
+
+    def active(self, job_id: str) -> str:
+        return f"{self.base}:active:{job_id}"
+
+    def fail_keys(self, suffix: str) -> QueueKeys:
+        return QueueKeys(self.prefix, self.name + suffix, self.tag)

@@ -1,0 +1,100 @@
+"""Options of a listened queue (Queue.listen keywords), checked once, applied at dequeue time."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from . import defaults
+from .errors import InvalidInput
+from .handler import load
+
+
+def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        bound = f"{low}..{high}" if high is not None else f">= {low}"
+        raise InvalidInput(f"{name} must be an int {bound}, not {value!r}")
+    return value
+
+
+def _seconds(name: str, value: Any, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInput(f"{name} must be a number of seconds, not {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise InvalidInput(f"{name} must be {'> 0' if positive else '>= 0'}, not {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ListenOptions:
+    queue: str
+    handler: str
+    size: int
+    priority: int
+    timeout: float
+    max_retries: int
+    max_stalls: int
+    max_timeouts: int
+    min_backoff: float
+    max_backoff: float
+    fail_handler: str | None
+    fail_options: dict[str, Any] = field(default_factory=dict)
+    events_maxlen: int = defaults.EVENTS_MAXLEN
+
+    @classmethod
+    def build(cls, queue: str, handler: str, options: dict[str, Any], check: bool = True):
+        unknown = set(options) - set(defaults.LISTEN)
+        if unknown:
+            raise InvalidInput(f"unknown listen option(s) {sorted(unknown)} for queue {queue!r}")
+        o = {**defaults.LISTEN, **options}
+        fail_options = o["fail_options"] or {}
+        if not isinstance(fail_options, dict):
+            raise InvalidInput(f"fail_options must be a dict, not {fail_options!r}")
+        bad = set(fail_options) - (set(defaults.LISTEN) - {"fail_handler", "fail_options"})
+        if bad:
+            raise InvalidInput(f"unknown fail_options key(s) {sorted(bad)} for queue {queue!r}")
+        spec = cls(
+            queue=queue,
+            handler=handler,
+            size=_int("size", o["size"], 1, defaults.WORKER_UNITS),
+            priority=_int("priority", o["priority"], -(2**31), 2**31),
+            timeout=_seconds("timeout", o["timeout"], positive=True),
+            max_retries=_int("max_retries", o["max_retries"], 0),
+            max_stalls=_int("max_stalls", o["max_stalls"], 1),
+            max_timeouts=_int("max_timeouts", o["max_timeouts"], 1),
+            min_backoff=_seconds("min_backoff", o["min_backoff"]),
+            max_backoff=_seconds("max_backoff", o["max_backoff"]),
+            fail_handler=o["fail_handler"],
+            fail_options=dict(fail_options),
+            events_maxlen=_int("events_maxlen", o["events_maxlen"], 0),
+        )
+        if spec.min_backoff > spec.max_backoff:
+            raise InvalidInput(
+                f"min_backoff ({spec.min_backoff}) is larger than max_backoff ({spec.max_backoff})"
+            )
+        if spec.fail_handler is not None and not isinstance(spec.fail_handler, str):
+            raise InvalidInput(f"fail_handler must be a module path, not {spec.fail_handler!r}")
+        if check:
+            load(handler)
+            if spec.fail_handler is not None:
+                load(spec.fail_handler)
+        if spec.fail_handler is not None:
+            spec.fail_spec(queue + defaults.FAIL_QUEUE_SUFFIX)  # check fail_options values
+        return spec
+
+    def fail_spec(self, fail_queue: str) -> ListenOptions:
+        """Options of the fail queue: FAIL_OPTIONS defaults, then this queue's fail_options."""
+        assert self.fail_handler is not None
+        merged = {**defaults.FAIL_OPTIONS, **self.fail_options}
+        base = ListenOptions.build(fail_queue, self.fail_handler, merged, check=False)
+        return replace(base, fail_handler=None)
+
+    def backoff(self, retry_count: int) -> float:
+        """Seconds before retry number retry_count + 1 (without jitter)."""
+        return min(self.max_backoff, self.min_backoff * 2 ** min(retry_count, 64))

@@ -1,0 +1,158 @@
+"""The producer API of one queue: dispatch, cancel, get_job, counts (and listen)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from . import defaults, validate
+from .errors import InvalidInput
+from .job import JobInfo
+from .keys import QueueKeys
+from .library import fcall
+
+if TYPE_CHECKING:
+    from .client import Client
+    from .options import ListenOptions
+
+#: jobs per FCALL in dispatch_many (the chunks are pipelined in one round trip)
+DISPATCH_CHUNK = 500
+
+
+def new_job_id() -> str:
+    """A unique, URL-safe job id."""
+    return uuid.uuid4().hex
+
+
+class Queue:
+    """A named queue. Get one with Client.queue(name)."""
+
+    def __init__(self, client: Client, name: str, tag: str | None = None) -> None:
+        self.client = client
+        self.name = validate.queue_name(name)
+        self.keys = QueueKeys(client.prefix, self.name, tag or self.name)
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.name!r}>"
+
+    @property
+    def fail_queue(self) -> Queue:
+        """The queue of this queue's fail jobs (same hash tag, name + '-fail')."""
+        name = self.name + defaults.FAIL_QUEUE_SUFFIX
+        return self.client._queue(name, self.keys.tag)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _flags(self, update_data: bool, update_run_at: object, reset_counts: bool | None) -> list:
+        if not isinstance(update_data, bool):
+            raise InvalidInput(f"update_data must be True or False, not {update_data!r}")
+        if reset_counts is None:
+            reset_counts = update_data
+        elif not isinstance(reset_counts, bool):
+            raise InvalidInput(f"reset_counts must be True, False or None, not {reset_counts!r}")
+        mode = validate.run_at_mode(update_run_at)
+        return ["1" if update_data else "0", mode, "1" if reset_counts else "0"]
+
+    def _encode(self, data: Any, id: str | None, run_at: Any, delay: Any) -> list:
+        job_id = new_job_id() if id is None else validate.job_id(id)
+        encoded = validate.encode_data(data, self.client.max_payload)
+        at = validate.run_at_ms(run_at, delay, time.time())
+        return [job_id, encoded, "" if at is None else at]
+
+    def dispatch(
+        self,
+        data: Any,
+        id: str | None = None,
+        run_at: Any = None,
+        delay: float | None = None,
+        update_data: bool = True,
+        update_run_at: bool | str = True,
+        reset_counts: bool | None = None,
+    ) -> str:
+        """Add a job (or update the waiting/blocked job with this id). Returns its id."""
+        flags = self._flags(update_data, update_run_at, reset_counts)
+        triple = self._encode(data, id, run_at, delay)
+        fcall(self.client.redis, "queasy_dispatch", [self.keys.base], ["", *flags, *triple])
+        return triple[0]
+
+    def dispatch_many(
+        self,
+        jobs: Iterable[Mapping[str, Any]],
+        update_data: bool = True,
+        update_run_at: bool | str = True,
+        reset_counts: bool | None = None,
+    ) -> list[str]:
+        """Dispatch many jobs in pipelined batches. Every job is checked before any is sent."""
+        flags = self._flags(update_data, update_run_at, reset_counts)
+        args: list[Any] = []
+        for index, job in enumerate(jobs):
+            if not isinstance(job, Mapping) or "data" not in job:
+                raise InvalidInput(f"jobs[{index}] must be a mapping with a 'data' key")
+            unknown = set(job) - {"data", "id", "run_at", "delay"}
+            if unknown:
+                raise InvalidInput(f"jobs[{index}] has unknown keys {sorted(unknown)}")
+            try:
+                args.extend(
+                    self._encode(job["data"], job.get("id"), job.get("run_at"), job.get("delay"))
+                )
+            except InvalidInput as exc:
+                raise InvalidInput(f"jobs[{index}]: {exc}") from None
+        if not args:
+            return []
+        step = DISPATCH_CHUNK * 3
+        with self.client.redis.pipeline(transaction=False) as pipe:
+            for start in range(0, len(args), step):
+                chunk = args[start : start + step]
+                fcall(pipe, "queasy_dispatch", [self.keys.base], ["", *flags, *chunk])
+            pipe.execute()
+        return args[0::3]
+
+    # ------------------------------------------------------------------ inspect
+
+    def cancel(self, job_id: str) -> bool:
+        """Remove a waiting, delayed or blocked job. An active job is never touched."""
+        validate.job_id(job_id)
+        removed = fcall(
+            self.client.redis,
+            "queasy_cancel",
+            [self.keys.base],
+            ["", defaults.EVENTS_MAXLEN, job_id],
+        )
+        return bool(removed)
+
+    def get_job(self, job_id: str) -> JobInfo | None:
+        """The active job with this id, else the waiting (or delayed/blocked) one, else None."""
+        validate.job_id(job_id)
+        row = self.client.redis.fcall_ro("queasy_get_job", 1, self.keys.base, "", job_id)
+        if row is None:
+            return None
+        state, jid, data, run_at, retries, stalls, timeouts = row
+        return JobInfo(
+            id=jid.decode(),
+            queue=self.name,
+            data=orjson.loads(data),
+            state=state.decode(),
+            run_at=int(run_at) / 1000.0,
+            retry_count=int(retries),
+            stall_count=int(stalls),
+            timeout_count=int(timeouts),
+        )
+
+    def counts(self) -> dict[str, int]:
+        """Jobs per state: {"waiting", "delayed", "blocked", "active"}."""
+        row = self.client.redis.fcall_ro("queasy_counts", 1, self.keys.base, "")
+        return dict(zip(("waiting", "delayed", "blocked", "active"), map(int, row), strict=True))
+
+    # ------------------------------------------------------------------ listen
+
+    def listen(self, handler: str, **options: Any) -> ListenOptions:
+        """Run this queue's jobs with `handler` (a module path) in this client's supervisor."""
+        from .options import ListenOptions
+
+        spec = ListenOptions.build(self.name, handler, options)
+        self.client._add_listener(self, spec)
+        return spec

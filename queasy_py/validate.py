@@ -1,0 +1,110 @@
+"""Checks on producer input. Each raises InvalidInput naming what is wrong; none writes."""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime
+
+import orjson
+
+from .errors import InvalidInput
+
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+MAX_ID_LENGTH = 256
+
+
+def queue_name(name: object) -> str:
+    if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
+        raise InvalidInput(
+            f"invalid queue name {name!r}: use 1-100 characters of A-Z a-z 0-9 _ . : -"
+        )
+    return name
+
+
+def job_id(value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidInput(f"job id must be a str, not {type(value).__name__}")
+    if not value or len(value) > MAX_ID_LENGTH:
+        raise InvalidInput(f"job id must be 1-{MAX_ID_LENGTH} characters, got {len(value)}")
+    if any(ch.isspace() or not ch.isprintable() for ch in value):
+        raise InvalidInput(f"job id {value!r} contains whitespace or control characters")
+    return value
+
+
+def _check_json(value: object, path: str) -> None:
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return
+    if kind is float:
+        if not math.isfinite(value):  # type: ignore[arg-type]
+            raise InvalidInput(f"job data at {path} is {value}, which JSON cannot hold")
+        return
+    if kind is dict:
+        for key, item in value.items():  # type: ignore[attr-defined]
+            if type(key) is not str:
+                raise InvalidInput(f"job data at {path} has a non-str key {key!r}")
+            _check_json(item, f"{path}.{key}")
+        return
+    if kind is list or kind is tuple:
+        for index, item in enumerate(value):  # type: ignore[arg-type]
+            _check_json(item, f"{path}[{index}]")
+        return
+    raise InvalidInput(
+        f"job data at {path} is a {kind.__name__}; only JSON values are accepted "
+        "(dict with str keys, list, str, int, finite float, bool, None)"
+    )
+
+
+def encode_data(data: object, max_bytes: int) -> bytes:
+    """JSON-encode job data, rejecting anything JSON cannot round-trip and oversized data."""
+    _check_json(data, "$")
+    encoded = orjson.dumps(data)
+    if len(encoded) > max_bytes:
+        raise InvalidInput(
+            f"job data is {len(encoded)} bytes encoded, over the limit of {max_bytes} bytes"
+        )
+    return encoded
+
+
+def run_at_ms(run_at: object, delay: object, now: float) -> int | None:
+    """Epoch milliseconds from run_at (aware datetime or epoch seconds) or delay (seconds)."""
+    if run_at is not None and delay is not None:
+        raise InvalidInput("give run_at or delay, not both")
+    if delay is not None:
+        if (
+            isinstance(delay, bool)
+            or not isinstance(delay, int | float)
+            or not math.isfinite(delay)
+        ):
+            raise InvalidInput(f"delay must be a number of seconds, not {delay!r}")
+        if delay < 0:
+            raise InvalidInput(f"delay must be >= 0 seconds, got {delay}")
+        return int((now + delay) * 1000)
+    if run_at is None:
+        return None
+    return int(epoch_seconds(run_at, "run_at") * 1000)
+
+
+def epoch_seconds(value: object, name: str) -> float:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidInput(f"{name} is a naive datetime; give one with a tzinfo")
+        return value.timestamp()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInput(f"{name} must be an aware datetime or epoch seconds, not {value!r}")
+    if value < 0:
+        raise InvalidInput(f"{name} must be >= 0 epoch seconds, got {value}")
+    return float(value)
+
+
+def run_at_mode(value: object) -> str:
+    if value is True:
+        return "replace"
+    if value is False:
+        return "keep"
+    if value in ("if_later", "if_earlier"):
+        return value  # type: ignore[return-value]
+    raise InvalidInput(
+        f"update_run_at must be True, False, 'if_later' or 'if_earlier', not {value!r}"
+    )
