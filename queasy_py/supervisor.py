@@ -1,0 +1,538 @@
+"""The supervisor: one scheduling loop that dequeues by priority and free capacity, hands
+jobs to worker subprocesses, kills and replaces workers past a timeout, and acks results.
+
+Signal handlers only count signals; the wake-up fd (signal.set_wakeup_fd) makes the loop's
+select() return, and the loop does the work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import redis
+
+from . import defaults, outcomes
+from .client import new_client_id
+from .errors import InvalidInput
+from .heartbeat import Heartbeat
+from .library import Ack as AckCode
+from .library import Status, fcall
+from .pool import Running, WorkerProc, kill_tree, start_worker
+from .scheduler import QueueState, place, plan
+from .wakeup import Wakeup
+
+if TYPE_CHECKING:
+    from .client import Client
+    from .options import ListenOptions
+    from .queue import Queue
+
+log = logging.getLogger("queasy_py")
+
+MEMORY_CHECK_INTERVAL = 5.0
+WORKER_START_TIMEOUT = 60.0
+
+
+class Supervisor:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.r = client.redis
+        s = client.settings
+        self.target_workers: int = (
+            s["workers"] if s["workers"] is not None else (defaults.default_workers())
+        )
+        self.heartbeat_interval = float(s["heartbeat_interval"])
+        self.shutdown_timeout = float(s["shutdown_timeout"])
+        self.max_jobs_per_worker = int(s["max_jobs_per_worker"])
+        self.max_worker_memory = int(s["max_worker_memory"])
+        self.poll_interval = float(s["poll_interval"])
+        self.expiry_ms = int(self.heartbeat_interval * 2000)
+        self.states: dict[str, QueueState] = {}
+        self.handlers: dict[str, str] = {}
+        for queue, spec in client.listeners.values():
+            fail_base = None
+            if spec.fail_handler is not None:
+                fq = queue.fail_queue
+                fail_base = fq.keys.base
+                self._add_state(fq, spec.fail_spec(fq.name), None)
+            self._add_state(queue, spec, fail_base)
+        self.workers: list[WorkerProc] = []
+        self.seq = 0
+        self.acks: list[outcomes.Ack] = []
+        self.signals = 0
+        self.stopping = False
+        self.reconcile = False
+        self.redis_retry_at = 0.0
+        self.redis_backoff = 0.1
+        self.selector = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        self.selector.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
+        self.next_memory_check = 0.0
+        self.states_by_base = {s.base: s for s in self.states.values()}
+
+    def _add_state(self, queue: Queue, spec: ListenOptions, fail_base: str | None) -> None:
+        if queue.name in self.states:
+            raise InvalidInput(f"queue {queue.name!r} is listened to twice (as a fail queue too?)")
+        self.states[queue.name] = QueueState(
+            queue.name, queue.keys.base, queue.keys.wake, spec, fail_base
+        )
+        self.handlers[queue.name] = spec.handler
+
+    # ------------------------------------------------------------------ plumbing
+
+    def wake(self) -> None:
+        try:
+            os.write(self.wake_w, b"w")
+        except BlockingIOError:
+            pass  # the pipe is full: the loop is awake anyway
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.signals += 1
+
+    def _install_signals(self) -> list[tuple[int, Any]]:
+        if threading.current_thread() is not threading.main_thread():
+            return []
+        previous = [
+            (sig, signal.signal(sig, self._on_signal)) for sig in (signal.SIGTERM, signal.SIGINT)
+        ]
+        self._old_wakeup_fd = signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        return previous
+
+    def _restore_signals(self, previous: list[tuple[int, Any]]) -> None:
+        for sig, handler in previous:
+            signal.signal(sig, handler)
+        if previous:
+            signal.set_wakeup_fd(self._old_wakeup_fd)
+
+    # ------------------------------------------------------------------ workers
+
+    def _spawn(self) -> WorkerProc:
+        proc = start_worker(self.handlers)
+        self.workers.append(proc)
+        self.selector.register(proc.conn, selectors.EVENT_READ, ("conn", proc))
+        self.selector.register(proc.sentinel, selectors.EVENT_READ, ("exit", proc))
+        return proc
+
+    def _ensure_pool(self) -> None:
+        if self.stopping:
+            return
+        live = sum(1 for w in self.workers if w.healthy and not w.retiring)
+        for _ in range(self.target_workers - live):
+            self._spawn()
+
+    def _forget(self, proc: WorkerProc) -> None:
+        for key in (proc.conn, proc.sentinel):
+            try:
+                self.selector.unregister(key)
+            except (KeyError, ValueError, OSError):
+                pass
+        if proc in self.workers:
+            self.workers.remove(proc)
+
+    def _kill(self, proc: WorkerProc) -> None:
+        self._forget(proc)
+        proc.kill()
+
+    def _receive(self, proc: WorkerProc) -> None:
+        """Read every message the worker has sent."""
+        try:
+            while proc.conn.poll():
+                self._handle_message(proc, orjson.loads(proc.conn.recv_bytes()))
+        except (EOFError, OSError):
+            pass  # its exit is handled through the sentinel
+
+    def _handle_message(self, proc: WorkerProc, message: Any) -> None:
+        if message == "ready":
+            proc.ready = True
+            return
+        if isinstance(message, list) and message and message[0] == "import-error":
+            log.error("worker %d could not load its handlers: %s", proc.pid, message[1])
+            return
+        now = time.time()
+        for seq, started, error in message:
+            job = proc.take(seq)
+            if job is None or job.timed_out:
+                continue  # a result that raced its timeout: the timeout wins
+            state = self.states[job.queue]
+            self.acks.append(
+                outcomes.on_result(
+                    job, state.spec, state.base, state.fail_base, error, proc.pid, started, now
+                )
+            )
+        if self.max_jobs_per_worker and proc.done >= self.max_jobs_per_worker and proc.healthy:
+            self._retire(proc, f"ran {proc.done} jobs")
+
+    def _retire(self, proc: WorkerProc, why: str) -> None:
+        if not proc.retiring:
+            log.info("recycling worker %d (%s)", proc.pid, why)
+            proc.retiring = True
+            self._ensure_pool()
+
+    def _on_exit(self, proc: WorkerProc) -> None:
+        """A worker process ended: its unfinished jobs are retried, a new worker replaces it."""
+        self._receive(proc)
+        self._forget(proc)
+        code = proc.process.wait()
+        if proc.jobs or not proc.retiring:
+            log.error(
+                "worker %d exited with code %s holding %d job(s)", proc.pid, code, len(proc.jobs)
+            )
+        self._requeue_held(proc, "stall", "WorkerDied")
+        proc.close()
+        self._ensure_pool()
+
+    def _requeue_held(self, proc: WorkerProc, kind: str, error_name: str) -> None:
+        now_ms = int(time.time() * 1000)
+        for job in list(proc.jobs.values()):
+            state = self.states[job.queue]
+            if job.timed_out:
+                self.acks.append(
+                    outcomes.retry(job, state.base, now_ms, "timeout", proc.pid, "", "TimeoutError")
+                )
+            else:
+                self.acks.append(
+                    outcomes.retry(job, state.base, now_ms, kind, proc.pid, "", error_name)
+                )
+        proc.jobs.clear()
+
+    def _check_timeouts(self, now: float) -> None:
+        for proc in list(self.workers):
+            for job in proc.jobs.values():
+                if not job.timed_out and now >= job.deadline:
+                    job.timed_out = True
+                    log.warning(
+                        "job %s of %s passed its timeout of %.3gs on worker %d",
+                        job.id,
+                        job.queue,
+                        self.states[job.queue].spec.timeout,
+                        proc.pid,
+                    )
+                    if proc.healthy:
+                        proc.healthy = False
+                        self._ensure_pool()
+            if not proc.healthy and all(j.timed_out for j in proc.jobs.values()):
+                log.warning("killing worker %d (only timed-out jobs left)", proc.pid)
+                self._kill(proc)
+                self._requeue_held(proc, "timeout", "TimeoutError")
+                self._ensure_pool()
+
+    def _check_memory(self, now: float) -> None:
+        if not self.max_worker_memory or now < self.next_memory_check:
+            return
+        self.next_memory_check = now + MEMORY_CHECK_INTERVAL
+        for proc in list(self.workers):
+            rss = proc.rss()
+            if proc.healthy and rss > self.max_worker_memory:
+                self._retire(proc, f"RSS {rss} bytes > max_worker_memory")
+
+    def _stop_drained(self) -> None:
+        for proc in list(self.workers):
+            if proc.retiring and not proc.jobs:
+                self._forget(proc)
+                try:
+                    proc.conn.send_bytes(b'"stop"')
+                except OSError:
+                    pass
+                try:
+                    proc.process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    kill_tree(proc.pid)
+                proc.close()
+
+    # ------------------------------------------------------------------ redis round
+
+    def _round(self) -> None:
+        """One round trip: send pending acks, then dequeue into free capacity."""
+        now = time.time()
+        if now < self.redis_retry_at:
+            return
+        asks: list[tuple[QueueState, int]] = []
+        accepting = [w for w in self.workers if w.accepts]
+        if not self.stopping and accepting:
+            asks = plan(list(self.states.values()), [w.free for w in accepting], now)
+        if not self.acks and not asks and not self.reconcile:
+            return
+        acks, self.acks = self.acks, []
+        client_id = self.client.id
+        nonce = uuid.uuid4().hex[:12]
+        try:
+            if self.reconcile:
+                self._reconcile(client_id)
+            with self.r.pipeline(transaction=False) as pipe:
+                ack_groups = self._queue_acks(pipe, client_id, acks)
+                for state, n in asks:
+                    fcall(
+                        pipe,
+                        "queasy_dequeue",
+                        [state.base],
+                        ["", client_id, nonce, n, self.expiry_ms, state.spec.events_maxlen],
+                    )
+                replies = pipe.execute()
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            self.acks = acks + self.acks
+            self.reconcile = bool(asks) or self.reconcile
+            log.error("Redis unreachable: %s; retrying in %.1fs", exc, self.redis_backoff)
+            self.redis_retry_at = time.time() + self.redis_backoff
+            self.redis_backoff = min(self.redis_backoff * 2, 5.0)
+            return
+        self.redis_backoff = 0.1
+        for group, codes in zip(ack_groups, replies, strict=False):
+            for ack, code in zip(group, codes, strict=True):
+                if int(code) == AckCode.STALE:
+                    log.warning(
+                        "stale %s of job %s (this client lost its lease; it was swept)",
+                        ack.op,
+                        ack.args[0],
+                    )
+        mono = time.monotonic()
+        for (state, asked), reply in zip(asks, replies[len(ack_groups) :], strict=True):
+            state.last_served = mono
+            self._take(state, asked, reply, now)
+
+    def _queue_acks(self, pipe: Any, client_id: str, acks: list[outcomes.Ack]) -> list[list]:
+        grouped: dict[tuple[str, str, str | None], list[outcomes.Ack]] = defaultdict(list)
+        for ack in acks:
+            grouped[(ack.op, ack.base, ack.fail_base)].append(ack)
+        groups = []
+        for (op, base, fail_base), items in grouped.items():
+            maxlen = self.states_by_base[base].spec.events_maxlen
+            args: list[Any] = ["", client_id, maxlen]
+            for ack in items:
+                args.extend(ack.args)
+            keys = [base] if fail_base is None else [base, fail_base]
+            fcall(pipe, f"queasy_{op}", keys, args)
+            groups.append(items)
+        return groups
+
+    def _take(self, state: QueueState, asked: int, reply: list, now: float) -> None:
+        status, next_run_at = int(reply[0]), reply[1]
+        if status == Status.SWEPT:
+            self._swept()
+            return
+        jobs = [reply[i : i + 7] for i in range(2, len(reply), 7)]
+        if len(jobs) < asked:
+            state.ready_at = int(next_run_at) / 1000.0 if next_run_at else float("inf")
+            state.ready_at = min(state.ready_at, now + self.poll_interval)
+        else:
+            state.ready_at = 0.0
+        spec = state.spec
+        by_worker: dict[WorkerProc, list[Running]] = defaultdict(list)
+        accepting = [w for w in self.workers if w.accepts]
+        free = [w.free for w in accepting]
+        deadline = time.monotonic() + spec.timeout
+        for job_id, token, data, run_at, retries, stalls, timeouts in jobs:
+            self.seq += 1
+            job = Running(
+                self.seq,
+                state.name,
+                job_id.decode(),
+                token.decode(),
+                data,
+                int(run_at),
+                int(retries),
+                int(stalls),
+                int(timeouts),
+                spec.size,
+                deadline,
+            )
+            early = outcomes.on_dequeue(job, spec, state.base, state.fail_base)
+            if early is not None:
+                self.acks.append(early)
+                continue
+            index = place(free, spec.size)
+            if index is None:  # a worker went away since planning: hand the job back
+                self.acks.append(
+                    outcomes.retry(job, state.base, int(now * 1000), "release", "", "")
+                )
+                continue
+            free[index] -= spec.size
+            by_worker[accepting[index]].append(job)
+        for proc, batch in by_worker.items():
+            try:
+                proc.send(batch)
+            except OSError:
+                pass  # it died; its exit sentinel requeues what it held
+
+    def _reconcile(self, client_id: str) -> None:
+        """After a lost reply: hand back leases this client holds but does not know of."""
+        held = {j.token for w in self.workers for j in w.jobs.values()}
+        now_ms = int(time.time() * 1000)
+        for state in self.states.values():
+            pairs = self.r.fcall_ro("queasy_leases", 1, state.base, "", client_id)
+            lost = [
+                (pairs[i].decode(), pairs[i + 1].decode())
+                for i in range(0, len(pairs), 2)
+                if pairs[i + 1].decode() not in held
+            ]
+            for job_id, token in lost:
+                log.warning(
+                    "handing back job %s of %s (its dequeue reply was lost)", job_id, state.name
+                )
+                args = [job_id, token, now_ms, "release", "", "", ""]
+                fcall(
+                    self.r,
+                    "queasy_retry",
+                    [state.base],
+                    ["", client_id, state.spec.events_maxlen, *args],
+                )
+        self.reconcile = False
+
+    def _swept(self) -> None:
+        """This client was swept as dead (it was frozen past its expiry): start over."""
+        log.error(
+            "this supervisor (client %s) was swept as dead; killing its workers, "
+            "dropping its jobs and starting over",
+            self.client.id,
+        )
+        for proc in list(self.workers):
+            self._kill(proc)
+        self.acks.clear()
+        self.client.id = new_client_id()
+        self.heartbeat.swept.clear()
+        self.heartbeat.last_ok = time.monotonic()
+        for state in self.states.values():
+            state.ready_at = 0.0
+        self._ensure_pool()
+
+    def _check_alive(self) -> None:
+        """After a freeze (SIGSTOP) longer than the expiry, check before acting on anything."""
+        if time.monotonic() - self.heartbeat.last_ok <= self.expiry_ms / 1000.0:
+            return
+        try:
+            ok = self.heartbeat.beat(self.r, self.client.id)
+        except (redis.RedisError, OSError):
+            return
+        if ok:
+            self.heartbeat.last_ok = time.monotonic()
+        else:
+            self._swept()
+
+    # ------------------------------------------------------------------ main loop
+
+    def _timeout(self, now_mono: float, now: float) -> float:
+        wait = self.poll_interval
+        for proc in self.workers:
+            for job in proc.jobs.values():
+                if not job.timed_out:
+                    wait = min(wait, job.deadline - now_mono)
+        if not self.stopping and any(w.accepts and w.free for w in self.workers):
+            for state in self.states.values():
+                wait = min(wait, state.ready_at - now)
+        if self.acks:
+            wait = min(wait, max(0.0, self.redis_retry_at - now))
+        return max(0.0, wait)
+
+    def _step(self) -> None:
+        now_mono, now = time.monotonic(), time.time()
+        for key, _ in self.selector.select(self._timeout(now_mono, now)):
+            kind, proc = key.data
+            if kind == "wake":
+                try:
+                    while os.read(self.wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+            elif kind == "conn":
+                self._receive(proc)
+            elif kind == "exit" and proc in self.workers:
+                self._on_exit(proc)
+        if self.heartbeat.swept.is_set():
+            self._swept()
+        self._check_alive()
+        now_mono, now = time.monotonic(), time.time()
+        for name, at in self.wakeup.drain():
+            state = self.states.get(name)
+            if state is not None:
+                state.ready_at = min(state.ready_at, at)
+        for state in self.states.values():  # polling fallback for missed wake-ups
+            state.ready_at = min(state.ready_at, now + self.poll_interval)
+        self._check_timeouts(now_mono)
+        self._check_memory(now_mono)
+        self._stop_drained()
+        self._round()
+
+    def run(self) -> int:
+        previous = self._install_signals()
+        self.heartbeat = Heartbeat(
+            self.client.url,
+            [s.base for s in self.states.values()],
+            lambda: self.client.id,
+            self.heartbeat_interval,
+            self.wake,
+        )
+        self.wakeup = Wakeup(
+            self.client.url, {s.wake: n for n, s in self.states.items()}, self.wake
+        )
+        try:
+            self._ensure_pool()
+            self.heartbeat.beat(self.r, self.client.id)
+            self.heartbeat.start()
+            self.wakeup.start()
+            log.info(
+                "supervisor %s listening on %s with %d worker(s)",
+                self.client.id,
+                ", ".join(sorted(self.states)),
+                self.target_workers,
+            )
+            while not self.signals:
+                self._step()
+            self._shutdown()
+        finally:
+            self.heartbeat.stop()
+            self.wakeup.stop()
+            for proc in list(self.workers):
+                self._kill(proc)
+            self._restore_signals(previous)
+            self.selector.close()
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+        return 0
+
+    def _shutdown(self) -> None:
+        """Stop dequeuing, wait for running jobs up to shutdown_timeout, then hand back the rest."""
+        self.stopping = True
+        first = self.signals
+        deadline = time.monotonic() + self.shutdown_timeout
+        running = sum(len(w.jobs) for w in self.workers)
+        log.info(
+            "shutting down: waiting up to %.3gs for %d running job(s)",
+            self.shutdown_timeout,
+            running,
+        )
+        while any(w.jobs for w in self.workers) and time.monotonic() < deadline:
+            if self.signals > first:
+                log.warning("second signal: not waiting for running jobs")
+                break
+            self._step()
+        now_ms = int(time.time() * 1000)
+        for proc in list(self.workers):
+            self._kill(proc)
+            for job in proc.jobs.values():
+                state = self.states[job.queue]
+                self.acks.append(
+                    outcomes.retry(job, state.base, now_ms, "release", proc.pid, "", "Shutdown")
+                )
+            proc.jobs.clear()
+        self.redis_retry_at = 0.0
+        for _ in range(3):
+            self._round()
+            if not self.acks:
+                break
+            time.sleep(self.redis_backoff)
+        for state in self.states.values():
+            try:
+                fcall(self.r, "queasy_leave", [state.base], ["", self.client.id])
+            except (redis.RedisError, OSError):
+                break
+        log.info("supervisor %s stopped", self.client.id)

@@ -1,0 +1,160 @@
+"""The worker subprocess: runs handlers for the jobs its supervisor sends over a pipe.
+
+Protocol (each message one orjson-encoded frame of multiprocessing's Connection):
+  supervisor -> worker: [[seq, queue, id, data, run_at, retry, stall, timeout], ...]  jobs
+                        "stop"                              exit (sent when no job is left)
+  worker -> supervisor: "ready" | ["import-error", message]              once, at start
+                        [[seq, started_ms, error_or_null], ...]          results
+  error = {"name", "message", "kind": "permanent"|"retriable", "retry_at": secs|null}
+
+Plain handlers run in a thread pool, async ones on one event loop thread, so a worker runs
+several jobs at once. When the pipe closes (the supervisor died) the worker exits at once,
+so no orphan keeps running a job that will be run again elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Any
+
+import orjson
+
+from . import defaults
+from .errors import PermanentError
+from .handler import load
+from .job import Job
+
+log = logging.getLogger("queasy_py.worker")
+
+
+def describe_error(exc: BaseException) -> dict[str, Any]:
+    """The JSON-safe description of a handler's exception."""
+    try:
+        message = str(exc)
+    except Exception:  # an exception whose __str__ fails still gets reported
+        message = f"<unprintable {type(exc).__name__}>"
+    kind = "permanent" if getattr(exc, "kind", None) == PermanentError.kind else "retriable"
+    retry_at = getattr(exc, "retry_at", None)
+    if retry_at is not None:
+        try:
+            retry_at = retry_at.timestamp() if hasattr(retry_at, "timestamp") else float(retry_at)
+        except (TypeError, ValueError, OverflowError):
+            retry_at = None
+    return {
+        "name": type(exc).__name__,
+        "message": message[:4000],
+        "kind": kind,
+        "retry_at": retry_at,
+    }
+
+
+class Runner:
+    """Runs jobs concurrently and sends their results back in batches."""
+
+    def __init__(self, conn: Connection, handlers: dict[str, str]) -> None:
+        self.conn = conn
+        self.handlers = {queue: load(path) for queue, path in handlers.items()}
+        self.pool = ThreadPoolExecutor(max_workers=defaults.WORKER_UNITS)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.outbox: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
+        self.sender = threading.Thread(target=self._send_loop, name="queasy-sender", daemon=True)
+        self.sender.start()
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+            threading.Thread(target=self.loop.run_forever, name="queasy-async", daemon=True).start()
+        return self.loop
+
+    def _send_loop(self) -> None:
+        while True:
+            item = self.outbox.get()
+            batch = [item]
+            while True:
+                try:
+                    batch.append(self.outbox.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self.conn.send_bytes(orjson.dumps(batch))
+            except (OSError, ValueError):
+                os._exit(1)  # the supervisor is gone
+
+    def _done(self, seq: int, started: int, error: dict[str, Any] | None) -> None:
+        self.outbox.put([seq, started, error])
+
+    def run_sync(self, seq: int, handle: Any, data: Any, job: Job) -> None:
+        started = int(time.time() * 1000)
+        try:
+            check_result(handle(data, job), job)
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported
+            self._done(seq, started, describe_error(exc))
+        else:
+            self._done(seq, started, None)
+
+    async def run_async(self, seq: int, handle: Any, data: Any, job: Job) -> None:
+        started = int(time.time() * 1000)
+        try:
+            check_result(await handle(data, job), job)
+        except BaseException as exc:  # noqa: BLE001
+            self._done(seq, started, describe_error(exc))
+        else:
+            self._done(seq, started, None)
+
+    def submit(self, jobs: list[list[Any]]) -> None:
+        for seq, queue_name, job_id, data, run_at, retries, stalls, timeouts in jobs:
+            handle, is_async = self.handlers[queue_name]
+            job = Job(job_id, queue_name, run_at / 1000.0, retries, stalls, timeouts)
+            if is_async:
+                coro = self.run_async(seq, handle, data, job)
+                asyncio.run_coroutine_threadsafe(coro, self._event_loop())
+            else:
+                self.pool.submit(self.run_sync, seq, handle, data, job)
+
+
+def check_result(result: Any, job: Job) -> None:
+    """Results are discarded; a non-JSON one is a handler bug worth a log line."""
+    if result is not None:
+        try:
+            orjson.dumps(result)
+        except TypeError as exc:
+            log.warning(
+                "handler of %s job %s returned a non-JSON value: %s", job.queue, job.id, exc
+            )
+
+
+def main(conn: Connection, handlers: dict[str, str]) -> None:
+    """Entry point of a worker process: `python -m queasy_py.worker FD HANDLERS_JSON`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s worker[%(process)d] %(levelname)s %(message)s",
+    )
+    try:
+        runner = Runner(conn, handlers)
+    except Exception as exc:
+        conn.send_bytes(orjson.dumps(["import-error", str(exc)]))
+        os._exit(3)
+    conn.send_bytes(b'"ready"')
+    while True:
+        try:
+            message = orjson.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            os._exit(0)  # the supervisor is gone: stop at once, running jobs included
+        if message == "stop":  # sent only to a worker with no jobs left
+            os._exit(0)
+        runner.submit(message)
+
+
+if __name__ == "__main__":
+    main(Connection(int(sys.argv[1])), orjson.loads(sys.argv[2]))

@@ -1,0 +1,76 @@
+"""Shared fixtures: one real server per session, a clean key prefix per test.
+
+Set QUEASY_TEST_REDIS_URL to run the suite against an existing server instead of an embedded one.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+
+from queasy_py.embedded import EmbeddedServer
+
+
+@dataclass
+class ExternalServer:
+    """Stands in for EmbeddedServer when the tests use a server they did not start."""
+
+    url: str
+    pid: int | None = None
+
+
+# --- server -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Any]:
+    """The session's server: an EmbeddedServer, or an ExternalServer from QUEASY_TEST_REDIS_URL."""
+    external = os.environ.get("QUEASY_TEST_REDIS_URL")
+    if external:
+        yield ExternalServer(url=external)
+        return
+    embedded = EmbeddedServer().start()
+    try:
+        yield embedded
+    finally:
+        embedded.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(server: Any) -> str:
+    return str(server.url)
+
+
+# --- per-test namespace and connections -------------------------------------------------------
+
+
+@pytest.fixture
+def prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix unique to this test; keys matching `<prefix>:*` are deleted afterwards."""
+    value = f"qt-{uuid.uuid4().hex[:8]}"
+    yield value
+    with redis.Redis.from_url(redis_url) as conn:
+        batch: list[bytes] = []
+        for key in conn.scan_iter(match=f"{value}:*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                conn.unlink(*batch)
+                batch.clear()
+        if batch:
+            conn.unlink(*batch)
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    """A decode_responses=True connection to the test server, closed at teardown."""
+    conn = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        yield conn
+    finally:
+        conn.close()

@@ -1,0 +1,202 @@
+"""The embedded Valkey server: real processes, every wait bounded by a deadline."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+
+import psutil
+import pytest
+import redis
+
+from queasy_py.embedded import EmbeddedServer, free_port
+from queasy_py.errors import QueasyError
+
+pytestmark = pytest.mark.skipif(
+    bool(os.environ.get("QUEASY_TEST_REDIS_URL")), reason="tests the embedded server itself"
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def private_state_dir(tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """Auto-created data dirs go under tmp_path, for this process and its children."""
+    path = os.fspath(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", path)
+    return path
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def answers_ping(port: int) -> bool:
+    try:
+        with redis.Redis(host="127.0.0.1", port=port, socket_timeout=0.5) as conn:
+            return bool(conn.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def refuses(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def pid_gone(pid: int) -> bool:
+    if not psutil.pid_exists(pid):
+        return True
+    try:  # an unreaped child of someone else is dead too
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.fixture
+def popen() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start subprocesses that are killed and reaped at teardown whatever happens."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(args: list[str]) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env()
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+def test_start_and_stop() -> None:
+    server = EmbeddedServer().start()
+    try:
+        pid, port, data_dir = server.pid, server.port, server.data_dir
+        assert pid is not None and psutil.pid_exists(pid)
+        assert server.url == f"redis://127.0.0.1:{port}/0"
+        assert data_dir.is_dir()
+        assert server.version.startswith("8.")
+        with redis.Redis.from_url(server.url) as conn:
+            assert conn.ping()
+            assert conn.config_get("bind")["bind"] == "127.0.0.1"
+    finally:
+        server.stop()
+    assert refuses(port)
+    wait_until(lambda: pid_gone(pid), 5, "the server pid to disappear")
+    assert not data_dir.exists()
+    assert server.pid is None
+    server.stop()  # idempotent
+
+
+def test_context_manager_keeps_a_given_data_dir(tmp_path: os.PathLike[str]) -> None:
+    data_dir = os.path.join(tmp_path, "mine")
+    with EmbeddedServer(data_dir=data_dir, extra_args=["--appendonly", "yes"]) as server:
+        with redis.Redis.from_url(server.url, decode_responses=True) as conn:
+            assert conn.config_get("appendonly")["appendonly"] == "yes"
+        port = server.port
+    assert refuses(port)
+    assert os.path.isdir(data_dir)
+    assert os.path.isfile(os.path.join(data_dir, "server.log"))
+
+
+def test_two_servers_get_different_ports() -> None:
+    with EmbeddedServer() as a, EmbeddedServer() as b:
+        assert a.port != b.port
+        assert a.data_dir != b.data_dir
+        assert answers_ping(a.port) and answers_ping(b.port)
+
+
+def test_taken_port_fails_with_log_tail() -> None:
+    with EmbeddedServer() as first:
+        with pytest.raises(QueasyError, match="Address already in use"):
+            EmbeddedServer(port=first.port).start()
+        assert answers_ping(first.port)
+
+
+def test_missing_binary_names_the_path(tmp_path: os.PathLike[str]) -> None:
+    missing = os.path.join(tmp_path, "no", "such", "valkey-server")
+    server = EmbeddedServer(binary=missing)
+    with pytest.raises(QueasyError, match="no/such/valkey-server"):
+        server.start()
+    server.stop()
+
+
+def test_no_orphan_when_the_owner_is_killed(
+    popen: Callable[..., subprocess.Popen[str]],
+) -> None:
+    code = textwrap.dedent(
+        """
+        import sys, time
+        from queasy_py.embedded import EmbeddedServer
+        s = EmbeddedServer().start()
+        print(s.pid, s.port, s.data_dir, flush=True)
+        time.sleep(600)
+        """
+    )
+    owner = popen([sys.executable, "-c", code])
+    assert owner.stdout is not None
+    line = owner.stdout.readline()  # bounded by the server's start_timeout and pytest's timeout
+    assert line, owner.communicate(timeout=10)[1]
+    pid_text, port_text, data_dir = line.split(maxsplit=2)
+    pid, port = int(pid_text), int(port_text)
+    try:
+        assert answers_ping(port)
+        owner.send_signal(signal.SIGKILL)
+        owner.communicate(timeout=10)
+        wait_until(lambda: pid_gone(pid), 5, f"server pid {pid} to die with its owner")
+        wait_until(lambda: refuses(port), 5, "the port to close")
+    finally:
+        if not pid_gone(pid):  # do not leak an orphan when the test fails
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(data_dir.strip(), ignore_errors=True)  # SIGKILL left no one to remove it
+
+
+def test_serve_foreground_stops_on_sigterm(
+    popen: Callable[..., subprocess.Popen[str]],
+) -> None:
+    port = free_port()
+    code = (
+        "from queasy_py.embedded import serve_foreground; "
+        f"raise SystemExit(serve_foreground({port}))"
+    )
+    proc = popen([sys.executable, "-c", code])
+    wait_until(lambda: answers_ping(port) or proc.poll() is not None, 15, "the server")
+    assert proc.poll() is None, proc.communicate(timeout=10)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert f"at redis://127.0.0.1:{port}" in err
+    assert refuses(port)
+
+
+def test_auto_port_retries_when_the_port_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    import queasy_py.embedded as embedded
+
+    with EmbeddedServer() as first:
+        ports = iter([first.port, first.port])
+        monkeypatch.setattr(embedded, "free_port", lambda: next(ports, None) or free_port())
+        with EmbeddedServer() as second:
+            assert second.port != first.port
+            assert answers_ping(second.port)
