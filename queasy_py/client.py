@@ -13,11 +13,13 @@ from . import defaults
 from .connection import connect, mask_url
 from .errors import InvalidInput, QueasyError
 from .library import ensure_loaded
+from .options import check_setting
 from .queue import Queue
 
 if TYPE_CHECKING:
     from .embedded import EmbeddedServer
     from .options import ListenOptions
+    from .supervisor import Supervisor
 
 log = logging.getLogger("queasy_py")
 
@@ -46,10 +48,8 @@ class Client:
         unknown = set(settings) - set(defaults.SUPERVISOR)
         if unknown:
             raise InvalidInput(f"unknown Client settings: {sorted(unknown)}")
-        if workers is not None and (
-            isinstance(workers, bool) or not isinstance(workers, int) or workers < 0
-        ):
-            raise InvalidInput(f"workers must be an int >= 0, not {workers!r}")
+        for key, value in {**settings, "workers": workers}.items():
+            check_setting(key, value)
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise InvalidInput(f"invalid key prefix {prefix!r}: a non-empty str without braces")
         self.prefix = prefix
@@ -72,6 +72,7 @@ class Client:
             raise
         self.id = new_client_id()
         self._queues: dict[str, Queue] = {}
+        self._supervisor: Supervisor | None = None
         self.listeners: dict[str, tuple[Queue, ListenOptions]] = {}
 
     def __repr__(self) -> str:
@@ -104,7 +105,19 @@ class Client:
 
         if not self.listeners:
             raise QueasyError("run() needs at least one queue.listen(...) first")
-        return Supervisor(self).run()
+        if self.settings["workers"] == 0:
+            raise QueasyError("this client was made with workers=0 (producer only): it cannot run")
+        self._supervisor = Supervisor(self)
+        try:
+            return self._supervisor.run()
+        finally:
+            self._supervisor = None
+
+    def stop(self) -> None:
+        """Ask a running run() to shut down gracefully (callable from any thread)."""
+        supervisor = self._supervisor
+        if supervisor is not None:
+            supervisor.request_stop()
 
     def close(self) -> None:
         self.redis.close()

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 
 from . import defaults
-from .errors import ConnectionFailed, QueasyError
+from .errors import AuthenticationFailed, ConnectionFailed, QueasyError
 
 log = logging.getLogger("queasy_py")
 
@@ -43,13 +43,13 @@ def connect(
             return r
         except redis.AuthenticationError as exc:
             r.close()
-            raise ConnectionFailed(
+            raise AuthenticationFailed(
                 f"Redis at {mask_url(url)} refused the credentials: {exc}"
             ) from None
         except redis.ResponseError as exc:
             if "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
                 r.close()
-                raise ConnectionFailed(
+                raise AuthenticationFailed(
                     f"Redis at {mask_url(url)} refused the credentials: {exc}"
                 ) from None
             r.close()

@@ -16,8 +16,12 @@ EVENTS_MAXLEN = 100_000
 #: attempts and first backoff (seconds, doubling) when connecting to Redis
 CONNECT_ATTEMPTS = 3
 CONNECT_BACKOFF = 0.2
+#: how long `queasy run` keeps retrying an unreachable Redis at start (seconds)
+RUN_CONNECT_TIMEOUT = 120.0
 #: environment variable read when no URL is given
 URL_ENV = "QUEASY_REDIS_URL"
+#: environment variable of the key prefix (set for worker processes by their supervisor)
+PREFIX_ENV = "QUEASY_PREFIX"
 #: capacity units of one worker process
 WORKER_UNITS = 100
 

@@ -19,6 +19,10 @@ class ConnectionFailed(QueasyError):
     """The Redis server could not be reached (the URL is named, its password masked)."""
 
 
+class AuthenticationFailed(ConnectionFailed):
+    """The Redis server refused the credentials of the URL."""
+
+
 class VersionMismatch(QueasyError):
     """The server holds a queasy function library of a newer major version."""
 

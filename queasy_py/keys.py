@@ -41,3 +41,8 @@ class QueueKeys:
 
     def fail_keys(self, suffix: str) -> QueueKeys:
         return QueueKeys(self.prefix, self.name + suffix, self.tag)
+
+    @property
+    def dead_letters(self) -> str:
+        """The capped list handlers/dead_letter.py records failures into."""
+        return f"{self.base}:dead"

@@ -98,3 +98,20 @@ class ListenOptions:
     def backoff(self, retry_count: int) -> float:
         """Seconds before retry number retry_count + 1 (without jitter)."""
         return min(self.max_backoff, self.min_backoff * 2 ** min(retry_count, 64))
+
+
+def check_setting(key: str, value: Any) -> Any:
+    """Check one supervisor setting (defaults.SUPERVISOR); InvalidInput names what is wrong."""
+    if key == "workers":
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            raise InvalidInput(f"workers must be an int >= 0, not {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInput(f"{key} must be a number, not {value!r}")
+    if value < 0 or (key in ("heartbeat_interval", "poll_interval") and value == 0):
+        raise InvalidInput(
+            f"{key} must be {'> 0' if key.endswith('interval') else '>= 0'}, not {value!r}"
+        )
+    return value

@@ -133,12 +133,13 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(procs, timeout=5)
 
 
-def start_worker(handlers: dict[str, str]) -> WorkerProc:
+def start_worker(handlers: dict[str, str], env_extra: dict[str, str]) -> WorkerProc:
     """Start `python -m queasy_py.worker` (a fresh interpreter: never a fork of a threaded
     parent, and the user's __main__ is not re-imported) with a socketpair as its pipe."""
     ours, theirs = socket.socketpair()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    env.update(env_extra)
     try:
         process = subprocess.Popen(
             [

@@ -100,6 +100,11 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: object) -> None:
         self.signals += 1
 
+    def request_stop(self) -> None:
+        """Like a signal: the first stops gracefully, a second skips the wait (thread-safe)."""
+        self.signals += 1
+        self.wake()
+
     def _install_signals(self) -> list[tuple[int, Any]]:
         if threading.current_thread() is not threading.main_thread():
             return []
@@ -118,7 +123,10 @@ class Supervisor:
     # ------------------------------------------------------------------ workers
 
     def _spawn(self) -> WorkerProc:
-        proc = start_worker(self.handlers)
+        proc = start_worker(
+            self.handlers,
+            {defaults.URL_ENV: self.client.url, defaults.PREFIX_ENV: self.client.prefix},
+        )
         self.workers.append(proc)
         self.selector.register(proc.conn, selectors.EVENT_READ, ("conn", proc))
         self.selector.register(proc.sentinel, selectors.EVENT_READ, ("exit", proc))

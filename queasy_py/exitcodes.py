@@ -1,0 +1,9 @@
+"""Exit codes of the `queasy` command (documented in the README)."""
+
+OK = 0  # clean shutdown
+FAILURE = 1  # an unexpected error
+CONFIG = 2  # bad command line or configuration (the message names the key)
+CONNECT = 3  # Redis unreachable or refused the credentials
+HANDLER = 4  # a handler module does not import or has no handle()
+VERSION = 5  # the server holds a newer major version of the queasy library, or lacks Functions
+NOT_FOUND = 6  # `queasy cancel`: no waiting, delayed or blocked job with that id
