@@ -499,6 +499,9 @@ class Supervisor:
         finally:
             self.heartbeat.stop()
             self.wakeup.stop()
+            for thread in (self.heartbeat, self.wakeup):
+                if thread.is_alive():
+                    thread.join(timeout=2)
             for proc in list(self.workers):
                 self._kill(proc)
             self._restore_signals(previous)
