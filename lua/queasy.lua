@@ -257,7 +257,7 @@ local function dispatch(keys, args)
         local flags = redis.call('HMGET', jkey, 'u_data', 'u_run_at', 'u_reset')
         redis.call('HSET', jkey,
           'u_data', (update_data or flags[1] == '1') and '1' or '0',
-          'u_run_at', (flags[2] == 'replace') and 'replace' or mode,
+          'u_run_at', (flags[2] == 'replace' or mode == 'keep') and flags[2] or mode,
           'u_reset', (reset or flags[3] == '1') and '1' or '0')
         codes[#codes + 1] = 4
       else
@@ -435,8 +435,11 @@ local function retry(keys, args)
   local codes = {}
   for i = 4, #args, 7 do
     local kind = RETRY_KINDS[args[i + 3]]
-    local job = leased(B, client, args[i], args[i + 1])
-    if job == nil or kind == nil then
+    local job = nil
+    if kind ~= nil then -- an unknown kind must not consume the lease
+      job = leased(B, client, args[i], args[i + 1])
+    end
+    if job == nil then
       codes[#codes + 1] = 1
     else
       if kind[1] ~= nil then

@@ -59,7 +59,10 @@ def _check_json(value: object, path: str) -> None:
 def encode_data(data: object, max_bytes: int) -> bytes:
     """JSON-encode job data, rejecting anything JSON cannot round-trip and oversized data."""
     _check_json(data, "$")
-    encoded = orjson.dumps(data)
+    try:
+        encoded = orjson.dumps(data)
+    except orjson.JSONEncodeError as exc:  # ints over 64 bits, lone surrogates, deep nesting
+        raise InvalidInput(f"job data cannot be encoded as JSON: {exc}") from None
     if len(encoded) > max_bytes:
         raise InvalidInput(
             f"job data is {len(encoded)} bytes encoded, over the limit of {max_bytes} bytes"

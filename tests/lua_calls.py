@@ -1,0 +1,182 @@
+"""Raw FCALLs of the queasy Lua library for tests: one thin wrapper per function.
+
+Time is explicit: every call passes `now` (ms), defaulting to NOW, so tests move the clock by
+passing later values instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from queasy_py.keys import QueueKeys
+
+NOW = 1_700_000_000_000  # ms: the tests' clock
+EXPIRY = 10_000  # ms a client stays alive after a dequeue or bump
+MAXLEN = 1000  # events kept per queue
+
+JOB_COUNTS = ("retry_count", "stall_count", "timeout_count")
+
+
+@dataclass(frozen=True)
+class Leased:
+    """One job of a dequeue reply."""
+
+    id: str
+    token: str
+    data: str
+    run_at: int
+    retry_count: int
+    stall_count: int
+    timeout_count: int
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """A dequeue reply: status (0 ok, 2 swept), next_run_at ('' if none) and the jobs."""
+
+    status: int
+    next_run_at: str
+    jobs: list[Leased]
+
+    @property
+    def ids(self) -> list[str]:
+        return [job.id for job in self.jobs]
+
+
+class Lua:
+    """FCALLs on queue `q` (base key B) and its fail queue `q-fail` (base key F, same tag)."""
+
+    def __init__(self, r: redis.Redis, prefix: str, queue: str = "q") -> None:
+        self.r = r
+        self.B = QueueKeys(prefix, queue, queue).base
+        self.F = QueueKeys(prefix, queue + "-fail", queue).base
+        self._nonces = itertools.count(1)
+
+    def call(self, name: str, keys: list[str], *args: Any) -> Any:
+        return self.r.fcall(name, len(keys), *keys, *args)
+
+    # ---------------------------------------------------------------- producer side
+
+    def dispatch(
+        self,
+        *jobs: tuple[str, str, Any],
+        now: int = NOW,
+        update_data: bool = True,
+        run_at_mode: str = "replace",
+        reset: bool | None = None,
+    ) -> list[int]:
+        """Dispatch (id, data JSON, run_at ms or '') triples; returns one code per job."""
+        reset = update_data if reset is None else reset
+        flat = [part for job in jobs for part in job]
+        flags = [int(update_data), run_at_mode, int(reset)]
+        return self.call("queasy_dispatch", [self.B], now, *flags, *flat)
+
+    def add(self, id: str, data: str = '"x"', run_at: Any = NOW, **flags: Any) -> int:
+        """Dispatch one job; returns its code."""
+        return self.dispatch((id, data, run_at), **flags)[0]
+
+    def cancel(self, id: str, now: int = NOW, maxlen: int = MAXLEN) -> int:
+        return self.call("queasy_cancel", [self.B], now, maxlen, id)
+
+    def get_job(self, id: str, now: int = NOW, base: str | None = None) -> dict[str, Any] | None:
+        row = self.call("queasy_get_job", [base or self.B], now, id)
+        if row is None:
+            return None
+        state, jid, data, run_at, *counts = row
+        return {"state": state, "id": jid, "data": data, "run_at": int(run_at)} | dict(
+            zip(JOB_COUNTS, counts, strict=True)
+        )
+
+    def counts(self, now: int = NOW, base: str | None = None) -> dict[str, int]:
+        row = self.call("queasy_counts", [base or self.B], now)
+        return dict(zip(("waiting", "delayed", "blocked", "active"), row, strict=True))
+
+    # ---------------------------------------------------------------- consumer side
+
+    def dequeue(
+        self,
+        client: str = "c1",
+        limit: int = 10,
+        now: int = NOW,
+        expiry: int = EXPIRY,
+        maxlen: int = MAXLEN,
+    ) -> Checkout:
+        nonce = f"n{next(self._nonces)}"
+        row = self.call("queasy_dequeue", [self.B], now, client, nonce, limit, expiry, maxlen)
+        status, next_run_at, rest = row[0], row[1], row[2:]
+        jobs = [
+            Leased(id, token, data, int(run_at), int(r), int(s), int(t))
+            for id, token, data, run_at, r, s, t in zip(*[iter(rest)] * 7, strict=True)
+        ]
+        return Checkout(status, next_run_at, jobs)
+
+    def take(self, id: str, client: str = "c1", now: int = NOW, **dispatch_flags: Any) -> Leased:
+        """Dispatch job `id` at `now` and dequeue it for `client`; returns its lease."""
+        self.add(id, run_at=now, **dispatch_flags)
+        checkout = self.dequeue(client, limit=1, now=now)
+        assert checkout.ids == [id]
+        return checkout.jobs[0]
+
+    def bump(self, client: str, now: int = NOW, expiry: int = EXPIRY, maxlen: int = MAXLEN) -> int:
+        return self.call("queasy_bump", [self.B], now, client, expiry, maxlen)
+
+    def leave(self, client: str, now: int = NOW) -> int:
+        return self.call("queasy_leave", [self.B], now, client)
+
+    def finish(
+        self, client: str, job: Leased, now: int = NOW, token: str | None = None, pid: str = "42"
+    ) -> int:
+        args = [job.id, token or job.token, pid, now - 5]
+        return self.call("queasy_finish", [self.B], now, client, MAXLEN, *args)[0]
+
+    def retry(
+        self,
+        client: str,
+        job: Leased,
+        run_at: int,
+        kind: str = "retry",
+        now: int = NOW,
+        token: str | None = None,
+    ) -> int:
+        args = [job.id, token or job.token, run_at, kind, "42", now - 5, "ValueError"]
+        return self.call("queasy_retry", [self.B], now, client, MAXLEN, *args)[0]
+
+    def fail(
+        self,
+        client: str,
+        job: Leased,
+        fail_id: str = "f1",
+        fail_data: str = '"fail data"',
+        now: int = NOW,
+        token: str | None = None,
+        with_fail_queue: bool = True,
+    ) -> int:
+        keys = [self.B, self.F] if with_fail_queue else [self.B]
+        data = fail_data if with_fail_queue else ""
+        args = [job.id, token or job.token, fail_id, data, "42", now - 5, "KeyError", "permanent"]
+        return self.call("queasy_fail", keys, now, client, MAXLEN, *args)[0]
+
+    # ---------------------------------------------------------------- inspection
+
+    def events(self) -> list[dict[str, str]]:
+        return [fields for _, fields in self.r.xrange(self.B + ":events")]
+
+
+def snapshot(r: redis.Redis, prefix: str) -> dict[str, Any]:
+    """Every key under `prefix` with its type and value, to assert that nothing changed."""
+    readers = {
+        "hash": r.hgetall,
+        "zset": lambda key: r.zrange(key, 0, -1, withscores=True),
+        "set": lambda key: sorted(r.smembers(key)),
+        "stream": r.xrange,
+        "string": r.get,
+    }
+    out = {}
+    for key in sorted(r.scan_iter(match=f"{prefix}:*")):
+        kind = r.type(key)
+        out[key] = (kind, readers[kind](key))
+    return out
