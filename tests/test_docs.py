@@ -1,0 +1,53 @@
+"""The README quotes queasy_py/defaults.py and exitcodes.py; these tests catch drift."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from queasy_py import defaults, exitcodes
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROW = re.compile(r"^\| `([a-z_]+)` \| `([^`]*)` \|", re.MULTILINE)
+
+
+def table_after(marker: str) -> dict[str, str]:
+    """The `name` | `value` rows of the first table after `marker` in the README."""
+    start = README.index(marker)
+    block = README[start:].split("\n\n", 2)
+    table = block[1] if block[1].lstrip().startswith("|") else block[2]
+    return dict(ROW.findall(table.split("\n\n")[0]))
+
+
+@pytest.mark.parametrize(
+    ("marker", "source"),
+    [
+        ("(`defaults.LISTEN`)", defaults.LISTEN),
+        ("(`defaults.FAIL_OPTIONS`)", defaults.FAIL_OPTIONS),
+        ("(`defaults.SUPERVISOR`)", defaults.SUPERVISOR),
+    ],
+)
+def test_readme_tables_quote_the_defaults(marker: str, source: dict) -> None:
+    documented = table_after(marker)
+    assert set(documented) == set(source), marker
+    for key, value in source.items():
+        assert documented[key] == repr(value).replace("_", ""), key
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["PREFIX", "FAIL_QUEUE_SUFFIX", "MAX_PAYLOAD_BYTES", "CONNECT_ATTEMPTS", "CONNECT_BACKOFF",
+     "RUN_CONNECT_TIMEOUT", "WORKER_UNITS"],
+)
+def test_readme_quotes_the_constants(name: str) -> None:
+    value = getattr(defaults, name)
+    text = f'"{value}"' if isinstance(value, str) else str(value)
+    assert f"`{name} = {text}`" in README
+
+
+def test_readme_lists_every_exit_code() -> None:
+    codes = {k: v for k, v in vars(exitcodes).items() if k.isupper()}
+    for name, value in codes.items():
+        assert f"| {value} | `{name}` |" in README, name
