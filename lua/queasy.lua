@@ -22,7 +22,9 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:expiry             zset    client id -> expiry (ms) of each client holding leases here
   B:lease:<client>     hash    id -> lease token of each job this client has checked out
   B:swept              zset    client id -> time it was swept (tombstones, kept 24 h)
-  B:events             stream  one entry per job outcome (capped, MAXLEN ~)
+  B:events             stream  one entry per job outcome (capped, MAXLEN ~): id, queue, outcome,
+                               run_at, started_at, ended_at, client, pid, retry_count,
+                               stall_count, timeout_count, error_name, error_kind
   B:wake               channel PUBLISHed when a dispatch may make a job ready earlier
 
 Conventions: times are integer milliseconds since the epoch. ARGV[1] of every function is
@@ -91,7 +93,7 @@ end
 local function outcome_event(B, maxlen, now, outcome, job, active, pid, started_at, err_name,
                              err_kind)
   emit(B, maxlen, {
-    'id', job.id, 'outcome', outcome, 'run_at', job.run_at,
+    'id', job.id, 'queue', string.match(B, '}:(.*)$'), 'outcome', outcome, 'run_at', job.run_at,
     'started_at', started_at, 'ended_at', now,
     'client', active.client or '', 'pid', pid,
     'retry_count', job.retry_count, 'stall_count', job.stall_count,

@@ -560,6 +560,7 @@ def test_counts_per_state(lua: Lua) -> None:
 
 EVENT_FIELDS = {
     "id",
+    "queue",
     "outcome",
     "run_at",
     "started_at",
@@ -580,6 +581,7 @@ def test_finish_writes_one_event_with_every_field(lua: Lua) -> None:
     assert set(event) == EVENT_FIELDS
     assert event == event | {
         "id": "a",
+        "queue": "q",
         "outcome": "finished",
         "run_at": str(NOW),
         "started_at": str(LATER - 5),
