@@ -127,29 +127,30 @@ local function requeue(B, job, run_at)
 end
 
 -- The active job `id` has ended: drop it and promote a blocked job with its id, if any.
-local function retire(B, id)
+-- `any_blocked` false (B:blocked is empty) saves a lookup.
+local function retire(B, id, any_blocked)
   redis.call('DEL', B .. ':active:' .. id)
   redis.call('SREM', B .. ':running', id)
-  if redis.call('SREM', B .. ':blocked', id) == 1 then
+  if any_blocked and redis.call('SREM', B .. ':blocked', id) == 1 then
     local bkey = B .. ':job:' .. id
     redis.call('HDEL', bkey, 'u_data', 'u_run_at', 'u_reset')
     redis.call('ZADD', B .. ':waiting', redis.call('HGET', bkey, 'run_at'), id)
   end
 end
 
--- Check the lease of `client` on `id`. Returns the active record or nil when stale.
+-- Check the lease of `client` on `id` (the active record names its client and token; a
+-- swept client's record is gone or re-leased). Returns the active record or nil when stale.
 local function leased(B, client, id, token)
-  if redis.call('HGET', B .. ':lease:' .. client, id) ~= token then
-    return nil
-  end
-  local akey = B .. ':active:' .. id
-  local job = read_job(akey)
-  if job == nil then
+  local v = redis.call('HMGET', B .. ':active:' .. id, 'id', 'data', 'run_at', 'retry_count',
+    'stall_count', 'timeout_count', 'client', 'token')
+  if v[7] ~= client or v[8] ~= token then
     return nil
   end
   redis.call('HDEL', B .. ':lease:' .. client, id)
-  job.client = client
-  return job
+  return {
+    id = v[1], data = v[2], run_at = tonumber(v[3]), retry_count = tonumber(v[4]),
+    stall_count = tonumber(v[5]), timeout_count = tonumber(v[6]), client = client,
+  }
 end
 
 -- Sweep one dead client (expiry passed), other than `self`: its active jobs go back to
@@ -328,21 +329,25 @@ local function dequeue(keys, args)
   local out = {0, ''}
   if limit > 0 then
     local ids = redis.call('ZRANGE', B .. ':waiting', '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
-    local lkey = B .. ':lease:' .. client
-    for n, id in ipairs(ids) do
-      local akey = B .. ':active:' .. id
-      local token = nonce .. '.' .. n
-      redis.call('ZREM', B .. ':waiting', id)
-      redis.call('RENAME', B .. ':job:' .. id, akey)
-      redis.call('HSET', akey, 'client', client, 'token', token, 'leased_at', now)
-      redis.call('SADD', B .. ':running', id)
-      redis.call('HSET', lkey, id, token)
-      local v = redis.call('HMGET', akey, unpack(JOB_FIELDS))
-      out[#out + 1] = id
-      out[#out + 1] = token
-      for f = 2, 6 do
-        out[#out + 1] = v[f]
+    if #ids > 0 then
+      local leases = {}
+      redis.call('ZREM', B .. ':waiting', unpack(ids))
+      redis.call('SADD', B .. ':running', unpack(ids))
+      for n, id in ipairs(ids) do
+        local akey = B .. ':active:' .. id
+        local token = nonce .. '.' .. n
+        local v = redis.call('HMGET', B .. ':job:' .. id, unpack(JOB_FIELDS))
+        redis.call('RENAME', B .. ':job:' .. id, akey)
+        redis.call('HSET', akey, 'client', client, 'token', token, 'leased_at', now)
+        leases[#leases + 1] = id
+        leases[#leases + 1] = token
+        out[#out + 1] = id
+        out[#out + 1] = token
+        for f = 2, 6 do
+          out[#out + 1] = v[f]
+        end
       end
+      redis.call('HSET', B .. ':lease:' .. client, unpack(leases))
     end
   end
   out[2] = next_run_at(B)
@@ -398,6 +403,7 @@ local function finish(keys, args)
   local B = keys[1]
   local now = clock(args[1])
   local client, maxlen = args[2], tonumber(args[3])
+  local any_blocked = redis.call('EXISTS', B .. ':blocked') == 1
   local codes = {}
   for i = 4, #args, 4 do
     local job = leased(B, client, args[i], args[i + 1])
@@ -405,7 +411,7 @@ local function finish(keys, args)
       codes[#codes + 1] = 1
     else
       outcome_event(B, maxlen, now, 'finished', job, job, args[i + 2], args[i + 3], '', '')
-      retire(B, job.id)
+      retire(B, job.id, any_blocked)
       codes[#codes + 1] = 0
     end
   end
@@ -471,6 +477,7 @@ local function fail(keys, args)
   local B, F = keys[1], keys[2]
   local now = clock(args[1])
   local client, maxlen = args[2], tonumber(args[3])
+  local any_blocked = redis.call('EXISTS', B .. ':blocked') == 1
   local codes = {}
   local dispatched = false
   for i = 4, #args, 8 do
@@ -480,7 +487,7 @@ local function fail(keys, args)
     else
       outcome_event(B, maxlen, now, 'failed', job, job, args[i + 4], args[i + 5], args[i + 6],
         args[i + 7])
-      retire(B, job.id)
+      retire(B, job.id, any_blocked)
       if F ~= nil then
         local fid = args[i + 2]
         write_job(F .. ':job:' .. fid, {id = fid, data = args[i + 3], run_at = now,
