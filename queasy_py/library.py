@@ -51,20 +51,54 @@ def parse_version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split("."))
 
 
+def no_functions(exc: Exception) -> QueasyError | None:
+    """The clear error for a server without Redis Functions, if that is what `exc` says."""
+    if "unknown command" in str(exc).lower():
+        return QueasyError(
+            "this server has no Redis Functions (FCALL/FUNCTION LOAD): queasy_py needs "
+            f"Redis >= 7.0 or Valkey >= 7.2 ({exc})"
+        )
+    return None
+
+
+def decode_version(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def missing_library(exc: redis.ResponseError) -> bool:
+    """True when `exc` says the library is not loaded; raises for a server without Functions."""
+    if "function not found" in str(exc).lower():
+        return True
+    error = no_functions(exc)
+    if error is not None:
+        raise error from exc
+    return False
+
+
+def needs_load(installed: str | None) -> bool:
+    """Whether to load the bundled library over `installed` (None: not loaded).
+
+    Raises VersionMismatch when the server holds a newer major version.
+    """
+    if installed is None:
+        return True
+    bundled = bundled_version()
+    have, want = parse_version(installed), parse_version(bundled)
+    if have[0] > want[0]:
+        raise VersionMismatch(
+            f"the server holds queasy library {installed}, a newer major version than "
+            f"{bundled} bundled with this queasy_py; upgrade queasy_py"
+        )
+    return have < want
+
+
 def installed_version(r: redis.Redis) -> str | None:
     try:
-        value = r.fcall_ro("queasy_version", 0)
+        return decode_version(r.fcall_ro("queasy_version", 0))
     except redis.ResponseError as exc:
-        message = str(exc).lower()
-        if "function not found" in message:
+        if missing_library(exc):
             return None
-        if "unknown command" in message:
-            raise QueasyError(
-                "this server has no Redis Functions (FCALL): queasy_py needs Redis >= 7.0 "
-                f"or Valkey >= 7.2 ({exc})"
-            ) from exc
         raise
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def ensure_loaded(r: redis.Redis) -> str:
@@ -72,27 +106,14 @@ def ensure_loaded(r: redis.Redis) -> str:
 
     Raises VersionMismatch when the server holds a newer major version.
     """
-    bundled = bundled_version()
     installed = installed_version(r)
-    if installed is not None:
-        have, want = parse_version(installed), parse_version(bundled)
-        if have[0] > want[0]:
-            raise VersionMismatch(
-                f"the server holds queasy library {installed}, a newer major version than "
-                f"{bundled} bundled with this queasy_py; upgrade queasy_py"
-            )
-        if have >= want:
-            return installed
+    if not needs_load(installed):
+        return installed  # type: ignore[return-value]
     try:
         r.function_load(source(), replace=True)
     except redis.ResponseError as exc:
-        if "unknown command" in str(exc).lower():
-            raise QueasyError(
-                "this server has no Redis Functions (FUNCTION LOAD): queasy_py needs "
-                f"Redis >= 7.0 or Valkey >= 7.2 ({exc})"
-            ) from exc
-        raise
-    return bundled
+        raise (no_functions(exc) or exc) from exc
+    return bundled_version()
 
 
 def fcall(r: Any, name: str, keys: list[str], args: list[Any]) -> Any:

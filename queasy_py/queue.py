@@ -28,24 +28,16 @@ def new_job_id() -> str:
     return uuid.uuid4().hex
 
 
-class Queue:
-    """A named queue. Get one with Client.queue(name)."""
+class QueueBase:
+    """Validation, FCALL arguments and reply parsing shared by Queue and aio.AsyncQueue."""
 
-    def __init__(self, client: Client, name: str, tag: str | None = None) -> None:
+    def __init__(self, client: Any, name: str, tag: str | None = None) -> None:
         self.client = client
         self.name = validate.queue_name(name)
         self.keys = QueueKeys(client.prefix, self.name, tag or self.name)
 
     def __repr__(self) -> str:
-        return f"<Queue {self.name!r}>"
-
-    @property
-    def fail_queue(self) -> Queue:
-        """The queue of this queue's fail jobs (same hash tag, name + '-fail')."""
-        name = self.name + defaults.FAIL_QUEUE_SUFFIX
-        return self.client._queue(name, self.keys.tag)
-
-    # ------------------------------------------------------------------ dispatch
+        return f"<{type(self).__name__} {self.name!r}>"
 
     def _flags(self, update_data: bool, update_run_at: object, reset_counts: bool | None) -> list:
         if not isinstance(update_data, bool):
@@ -63,30 +55,28 @@ class Queue:
         at = validate.run_at_ms(run_at, delay, time.time())
         return [job_id, encoded, "" if at is None else at]
 
-    def dispatch(
+    def _dispatch_args(
         self,
         data: Any,
-        id: str | None = None,
-        run_at: Any = None,
-        delay: float | None = None,
-        update_data: bool = True,
-        update_run_at: bool | str = True,
-        reset_counts: bool | None = None,
-    ) -> str:
-        """Add a job (or update the waiting/blocked job with this id). Returns its id."""
+        id: str | None,
+        run_at: Any,
+        delay: Any,
+        update_data: bool,
+        update_run_at: object,
+        reset_counts: bool | None,
+    ) -> list:
+        """ARGV of queasy_dispatch for one job; its id is ARGV[5] (index 4)."""
         flags = self._flags(update_data, update_run_at, reset_counts)
-        triple = self._encode(data, id, run_at, delay)
-        fcall(self.client.redis, "queasy_dispatch", [self.keys.base], ["", *flags, *triple])
-        return triple[0]
+        return ["", *flags, *self._encode(data, id, run_at, delay)]
 
-    def dispatch_many(
+    def _dispatch_many_args(
         self,
         jobs: Iterable[Mapping[str, Any]],
-        update_data: bool = True,
-        update_run_at: bool | str = True,
-        reset_counts: bool | None = None,
-    ) -> list[str]:
-        """Dispatch many jobs in pipelined batches. Every job is checked before any is sent."""
+        update_data: bool,
+        update_run_at: object,
+        reset_counts: bool | None,
+    ) -> tuple[list[list], list[str]]:
+        """ARGV of each queasy_dispatch chunk, and the ids. Checks every job first."""
         flags = self._flags(update_data, update_run_at, reset_counts)
         args: list[Any] = []
         for index, job in enumerate(jobs):
@@ -101,33 +91,14 @@ class Queue:
                 )
             except InvalidInput as exc:
                 raise InvalidInput(f"jobs[{index}]: {exc}") from None
-        if not args:
-            return []
         step = DISPATCH_CHUNK * 3
-        with self.client.redis.pipeline(transaction=False) as pipe:
-            for start in range(0, len(args), step):
-                chunk = args[start : start + step]
-                fcall(pipe, "queasy_dispatch", [self.keys.base], ["", *flags, *chunk])
-            pipe.execute()
-        return args[0::3]
+        chunks = [["", *flags, *args[i : i + step]] for i in range(0, len(args), step)]
+        return chunks, args[0::3]
 
-    # ------------------------------------------------------------------ inspect
+    def _cancel_args(self, job_id: str) -> list:
+        return ["", defaults.EVENTS_MAXLEN, validate.job_id(job_id)]
 
-    def cancel(self, job_id: str) -> bool:
-        """Remove a waiting, delayed or blocked job. An active job is never touched."""
-        validate.job_id(job_id)
-        removed = fcall(
-            self.client.redis,
-            "queasy_cancel",
-            [self.keys.base],
-            ["", defaults.EVENTS_MAXLEN, job_id],
-        )
-        return bool(removed)
-
-    def get_job(self, job_id: str) -> JobInfo | None:
-        """The active job with this id, else the waiting (or delayed/blocked) one, else None."""
-        validate.job_id(job_id)
-        row = self.client.redis.fcall_ro("queasy_get_job", 1, self.keys.base, "", job_id)
+    def _job_info(self, row: list | None) -> JobInfo | None:
         if row is None:
             return None
         state, jid, data, run_at, retries, stalls, timeouts = row
@@ -142,10 +113,72 @@ class Queue:
             timeout_count=int(timeouts),
         )
 
+    @staticmethod
+    def _counts(row: list) -> dict[str, int]:
+        return dict(zip(("waiting", "delayed", "blocked", "active"), map(int, row), strict=True))
+
+
+class Queue(QueueBase):
+    """A named queue. Get one with Client.queue(name)."""
+
+    client: Client
+
+    @property
+    def fail_queue(self) -> Queue:
+        """The queue of this queue's fail jobs (same hash tag, name + '-fail')."""
+        name = self.name + defaults.FAIL_QUEUE_SUFFIX
+        return self.client._queue(name, self.keys.tag)
+
+    def dispatch(
+        self,
+        data: Any,
+        id: str | None = None,
+        run_at: Any = None,
+        delay: float | None = None,
+        update_data: bool = True,
+        update_run_at: bool | str = True,
+        reset_counts: bool | None = None,
+    ) -> str:
+        """Add a job (or update the waiting/blocked job with this id). Returns its id."""
+        args = self._dispatch_args(
+            data, id, run_at, delay, update_data, update_run_at, reset_counts
+        )
+        fcall(self.client.redis, "queasy_dispatch", [self.keys.base], args)
+        return args[4]
+
+    def dispatch_many(
+        self,
+        jobs: Iterable[Mapping[str, Any]],
+        update_data: bool = True,
+        update_run_at: bool | str = True,
+        reset_counts: bool | None = None,
+    ) -> list[str]:
+        """Dispatch many jobs in pipelined batches. Every job is checked before any is sent."""
+        chunks, ids = self._dispatch_many_args(jobs, update_data, update_run_at, reset_counts)
+        if chunks:
+            with self.client.redis.pipeline(transaction=False) as pipe:
+                for args in chunks:
+                    fcall(pipe, "queasy_dispatch", [self.keys.base], args)
+                pipe.execute()
+        return ids
+
+    # ------------------------------------------------------------------ inspect
+
+    def cancel(self, job_id: str) -> bool:
+        """Remove a waiting, delayed or blocked job. An active job is never touched."""
+        args = self._cancel_args(job_id)
+        return bool(fcall(self.client.redis, "queasy_cancel", [self.keys.base], args))
+
+    def get_job(self, job_id: str) -> JobInfo | None:
+        """The active job with this id, else the waiting (or delayed/blocked) one, else None."""
+        validate.job_id(job_id)
+        return self._job_info(
+            self.client.redis.fcall_ro("queasy_get_job", 1, self.keys.base, "", job_id)
+        )
+
     def counts(self) -> dict[str, int]:
         """Jobs per state: {"waiting", "delayed", "blocked", "active"}."""
-        row = self.client.redis.fcall_ro("queasy_counts", 1, self.keys.base, "")
-        return dict(zip(("waiting", "delayed", "blocked", "active"), map(int, row), strict=True))
+        return self._counts(self.client.redis.fcall_ro("queasy_counts", 1, self.keys.base, ""))
 
     # ------------------------------------------------------------------ listen
 

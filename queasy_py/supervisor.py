@@ -295,6 +295,10 @@ class Supervisor:
             self.redis_backoff = min(self.redis_backoff * 2, 5.0)
             return
         self.redis_backoff = 0.1
+        for ack in acks:  # a retried job is ready at its run_at: wake then, not at the next poll
+            if ack.op == "retry":
+                state = self.states_by_base[ack.base]
+                state.ready_at = min(state.ready_at, int(ack.args[2]) / 1000.0)
         for group, codes in zip(ack_groups, replies, strict=False):
             for ack, code in zip(group, codes, strict=True):
                 if int(code) == AckCode.STALE:

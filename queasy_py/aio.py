@@ -1,0 +1,150 @@
+"""The async twin of the producer API: AsyncClient and AsyncQueue, same names, awaitable.
+
+    async with AsyncClient(url) as client:
+        q = client.queue("emails")
+        job_id = await q.dispatch({"to": "a@example.com"})
+        print(await q.get_job(job_id), await q.counts())
+
+Running handlers (listen/run) stays with the synchronous Client.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from . import defaults, validate
+from .connection import mask_url
+from .errors import ConnectionFailed, InvalidInput
+from .job import JobInfo
+from .library import bundled_version, decode_version, missing_library, needs_load, no_functions
+from .library import source as library_source
+from .queue import QueueBase
+
+
+class AsyncClient:
+    """Like Client (url None: $QUEASY_REDIS_URL, else an embedded server), for asyncio."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        prefix: str = defaults.PREFIX,
+        max_payload: int = defaults.MAX_PAYLOAD_BYTES,
+    ) -> None:
+        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+            raise InvalidInput(f"invalid key prefix {prefix!r}: a non-empty str without braces")
+        self.prefix = prefix
+        self.max_payload = max_payload
+        self.server = None
+        url = url or os.environ.get(defaults.URL_ENV) or None
+        if url is None:
+            from .embedded import EmbeddedServer
+
+            self.server = EmbeddedServer().start()
+            url = self.server.url
+        self.url = url
+        self.redis = aioredis.Redis.from_url(url, socket_connect_timeout=5.0)
+        self.library_version: str | None = None
+        self._queues: dict[str, AsyncQueue] = {}
+
+    async def ready(self) -> AsyncClient:
+        """Connect and load the function library (done by the first call if not before)."""
+        if self.library_version is not None:
+            return self
+        try:
+            try:
+                installed = decode_version(await self.redis.fcall_ro("queasy_version", 0))
+            except redis.ResponseError as exc:
+                if not missing_library(exc):
+                    raise
+                installed = None
+            if needs_load(installed):
+                try:
+                    await self.redis.function_load(library_source(), replace=True)
+                except redis.ResponseError as exc:
+                    raise (no_functions(exc) or exc) from exc
+                installed = bundled_version()
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            raise ConnectionFailed(
+                f"cannot connect to Redis at {mask_url(self.url)}: {exc}"
+            ) from None
+        self.library_version = installed
+        return self
+
+    def queue(self, name: str) -> AsyncQueue:
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._queues[name] = AsyncQueue(self, name)
+        return queue
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    async def __aenter__(self) -> AsyncClient:
+        return await self.ready()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncQueue(QueueBase):
+    client: AsyncClient
+
+    async def _fcall(self, name: str, args: list) -> Any:
+        await self.client.ready()
+        return await self.client.redis.fcall(name, 1, self.keys.base, *args)
+
+    async def dispatch(
+        self,
+        data: Any,
+        id: str | None = None,
+        run_at: Any = None,
+        delay: float | None = None,
+        update_data: bool = True,
+        update_run_at: bool | str = True,
+        reset_counts: bool | None = None,
+    ) -> str:
+        args = self._dispatch_args(
+            data, id, run_at, delay, update_data, update_run_at, reset_counts
+        )
+        await self._fcall("queasy_dispatch", args)
+        return args[4]
+
+    async def dispatch_many(
+        self,
+        jobs: Iterable[Mapping[str, Any]],
+        update_data: bool = True,
+        update_run_at: bool | str = True,
+        reset_counts: bool | None = None,
+    ) -> list[str]:
+        chunks, ids = self._dispatch_many_args(jobs, update_data, update_run_at, reset_counts)
+        if chunks:
+            await self.client.ready()
+            async with self.client.redis.pipeline(transaction=False) as pipe:
+                for args in chunks:
+                    pipe.fcall("queasy_dispatch", 1, self.keys.base, *args)
+                await pipe.execute()
+        return ids
+
+    async def cancel(self, job_id: str) -> bool:
+        return bool(await self._fcall("queasy_cancel", self._cancel_args(job_id)))
+
+    async def get_job(self, job_id: str) -> JobInfo | None:
+        validate.job_id(job_id)
+        await self.client.ready()
+        row = await self.client.redis.fcall_ro("queasy_get_job", 1, self.keys.base, "", job_id)
+        return self._job_info(row)
+
+    async def counts(self) -> dict[str, int]:
+        await self.client.ready()
+        return self._counts(
+            await self.client.redis.fcall_ro("queasy_counts", 1, self.keys.base, "")
+        )

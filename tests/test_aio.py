@@ -1,0 +1,72 @@
+"""The async twin of the producer API against the real server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from queasy_py import Client, ConnectionFailed, InvalidInput
+from queasy_py.aio import AsyncClient
+from queasy_py.embedded import free_port
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_async_dispatch_get_job_counts_cancel(redis_url: str, prefix: str) -> None:
+    async def scenario() -> tuple:
+        async with AsyncClient(redis_url, prefix=prefix) as client:
+            q = client.queue("emails")
+            first = await q.dispatch({"to": "a"})
+            later = await q.dispatch({"to": "b"}, id="later", delay=60)
+            many = await q.dispatch_many([{"data": n} for n in range(5)])
+            info = await q.get_job(first)
+            counts = await q.counts()
+            cancelled = await q.cancel("later")
+            gone = await q.get_job("later")
+            return first, later, many, info, counts, cancelled, gone
+
+    first, later, many, info, counts, cancelled, gone = run(scenario())
+    assert later == "later" and len(many) == 5 and len(set(many)) == 5
+    assert info.id == first and info.data == {"to": "a"} and info.state == "waiting"
+    assert counts == {"waiting": 6, "delayed": 1, "blocked": 0, "active": 0}
+    assert cancelled is True and gone is None
+
+
+def test_async_and_sync_clients_see_the_same_jobs(redis_url: str, prefix: str) -> None:
+    async def dispatch() -> str:
+        async with AsyncClient(redis_url, prefix=prefix) as client:
+            return await client.queue("q").dispatch([1, 2], id="shared")
+
+    assert run(dispatch()) == "shared"
+    with Client(redis_url, prefix=prefix) as client:
+        assert client.queue("q").get_job("shared").data == [1, 2]
+
+
+def test_async_bad_input_is_rejected_before_sending(redis_url: str, prefix: str, r) -> None:
+    async def scenario() -> None:
+        async with AsyncClient(redis_url, prefix=prefix) as client:
+            with pytest.raises(InvalidInput, match="give run_at or delay"):
+                await client.queue("q").dispatch(1, run_at=1.0, delay=1.0)
+            with pytest.raises(InvalidInput, match=r"jobs\[1\]"):
+                await client.queue("q").dispatch_many([{"data": 1}, {"data": float("nan")}])
+
+    run(scenario())
+    assert list(r.scan_iter(f"{prefix}:*")) == []
+
+
+def test_async_unreachable_server_names_the_url() -> None:
+    url = f"redis://:secret@127.0.0.1:{free_port()}/0"
+
+    async def scenario() -> None:
+        client = AsyncClient(url)
+        try:
+            await client.ready()
+        finally:
+            await client.close()
+
+    with pytest.raises(ConnectionFailed) as caught:
+        run(scenario())
+    assert "127.0.0.1" in str(caught.value) and "secret" not in str(caught.value)
