@@ -1,0 +1,1 @@
+"""One adapter script per job queue library; run by benchmarks/run.py."""

@@ -1,0 +1,1 @@
+"""Task modules the benchmark workers import (one per library, plus shared Redis helpers)."""
