@@ -134,7 +134,9 @@ local function retire(B, id, any_blocked)
   if any_blocked and redis.call('SREM', B .. ':blocked', id) == 1 then
     local bkey = B .. ':job:' .. id
     redis.call('HDEL', bkey, 'u_data', 'u_run_at', 'u_reset')
-    redis.call('ZADD', B .. ':waiting', redis.call('HGET', bkey, 'run_at'), id)
+    local run_at = redis.call('HGET', bkey, 'run_at')
+    redis.call('ZADD', B .. ':waiting', run_at, id)
+    redis.call('PUBLISH', B .. ':wake', run_at)
   end
 end
 

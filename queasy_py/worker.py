@@ -134,7 +134,10 @@ def check_result(result: Any, job: Job) -> None:
 
 def main(conn: Connection, handlers: dict[str, str]) -> None:
     """Entry point of a worker process: `python -m queasy_py.worker FD HANDLERS_JSON`."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
+    # The supervisor decides when we stop: a signal to the whole process group (Ctrl-C, or
+    # systemd's SIGTERM to every process of the unit) must not kill running jobs it drains.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,

@@ -1,0 +1,3 @@
+"""A handler module that cannot be imported."""
+
+raise RuntimeError("this handler module is broken on purpose")

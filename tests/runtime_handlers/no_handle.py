@@ -1,0 +1,3 @@
+"""A handler module without a callable handle."""
+
+handle = "not callable"

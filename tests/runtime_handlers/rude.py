@@ -1,0 +1,65 @@
+"""A handler that misbehaves in the ways of the bad-input table (tests/test_bad_input_runtime.py).
+
+data["do"]: "return_object" (a non-JSON return value), "raise" (data["error"] names an
+exception that is hard to encode), "print_mb" (data["mb"] megabytes to stdout),
+"close_std" (closes stdin and stdout, the objects and the file descriptors), "setsid"
+(moves the worker into a new session). Anything else: just finish. Records start and end.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from tests.runtime_handlers import record
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ of this exception fails")
+
+
+class KindlessError(Exception):
+    @property
+    def kind(self) -> str:
+        raise RuntimeError("reading .kind of this exception fails")
+
+
+def make_error(name: str) -> BaseException:
+    if name == "unprintable":
+        return Unprintable("never shown")
+    if name == "non_json_args":
+        return ValueError(object(), {1, 2}, b"\xff\xfe")
+    if name == "surrogate":
+        return ValueError("undecodable file name b\udcffd.txt")
+    if name == "bad_kind":
+        return KindlessError("kind is a property that raises")
+    if name == "huge_message":
+        return ValueError("m" * 10_000_000)
+    raise AssertionError(name)
+
+
+def handle(data: dict[str, Any], job: Any) -> Any:
+    record("start", data, job)
+    action = data.get("do")
+    if action == "return_object":
+        record("end", data, job)
+        return {"when": object()}
+    if action == "raise":
+        raise make_error(data["error"])
+    if action == "print_mb":
+        chunk = "x" * 1023 + "\n"
+        for _ in range(data["mb"] * 1024):
+            sys.stdout.write(chunk)
+        sys.stdout.flush()
+    elif action == "close_std":
+        sys.stdout.flush()
+        sys.stdin.close()
+        sys.stdout.close()
+        os.close(0)
+        os.close(1)
+    elif action == "setsid":
+        os.setsid()
+    record("end", data, job)
+    return None

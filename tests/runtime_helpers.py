@@ -1,0 +1,245 @@
+"""Helpers of the runtime tests: supervisors as real subprocesses, records, events, waits.
+
+A test gets a `Runtime` (fixture `rt` in each test module). `rt.start(...)` runs
+tests/supervisor_main.py in a new session, so the supervisor and its workers form one process
+group that a test can signal (SIGTERM, SIGKILL, SIGSTOP/SIGCONT) and that teardown always
+kills. Handlers (tests/runtime_handlers/) append records to `<prefix>:records`, read by
+`rt.records()`.
+
+The handler package is not called tests/handlers: pytest puts tests/ on sys.path, where a
+`handlers` package would shadow the project's top-level `handlers` package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import psutil
+import redis
+
+from queasy_py import Client, Queue
+from queasy_py.keys import QueueKeys
+
+ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+#: supervisor settings of the tests (fast heartbeats), unless a test overrides them
+SETTINGS = {"heartbeat_interval": 0.5, "shutdown_timeout": 5.0}
+
+ACT = "tests.runtime_handlers.act"
+ACT_ASYNC = "tests.runtime_handlers.act_async"
+FAIL_RECORD = "tests.runtime_handlers.fail_record"
+
+EVENT_FIELDS = {
+    "id",
+    "queue",
+    "outcome",
+    "run_at",
+    "started_at",
+    "ended_at",
+    "client",
+    "pid",
+    "retry_count",
+    "stall_count",
+    "timeout_count",
+    "error_name",
+    "error_kind",
+}
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 15.0, what: str = "") -> T:
+    """Poll `predicate` every 25 ms until it returns a truthy value; fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(0.025)
+
+
+def queue_spec(handler: str = ACT, **options: Any) -> dict[str, Any]:
+    """One entry of Runtime.start's `queues`: a handler and its listen() options."""
+    return {"handler": handler, **options}
+
+
+def max_units_in_flight(records: list[dict[str, Any]]) -> int:
+    """The most units held at once by the [start, end] intervals of these records."""
+    starts = {r["id"]: r for r in records if r["event"] == "start"}
+    points = []
+    for end in (r for r in records if r["event"] == "end"):
+        start = starts[end["id"]]
+        points.append((start["t"], 1, start["units"]))
+        points.append((end["t"], 0, -start["units"]))  # ends sort before starts at a tie
+    held = peak = 0
+    for _, _, units in sorted(points):
+        held += units
+        peak = max(peak, held)
+    return peak
+
+
+@dataclass
+class Supervisor:
+    """A supervisor subprocess, leader of its own process group."""
+
+    proc: subprocess.Popen
+    log_path: Path
+    log_file: IO[bytes]
+    code: int | None = field(default=None)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def signal_group(self, sig: int) -> None:
+        os.killpg(self.pid, sig)
+
+    def wait(self, timeout: float = 15.0) -> int:
+        self.code = self.proc.wait(timeout=timeout)
+        return self.code
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM, then the exit code."""
+        self.signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def workers(self) -> set[int]:
+        """Pids of its live worker processes."""
+        try:
+            children = psutil.Process(self.pid).children()
+        except psutil.NoSuchProcess:
+            return set()
+        return {c.pid for c in children if c.status() != psutil.STATUS_ZOMBIE}
+
+    def client_of(self, event: dict[str, str]) -> bool:
+        """Whether this supervisor wrote an outcome event (its client ids start with its pid)."""
+        return event["client"].startswith(f"{self.pid}-")
+
+    def kill_group(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+        self.log_file.close()
+
+
+class Runtime:
+    """Supervisors, a producer client and the records of one test (a context manager)."""
+
+    def __init__(self, url: str, prefix: str, r: redis.Redis, tmp_path: Path) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.r = r
+        self.tmp_path = tmp_path
+        self.supervisors: list[Supervisor] = []
+        self._producer: Client | None = None
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sup in self.supervisors:
+            sup.kill_group()
+            print(f"----- supervisor {sup.pid} (exit {sup.proc.returncode}) -----")
+            print(sup.log())
+        if self._producer is not None:
+            self._producer.close()
+
+    # ---------------------------------------------------------------- processes
+
+    def start(
+        self, queues: dict[str, dict[str, Any]], workers: int = 1, **settings: Any
+    ) -> Supervisor:
+        """Start a supervisor listening on `queues` ({name: queue_spec(...)})."""
+        config = {
+            "url": self.url,
+            "prefix": self.prefix,
+            "workers": workers,
+            "settings": {**SETTINGS, **settings},
+            "queues": queues,
+        }
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "QUEASY_TEST_URL": self.url,
+            "QUEASY_TEST_PREFIX": self.prefix,
+        }
+        log_path = self.tmp_path / f"supervisor-{len(self.supervisors)}.log"
+        log_file = log_path.open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.supervisor_main", json.dumps(config)],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        sup = Supervisor(proc, log_path, log_file)
+        self.supervisors.append(sup)
+        return sup
+
+    # ---------------------------------------------------------------- producer side
+
+    def queue(self, name: str) -> Queue:
+        if self._producer is None:
+            self._producer = Client(self.url, workers=0, prefix=self.prefix)
+        return self._producer.queue(name)
+
+    def open_gate(self, name: str) -> None:
+        """Let one job blocked on data {"gate": name} go on."""
+        self.r.rpush(f"{self.prefix}:gate:{name}", 1)
+
+    # ---------------------------------------------------------------- facts
+
+    def records(self, event: str | None = None, **match: Any) -> list[dict[str, Any]]:
+        """Handler records in order, those with this event and these field values."""
+        out = [json.loads(x) for x in self.r.lrange(f"{self.prefix}:records", 0, -1)]
+        return [
+            rec
+            for rec in out
+            if (event is None or rec["event"] == event)
+            and all(rec.get(k) == v for k, v in match.items())
+        ]
+
+    def wait_records(
+        self, n: int, event: str | None = None, timeout: float = 15.0, **match: Any
+    ) -> list[dict[str, Any]]:
+        """Wait until there are at least n matching records; return them."""
+        return wait_for(
+            lambda: (found := self.records(event, **match)) and len(found) >= n and found,
+            timeout,
+            f"{n} record(s) {event} {match}",
+        )
+
+    def events(self, queue: str, tag: str | None = None) -> list[dict[str, str]]:
+        """The outcome events of `queue` (tag: the hash tag, for a fail queue its owner's)."""
+        stream = QueueKeys(self.prefix, queue, tag or queue).events
+        return [fields for _, fields in self.r.xrange(stream)]
+
+    def wait_events(
+        self, queue: str, n: int, tag: str | None = None, timeout: float = 15.0
+    ) -> list[dict[str, str]]:
+        """Wait until `queue` has at least n outcome events; return them all."""
+        return wait_for(
+            lambda: len(found := self.events(queue, tag)) >= n and found,
+            timeout,
+            f"{n} outcome event(s) on {queue}",
+        )

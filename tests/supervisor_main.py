@@ -1,0 +1,34 @@
+"""Run one supervisor for the runtime tests: `python -m tests.supervisor_main CONFIG_JSON`.
+
+CONFIG_JSON: {"url": ..., "prefix": ..., "workers": n, "settings": {Client keywords},
+"queues": {name: {"handler": module path, **listen options}}}. Logs go to stderr; the exit
+code is client.run()'s. tests/runtime_helpers.py starts it in a new session (process group).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from queasy_py import Client
+
+
+def main(config: dict) -> int:
+    logging.basicConfig(
+        level=logging.DEBUG,
+        stream=sys.stderr,
+        format="%(asctime)s supervisor[%(process)d] %(levelname)s %(message)s",
+    )
+    logging.getLogger("redis").setLevel(logging.WARNING)
+    with Client(
+        config["url"], config["workers"], prefix=config["prefix"], **config["settings"]
+    ) as client:
+        for name, options in config["queues"].items():
+            options = dict(options)
+            client.queue(name).listen(options.pop("handler"), **options)
+        return client.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(json.loads(sys.argv[1])))

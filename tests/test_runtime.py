@@ -1,0 +1,320 @@
+"""The runtime as real processes against the real server: completion, retries, fail handlers,
+singleton jobs, capacity and priority, async handlers, handler checks, recycling, events.
+
+Faults (timeouts, crashes, zombies, shutdown) are in test_runtime_faults.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from runtime_helpers import (
+    ACT,
+    ACT_ASYNC,
+    EVENT_FIELDS,
+    FAIL_RECORD,
+    Runtime,
+    max_units_in_flight,
+    queue_spec,
+    wait_for,
+)
+
+from queasy_py import Client, HandlerError
+
+FAST_FAIL = {"min_backoff": 0.05, "max_backoff": 0.1}
+
+
+@pytest.fixture
+def rt(redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path) -> Iterator[Runtime]:
+    with Runtime(redis_url, prefix, r, tmp_path) as runtime:
+        yield runtime
+
+
+def job_record(job_id: str, queue: str, run_at: float, **counts: int) -> dict:
+    """The `job` of a fail job's [data, job, error]."""
+    zero = {"retry_count": 0, "stall_count": 0, "timeout_count": 0}
+    return {"id": job_id, "queue": queue, "run_at": run_at, **zero, **counts}
+
+
+# ---------------------------------------------------------------- completion and wake-ups
+
+
+def test_dispatched_jobs_all_run_once_and_finish(rt: Runtime) -> None:
+    q = rt.queue("q")
+    ids = q.dispatch_many({"data": {"tag": f"j{i}", "sleep": 0.05}} for i in range(40))
+    sup = rt.start({"q": queue_spec()}, workers=2)
+
+    events = rt.wait_events("q", 40)
+    assert sorted(e["id"] for e in events) == sorted(ids)
+    assert {e["outcome"] for e in events} == {"finished"}
+    starts = rt.records("start")
+    assert sorted(s["id"] for s in starts) == sorted(ids)  # each ran exactly once
+    workers = sup.workers()
+    assert len(workers) == 2 and {s["pid"] for s in starts} <= workers  # no worker was lost
+    assert q.counts() == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
+    assert sup.stop() == 0
+
+
+def test_a_dispatch_wakes_an_idle_supervisor_and_delayed_jobs_run_on_time(rt: Runtime) -> None:
+    # poll_interval 30 s: only the wake-up message or the sleep until run_at can start them
+    rt.start({"q": queue_spec()}, poll_interval=30.0)
+    q = rt.queue("q")
+    q.dispatch({"tag": "warm-up"})
+    rt.wait_records(1, "end", tag="warm-up")  # the supervisor is idle now
+
+    sent = time.time()
+    q.dispatch({"tag": "now"})
+    (start,) = rt.wait_records(1, "start", tag="now")
+    assert start["t"] - sent < 1.0
+
+    run_at = time.time() + 1.0
+    q.dispatch({"tag": "later"}, run_at=run_at)
+    (start,) = rt.wait_records(1, "start", tag="later")
+    assert run_at <= start["t"] < run_at + 1.0
+
+
+# ---------------------------------------------------------------- retries and fail handlers
+
+
+def test_a_retry_waits_for_its_backoff(rt: Runtime) -> None:
+    # poll_interval 30 s: the supervisor must sleep until the retry's run_at, not poll
+    rt.start({"q": queue_spec(min_backoff=0.4, max_backoff=10.0)}, poll_interval=30.0)
+    rt.queue("q").dispatch({"tag": "r", "raise": "retriable", "times": 2}, id="r")
+
+    rt.wait_records(3, "start", tag="r")
+    starts = rt.records("start", tag="r")
+    assert [s["retry_count"] for s in starts] == [0, 1, 2]
+    for n in (0, 1):
+        # the failed run ended before its record of the next start; backoff 0.4 * 2**n,
+        # with a jitter of at most +25%, plus the supervisor's reaction time
+        gap = starts[n + 1]["t"] - starts[n]["t"]
+        backoff = 0.4 * 2**n
+        assert backoff <= gap < backoff * 1.25 + 1.0
+    outcomes = [(e["outcome"], e["error_name"], e["error_kind"]) for e in rt.wait_events("q", 3)]
+    assert outcomes == [
+        ("retried", "ValueError", "retriable"),
+        ("retried", "ValueError", "retriable"),
+        ("finished", "", ""),
+    ]
+
+
+def test_retry_at_of_the_exception_sets_the_retry_time(rt: Runtime) -> None:
+    rt.start({"q": queue_spec(min_backoff=30.0, max_backoff=60.0)}, poll_interval=30.0)
+    rt.queue("q").dispatch({"tag": "r", "raise": "retry_later", "retry_in": 1.0, "times": 1})
+
+    first, second = rt.wait_records(2, "start", tag="r")
+    assert 1.0 <= second["t"] - first["t"] < 2.0  # not min_backoff
+
+
+@pytest.mark.parametrize(
+    ("raised", "name"), [("permanent", "PermanentError"), ("kind_permanent", "KindPermanent")]
+)
+def test_a_permanent_error_fails_at_once_into_the_fail_handler(
+    rt: Runtime, raised: str, name: str
+) -> None:
+    rt.start({"q": queue_spec(fail_handler=FAIL_RECORD, fail_options=FAST_FAIL)})
+    data = {"tag": "p", "raise": raised, "message": "no way", "nested": [1, {"x": None}]}
+    run_at = 1_700_000_000.123
+    rt.queue("q").dispatch(data, id="job-1", run_at=run_at)
+
+    (fail,) = rt.wait_records(1, "fail")
+    assert fail["given"] == [
+        data,
+        job_record("job-1", "q", run_at),
+        {"name": name, "message": "no way", "kind": "permanent"},
+    ]
+    assert fail["queue"] == "q-fail"
+    assert len(rt.records("start", tag="p")) == 1  # never retried
+    (failed,) = rt.events("q")
+    assert (failed["outcome"], failed["error_name"], failed["error_kind"]) == (
+        "failed",
+        name,
+        "permanent",
+    )
+    assert [e["outcome"] for e in rt.wait_events("q-fail", 1, tag="q")] == ["finished"]
+    assert rt.queue("q").get_job("job-1") is None
+
+
+def test_exhausted_retries_go_to_the_fail_handler_as_retriable(rt: Runtime) -> None:
+    rt.start(
+        {"q": queue_spec(max_retries=2, **FAST_FAIL, fail_handler=FAIL_RECORD)},
+    )
+    data = {"tag": "x", "raise": "retriable", "message": "boom"}
+    run_at = 1_700_000_000.0
+    rt.queue("q").dispatch(data, id="x", run_at=run_at)
+
+    (fail,) = rt.wait_records(1, "fail")
+    assert [s["retry_count"] for s in rt.records("start", tag="x")] == [0, 1, 2]
+    # the fail handler sees the job as last run: run_at is that of its last retry
+    last_run_at = fail["given"][1]["run_at"]
+    assert last_run_at > run_at
+    assert fail["given"] == [
+        data,
+        job_record("x", "q", last_run_at, retry_count=2),
+        {"name": "ValueError", "message": "boom", "kind": "retriable"},
+    ]
+    outcomes = [(e["outcome"], e["retry_count"], e["error_kind"]) for e in rt.events("q")]
+    assert outcomes == [
+        ("retried", "1", "retriable"),
+        ("retried", "2", "retriable"),
+        ("failed", "2", "retriable"),
+    ]
+
+
+def test_without_a_fail_handler_a_failed_job_is_removed(rt: Runtime) -> None:
+    rt.start({"q": queue_spec()})
+    rt.queue("q").dispatch({"tag": "p", "raise": "permanent"}, id="p")
+    (failed,) = rt.wait_events("q", 1)
+    assert failed["outcome"] == "failed"
+    assert rt.queue("q").get_job("p") is None
+    assert rt.events("q-fail", tag="q") == []
+
+
+# ---------------------------------------------------------------- singleton, capacity, priority
+
+
+def test_a_job_dispatched_again_while_active_runs_after_it_never_alongside(rt: Runtime) -> None:
+    rt.start({"q": queue_spec()}, workers=2)
+    q = rt.queue("q")
+    q.dispatch({"tag": "v1", "sleep": 1.0}, id="one")
+    rt.wait_records(1, "start", tag="v1")
+    q.dispatch({"tag": "v2", "sleep": 0.1}, id="one")
+    assert q.get_job("one").state == "active"  # type: ignore[union-attr]
+
+    (second,) = rt.wait_records(1, "start", tag="v2")
+    (first_end,) = rt.records("end", tag="v1")
+    assert second["t"] >= first_end["t"]
+    rt.wait_records(1, "end", tag="v2")
+    assert [e["outcome"] for e in rt.wait_events("q", 2)] == ["finished", "finished"]
+    assert len(rt.records("start")) == 2
+    assert q.get_job("one") is None
+
+
+def test_units_in_flight_never_exceed_a_workers_capacity(rt: Runtime) -> None:
+    big = [{"data": {"tag": "big", "units": 100, "sleep": 0.2}} for _ in range(4)]
+    small = [{"data": {"tag": "small", "units": 10, "sleep": 0.2}} for _ in range(30)]
+    rt.queue("big").dispatch_many(big)
+    rt.queue("small").dispatch_many(small)
+    rt.start({"big": queue_spec(size=100), "small": queue_spec(size=10)}, workers=1)
+
+    rt.wait_records(34, "end")
+    records = rt.records()
+    assert max_units_in_flight(records) <= 100
+    # the check means something: small jobs did share the worker
+    assert max_units_in_flight([r for r in records if r["tag"] == "small"]) >= 50
+
+
+def test_a_higher_priority_queue_is_served_first_under_contention(rt: Runtime) -> None:
+    rt.queue("low").dispatch_many({"data": {"tag": "low"}} for _ in range(5))
+    rt.queue("high").dispatch_many({"data": {"tag": "high"}} for _ in range(5))
+    rt.start(
+        {
+            "low": queue_spec(size=100, priority=100),
+            "high": queue_spec(size=100, priority=200),
+        },
+        workers=1,
+    )
+    rt.wait_records(10, "end")
+    assert [s["tag"] for s in rt.records("start")] == ["high"] * 5 + ["low"] * 5
+
+
+# ---------------------------------------------------------------- handlers
+
+
+def test_async_handlers_run_concurrently_on_the_workers_event_loop(rt: Runtime) -> None:
+    rt.queue("q").dispatch_many({"data": {"tag": "a", "units": 10, "sleep": 0.5}} for _ in range(8))
+    rt.queue("q").dispatch({"tag": "bad", "raise": "permanent"}, id="bad")
+    rt.start({"q": queue_spec(ACT_ASYNC)}, workers=1)
+
+    rt.wait_records(8, "end", tag="a")
+    starts = rt.records("start", tag="a")
+    assert all(s["in_loop"] for s in starts)
+    assert len({s["thread"] for s in starts}) == 1  # one event loop thread
+    assert max_units_in_flight(rt.records(tag="a")) >= 50  # they overlapped
+    outcomes = {(e["id"], e["outcome"]) for e in rt.wait_events("q", 9)}
+    assert ("bad", "failed") in outcomes
+
+
+@pytest.mark.parametrize(
+    ("handler", "fail_handler", "says"),
+    [
+        ("tests.runtime_handlers.broken", None, "broken on purpose"),
+        ("tests.runtime_handlers.no_handle", None, "no callable handle"),
+        ("tests.runtime_handlers.missing", None, "No module named"),
+        (ACT, "tests.runtime_handlers.missing", "No module named"),
+    ],
+)
+def test_a_handler_that_does_not_load_stops_listen_before_any_job_is_taken(
+    rt: Runtime, handler: str, fail_handler: str | None, says: str
+) -> None:
+    q = rt.queue("q")
+    q.dispatch({"tag": "j"}, id="j")
+    sup = rt.start({"q": queue_spec(handler, fail_handler=fail_handler)})
+
+    assert sup.wait() != 0
+    log = sup.log()
+    assert "queasy_py.errors.HandlerError" in log and says in log
+    assert q.get_job("j").state == "waiting"  # type: ignore[union-attr]
+    assert rt.events("q") == [] and rt.records() == []
+
+
+def test_listen_raises_handler_error_in_process(redis_url: str, prefix: str) -> None:
+    with Client(redis_url, workers=1, prefix=prefix) as client:
+        with pytest.raises(HandlerError, match="no callable handle"):
+            client.queue("q").listen("json")
+        with pytest.raises(HandlerError, match="failed to import"):
+            client.queue("q").listen("no_such_module_here")
+        assert client.listeners == {}
+
+
+def test_max_jobs_per_worker_recycles_workers(rt: Runtime) -> None:
+    rt.queue("q").dispatch_many({"data": {"tag": f"j{i}"}} for i in range(7))
+    sup = rt.start({"q": queue_spec(size=100)}, workers=1, max_jobs_per_worker=3)
+
+    rt.wait_records(7, "end")
+    pids = [s["pid"] for s in rt.records("start")]
+    assert pids == [pids[0]] * 3 + [pids[3]] * 3 + [pids[6]]
+    assert len(set(pids)) == 3
+    assert {e["outcome"] for e in rt.wait_events("q", 7)} == {"finished"}
+    wait_for(lambda: sup.workers() == {pids[6]}, what="the recycled workers to exit")
+
+
+# ---------------------------------------------------------------- outcome events
+
+
+def test_each_outcome_writes_one_event_with_the_documented_fields(rt: Runtime) -> None:
+    sup = rt.start({"q": queue_spec(**FAST_FAIL, fail_handler=FAIL_RECORD)})
+    q = rt.queue("q")
+    q.dispatch({"tag": "ok"}, id="ok", run_at=1_700_000_000.5)
+    rt.wait_records(1, "end", tag="ok")
+    q.dispatch({"tag": "again", "raise": "retriable", "times": 1}, id="again")
+    rt.wait_records(1, "end", tag="again")
+    q.dispatch({"tag": "bad", "raise": "permanent", "message": "m"}, id="bad")
+    rt.wait_records(1, "fail")
+    q.dispatch({"tag": "gone"}, id="gone", delay=60)
+    assert q.cancel("gone")
+
+    events = rt.wait_events("q", 5)
+    assert all(set(e) == EVENT_FIELDS for e in events)
+    assert [(e["id"], e["outcome"], e["error_name"], e["error_kind"]) for e in events] == [
+        ("ok", "finished", "", ""),
+        ("again", "retried", "ValueError", "retriable"),
+        ("again", "finished", "", ""),
+        ("bad", "failed", "PermanentError", "permanent"),
+        ("gone", "cancelled", "", ""),
+    ]
+    assert {e["queue"] for e in events} == {"q"}
+    ran = events[:4]
+    starts = rt.records("start")
+    for event, start in zip(ran, starts, strict=True):
+        assert event["pid"] == str(start["pid"])
+        assert sup.client_of(event)
+        assert abs(int(event["started_at"]) - start["t"] * 1000) < 250
+        assert int(event["started_at"]) <= int(event["ended_at"])
+    assert events[0]["run_at"] == "1700000000500"
+    assert [e["retry_count"] for e in ran] == ["0", "1", "1", "0"]
+    assert all(e["stall_count"] == e["timeout_count"] == "0" for e in events)
