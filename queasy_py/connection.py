@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from urllib.parse import urlsplit, urlunsplit
 
@@ -17,13 +18,16 @@ log = logging.getLogger("queasy_py")
 def mask_url(url: str) -> str:
     """The URL with its password replaced by ***, safe to log."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    if parts.password is not None:
+        user = parts.username or ""
+        host = parts.hostname or ""
+        if ":" in host:  # IPv6
+            host = f"[{host}]"
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+        url = urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    # redis-py also takes the password as a query argument: ?password=...
+    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url)
 
 
 def connect(

@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 
 import redis
 
 from .connection import connect
+from .errors import ConnectionFailed
 from .library import Status, fcall
 
 log = logging.getLogger("queasy_py")
@@ -23,18 +24,19 @@ class Heartbeat(threading.Thread):
     def __init__(
         self,
         url: str,
-        bases: Sequence[str],
+        bases: Mapping[str, int],  # base key -> events maxlen (for the events of a sweep)
         client_id: Callable[[], str],
         interval: float,
         wake: Callable[[], None],
     ) -> None:
         super().__init__(name="queasy-heartbeat", daemon=True)
         self.url = url
-        self.bases = list(bases)
+        self.bases = dict(bases)
         self.client_id = client_id
         self.interval = interval
         self.wake = wake
         self.swept = threading.Event()
+        self.failed = threading.Event()  # set on a failed beat: the supervisor reconciles
         self.stopped = threading.Event()
         self.last_ok = time.monotonic()
         self._redis: redis.Redis | None = None
@@ -46,8 +48,8 @@ class Heartbeat(threading.Thread):
     def beat(self, r: redis.Redis, client_id: str) -> bool:
         """Bump every queue; False when this client was swept."""
         with r.pipeline(transaction=False) as pipe:
-            for base in self.bases:
-                fcall(pipe, "queasy_bump", [base], ["", client_id, self.expiry_ms, 0])
+            for base, maxlen in self.bases.items():
+                fcall(pipe, "queasy_bump", [base], ["", client_id, self.expiry_ms, maxlen])
             statuses = pipe.execute()
         return all(int(s) != Status.SWEPT for s in statuses)
 
@@ -62,8 +64,9 @@ class Heartbeat(threading.Thread):
                 else:
                     self.swept.set()
                     self.wake()
-            except (redis.RedisError, OSError) as exc:
+            except (redis.RedisError, OSError, ConnectionFailed) as exc:
                 log.error("heartbeat failed: %s", exc)
+                self.failed.set()
                 if self._redis is not None:
                     self._redis.close()
                 self._redis = None

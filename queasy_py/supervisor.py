@@ -170,9 +170,15 @@ class Supervisor:
         now = time.time()
         for seq, started, error in message:
             job = proc.take(seq)
-            if job is None or job.timed_out:
-                continue  # a result that raced its timeout: the timeout wins
+            if job is None:
+                continue
             state = self.states[job.queue]
+            if job.timed_out:  # a result that raced its timeout: the timeout wins
+                ack = outcomes.retry(
+                    job, state.base, int(now * 1000), "timeout", proc.pid, started, "TimeoutError"
+                )
+                self.acks.append(ack)
+                continue
             self.acks.append(
                 outcomes.on_result(
                     job, state.spec, state.base, state.fail_base, error, proc.pid, started, now
@@ -276,7 +282,7 @@ class Supervisor:
         nonce = uuid.uuid4().hex[:12]
         try:
             if self.reconcile:
-                self._reconcile(client_id)
+                self._reconcile(client_id, acks)
             with self.r.pipeline(transaction=False) as pipe:
                 ack_groups = self._queue_acks(pipe, client_id, acks)
                 for state, n in asks:
@@ -289,7 +295,9 @@ class Supervisor:
                 replies = pipe.execute()
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             self.acks = acks + self.acks
-            self.reconcile = bool(asks) or self.reconcile
+            # a lost dequeue reply, or a server restart that lost its last writes (a finish
+            # undone leaves a lease this client no longer knows of): reconcile once back
+            self.reconcile = True
             log.error("Redis unreachable: %s; retrying in %.1fs", exc, self.redis_backoff)
             self.redis_retry_at = time.time() + self.redis_backoff
             self.redis_backoff = min(self.redis_backoff * 2, 5.0)
@@ -376,9 +384,11 @@ class Supervisor:
             except OSError:
                 pass  # it died; its exit sentinel requeues what it held
 
-    def _reconcile(self, client_id: str) -> None:
-        """After a lost reply: hand back leases this client holds but does not know of."""
+    def _reconcile(self, client_id: str, acks: list[outcomes.Ack]) -> None:
+        """After a lost reply: hand back leases this client holds but does not know of
+        (neither running on a worker nor waiting in `acks` to be acked)."""
         held = {j.token for w in self.workers for j in w.jobs.values()}
+        held.update(ack.args[1] for ack in acks)
         now_ms = int(time.time() * 1000)
         for state in self.states.values():
             pairs = self.r.fcall_ro("queasy_leases", 1, state.base, "", client_id)
@@ -439,8 +449,8 @@ class Supervisor:
                 if not job.timed_out:
                     wait = min(wait, job.deadline - now_mono)
         if not self.stopping and any(w.accepts and w.free for w in self.workers):
-            for state in self.states.values():
-                wait = min(wait, state.ready_at - now)
+            for state in self.states.values():  # no earlier than the Redis retry time
+                wait = min(wait, max(state.ready_at, self.redis_retry_at) - now)
         if self.acks:
             wait = min(wait, max(0.0, self.redis_retry_at - now))
         return max(0.0, wait)
@@ -461,6 +471,9 @@ class Supervisor:
                 self._on_exit(proc)
         if self.heartbeat.swept.is_set():
             self._swept()
+        if self.heartbeat.failed.is_set():  # the server may have restarted and lost writes
+            self.heartbeat.failed.clear()
+            self.reconcile = True
         self._check_alive()
         now_mono, now = time.monotonic(), time.time()
         for name, at in self.wakeup.drain():
@@ -478,7 +491,7 @@ class Supervisor:
         previous = self._install_signals()
         self.heartbeat = Heartbeat(
             self.client.url,
-            [s.base for s in self.states.values()],
+            {s.base: s.spec.events_maxlen for s in self.states.values()},
             lambda: self.client.id,
             self.heartbeat_interval,
             self.wake,

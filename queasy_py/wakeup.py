@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 import redis
 
 from .connection import connect
+from .errors import ConnectionFailed
 
 log = logging.getLogger("queasy_py")
 
@@ -43,7 +44,7 @@ class Wakeup(threading.Thread):
                         self.inbox.put((name, int(message["data"]) / 1000.0))
                         self.wake()
                 pubsub.close()
-            except (redis.RedisError, OSError, ValueError) as exc:
+            except (redis.RedisError, OSError, ValueError, ConnectionFailed) as exc:
                 log.warning("wake-up listener lost its connection: %s (polling meanwhile)", exc)
                 self.stopped.wait(delay)
                 delay = min(delay * 2, 5.0)

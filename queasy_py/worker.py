@@ -42,16 +42,22 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
         message = str(exc)
     except Exception:  # an exception whose __str__ fails still gets reported
         message = f"<unprintable {type(exc).__name__}>"
-    kind = "permanent" if getattr(exc, "kind", None) == PermanentError.kind else "retriable"
-    retry_at = getattr(exc, "retry_at", None)
-    if retry_at is not None:
-        try:
+    # lone surrogates (undecodable bytes, os.fsdecode) are not JSON: escape them
+    message = message[:4000].encode("utf-8", "backslashreplace").decode("utf-8")
+    try:  # user attributes may be properties that raise: any failure reads as "not set"
+        permanent = getattr(exc, "kind", None) == PermanentError.kind
+    except Exception:
+        permanent = False
+    kind = "permanent" if permanent is True else "retriable"
+    try:
+        retry_at = getattr(exc, "retry_at", None)
+        if retry_at is not None:
             retry_at = retry_at.timestamp() if hasattr(retry_at, "timestamp") else float(retry_at)
-        except (TypeError, ValueError, OverflowError):
-            retry_at = None
+    except Exception:
+        retry_at = None
     return {
         "name": type(exc).__name__,
-        "message": message[:4000],
+        "message": message,
         "kind": kind,
         "retry_at": retry_at,
     }

