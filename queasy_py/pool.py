@@ -84,9 +84,8 @@ class WorkerProc:
             ]
             for j in jobs
         ]
-        for j in jobs:
+        for j in jobs:  # their units were reserved when the dequeue was planned
             self.jobs[j.seq] = j
-            self.free -= j.size
         self.conn.send_bytes(orjson.dumps(payload))
 
     def take(self, seq: int) -> Running | None:

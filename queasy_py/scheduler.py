@@ -11,6 +11,8 @@ from .options import ListenOptions
 
 #: the most jobs asked of one queue in one dequeue call
 MAX_BATCH = 1000
+#: the most dequeues of one queue in flight at once
+MAX_INFLIGHT = 2
 
 
 @dataclass(eq=False)
@@ -24,6 +26,14 @@ class QueueState:
     fail_base: str | None  # base key of its fail queue when it has a fail handler
     ready_at: float = 0.0  # epoch seconds when it may next have a ready job (0: now)
     last_served: float = 0.0  # monotonic time of its last dequeue
+    inflight: int = 0  # dequeues sent whose reply has not come back yet
+
+    def wants(self, now: float) -> bool:
+        """Ready, and not already asked: a second dequeue may be in flight only while the
+        last one came back full (ready_at 0: more jobs are likely waiting)."""
+        if self.ready_at > now:
+            return False
+        return self.inflight == 0 or (self.inflight < MAX_INFLIGHT and self.ready_at == 0.0)
 
 
 def place(free: list[int], size: int) -> int | None:
@@ -35,31 +45,34 @@ def place(free: list[int], size: int) -> int | None:
     return best
 
 
-def plan(states: Sequence[QueueState], free: list[int], now: float) -> list[tuple[QueueState, int]]:
-    """How many jobs to ask of each ready queue, given each accepting worker's free units.
+def plan(
+    states: Sequence[QueueState], free: list[int], now: float
+) -> list[tuple[QueueState, list[int]]]:
+    """Which queues to dequeue, and for each the workers (indexes into `free`, one per job)
+    whose units the jobs will take, given each accepting worker's free units.
 
     Higher priority first; equal priorities share the capacity round-robin, the queue served
     longest ago first. `free` is not modified.
     """
     free = list(free)
     ready = sorted(
-        (s for s in states if s.ready_at <= now),
+        (s for s in states if s.wants(now)),
         key=lambda s: (-s.spec.priority, s.last_served),
     )
-    out: list[tuple[QueueState, int]] = []
+    out: list[tuple[QueueState, list[int]]] = []
     for _, group in groupby(ready, key=lambda s: s.spec.priority):
         members = list(group)
-        counts = dict.fromkeys(members, 0)
+        slots: dict[QueueState, list[int]] = {s: [] for s in members}
         progress = True
         while progress:
             progress = False
             for state in members:
-                if counts[state] >= MAX_BATCH:
+                if len(slots[state]) >= MAX_BATCH:
                     continue
                 index = place(free, state.spec.size)
                 if index is not None:
                     free[index] -= state.spec.size
-                    counts[state] += 1
+                    slots[state].append(index)
                     progress = True
-        out.extend((s, n) for s, n in counts.items() if n > 0)
+        out.extend((s, indexes) for s, indexes in slots.items() if indexes)
     return out

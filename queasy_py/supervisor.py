@@ -28,6 +28,7 @@ from .heartbeat import Heartbeat
 from .library import Ack as AckCode
 from .library import Status, fcall
 from .pool import Running, WorkerProc, kill_tree, start_worker
+from .redis_pipe import RedisPipe
 from .scheduler import QueueState, place, plan
 from .wakeup import Wakeup
 
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("queasy_py")
 
 MEMORY_CHECK_INTERVAL = 5.0
+#: rounds (acks and dequeues) sent to Redis whose replies have not come back yet, at most
+MAX_ROUNDS = 4
 WORKER_START_TIMEOUT = 60.0
 
 
@@ -79,6 +82,8 @@ class Supervisor:
         os.set_blocking(self.wake_w, False)
         self.selector.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
         self.next_memory_check = 0.0
+        self.pipe = RedisPipe(client.url)
+        self.pipe_fd: int | None = None
         self.states_by_base = {s.base: s for s in self.states.values()}
 
     def _add_state(self, queue: Queue, spec: ListenOptions, fail_base: str | None) -> None:
@@ -267,47 +272,127 @@ class Supervisor:
     # ------------------------------------------------------------------ redis round
 
     def _round(self) -> None:
-        """One round trip: send pending acks, then dequeue into free capacity."""
+        """Send a round without waiting: pending acks, then dequeues into free capacity.
+
+        The units of the jobs asked for are reserved on their workers at once, so rounds can
+        overlap (up to MAX_ROUNDS in flight) without ever exceeding a worker's capacity.
+        """
         now = time.time()
-        if now < self.redis_retry_at:
+        if now < self.redis_retry_at or len(self.pipe.inflight) >= MAX_ROUNDS:
             return
-        asks: list[tuple[QueueState, int]] = []
+        client_id = self.client.id
+        if self.reconcile:
+            if self.pipe.inflight:
+                return  # first let every reply in flight come back
+            try:
+                self._reconcile(client_id, self.acks)
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                self._redis_down(exc)
+                return
         accepting = [w for w in self.workers if w.accepts]
+        asks: list[tuple[QueueState, list[WorkerProc]]] = []
         if not self.stopping and accepting:
-            asks = plan(list(self.states.values()), [w.free for w in accepting], now)
-        if not self.acks and not asks and not self.reconcile:
+            for state, slots in plan(list(self.states.values()), [w.free for w in accepting], now):
+                procs = [accepting[i] for i in slots]
+                for proc in procs:
+                    proc.free -= state.spec.size
+                state.inflight += 1
+                asks.append((state, procs))
+        if not self.acks and not asks:
             return
         acks, self.acks = self.acks, []
-        client_id = self.client.id
+        commands, ack_groups = self._ack_commands(client_id, acks)
         nonce = uuid.uuid4().hex[:12]
+        for state, procs in asks:
+            commands.append(
+                (
+                    "FCALL",
+                    "queasy_dequeue",
+                    1,
+                    state.base,
+                    "",
+                    client_id,
+                    nonce,
+                    len(procs),
+                    self.expiry_ms,
+                    state.spec.events_maxlen,
+                )
+            )
+
+        def on_reply(replies: list) -> None:
+            self._on_round(client_id, acks, ack_groups, asks, replies)
+
+        def on_error(exc: BaseException) -> None:
+            self._on_round_error(acks, asks, exc)
+
         try:
-            if self.reconcile:
-                self._reconcile(client_id, acks)
-            with self.r.pipeline(transaction=False) as pipe:
-                ack_groups = self._queue_acks(pipe, client_id, acks)
-                for state, n in asks:
-                    fcall(
-                        pipe,
-                        "queasy_dequeue",
-                        [state.base],
-                        ["", client_id, nonce, n, self.expiry_ms, state.spec.events_maxlen],
-                    )
-                replies = pipe.execute()
+            self.pipe.send(commands, on_reply, on_error)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            self.acks = acks + self.acks
-            # a lost dequeue reply, or a server restart that lost its last writes (a finish
-            # undone leaves a lease this client no longer knows of): reconcile once back
-            self.reconcile = True
-            log.error("Redis unreachable: %s; retrying in %.1fs", exc, self.redis_backoff)
-            self.redis_retry_at = time.time() + self.redis_backoff
-            self.redis_backoff = min(self.redis_backoff * 2, 5.0)
+            on_error(exc)
+        self._watch_pipe()
+
+    def _watch_pipe(self) -> None:
+        """Keep the selector watching the Redis socket of the round pipe (it changes on a
+        reconnect)."""
+        fd = self.pipe.fileno()
+        if fd == self.pipe_fd:
             return
+        if self.pipe_fd is not None:
+            try:
+                self.selector.unregister(self.pipe_fd)
+            except (KeyError, ValueError, OSError):
+                pass
+        self.pipe_fd = fd
+        if fd is not None:
+            self.selector.register(fd, selectors.EVENT_READ, ("redis", None))
+
+    def _redis_down(self, exc: BaseException) -> None:
+        """Log once per outage step and back off; acks are kept and a reconcile follows."""
+        # a lost dequeue reply, or a server restart that lost its last writes (a finish
+        # undone leaves a lease this client no longer knows of): reconcile once back
+        self.reconcile = True
+        if time.time() < self.redis_retry_at:
+            return
+        log.error("Redis unreachable: %s; retrying in %.1fs", exc, self.redis_backoff)
+        self.redis_retry_at = time.time() + self.redis_backoff
+        self.redis_backoff = min(self.redis_backoff * 2, 5.0)
+
+    def _release(self, state: QueueState, procs: list[WorkerProc]) -> None:
+        """Give back units reserved for jobs that did not come."""
+        for proc in procs:
+            if proc in self.workers:
+                proc.free += state.spec.size
+
+    def _on_round_error(
+        self,
+        acks: list[outcomes.Ack],
+        asks: list[tuple[QueueState, list[WorkerProc]]],
+        exc: BaseException,
+    ) -> None:
+        self.acks = acks + self.acks
+        for state, procs in asks:
+            state.inflight -= 1
+            self._release(state, procs)
+        self._redis_down(exc)
+
+    def _on_round(
+        self,
+        client_id: str,
+        acks: list[outcomes.Ack],
+        ack_groups: list[list],
+        asks: list[tuple[QueueState, list[WorkerProc]]],
+        replies: list,
+    ) -> None:
         self.redis_backoff = 0.1
+        now = time.time()
         for ack in acks:  # a retried job is ready at its run_at: wake then, not at the next poll
             if ack.op == "retry":
                 state = self.states_by_base[ack.base]
                 state.ready_at = min(state.ready_at, int(ack.args[2]) / 1000.0)
         for group, codes in zip(ack_groups, replies, strict=False):
+            if isinstance(codes, redis.ResponseError):
+                log.error("%s of %d job(s) failed: %s", group[0].op, len(group), codes)
+                continue
             for ack, code in zip(group, codes, strict=True):
                 if int(code) == AckCode.STALE:
                     log.warning(
@@ -316,42 +401,52 @@ class Supervisor:
                         ack.args[0],
                     )
         mono = time.monotonic()
-        for (state, asked), reply in zip(asks, replies[len(ack_groups) :], strict=True):
+        for (state, procs), reply in zip(asks, replies[len(ack_groups) :], strict=True):
+            state.inflight -= 1
             state.last_served = mono
-            self._take(state, asked, reply, now)
+            if client_id != self.client.id:  # swept and started over meanwhile: not ours
+                continue
+            if isinstance(reply, redis.ResponseError):
+                log.error("dequeue of %s failed: %s", state.name, reply)
+                self._release(state, procs)
+                continue
+            self._take(state, procs, reply, now)
 
-    def _queue_acks(self, pipe: Any, client_id: str, acks: list[outcomes.Ack]) -> list[list]:
+    def _ack_commands(self, client_id: str, acks: list[outcomes.Ack]) -> tuple[list, list[list]]:
         grouped: dict[tuple[str, str, str | None], list[outcomes.Ack]] = defaultdict(list)
         for ack in acks:
             grouped[(ack.op, ack.base, ack.fail_base)].append(ack)
+        commands: list[tuple] = []
         groups = []
         for (op, base, fail_base), items in grouped.items():
             maxlen = self.states_by_base[base].spec.events_maxlen
-            args: list[Any] = ["", client_id, maxlen]
+            keys = [base] if fail_base is None else [base, fail_base]
+            args: list[Any] = ["FCALL", f"queasy_{op}", len(keys), *keys, "", client_id, maxlen]
             for ack in items:
                 args.extend(ack.args)
-            keys = [base] if fail_base is None else [base, fail_base]
-            fcall(pipe, f"queasy_{op}", keys, args)
+            commands.append(tuple(args))
             groups.append(items)
-        return groups
+        return commands, groups
 
-    def _take(self, state: QueueState, asked: int, reply: list, now: float) -> None:
+    def _take(self, state: QueueState, procs: list[WorkerProc], reply: list, now: float) -> None:
         status, next_run_at = int(reply[0]), reply[1]
         if status == Status.SWEPT:
+            self._release(state, procs)
             self._swept()
             return
         jobs = [reply[i : i + 7] for i in range(2, len(reply), 7)]
-        if len(jobs) < asked:
+        if len(jobs) < len(procs):
             state.ready_at = int(next_run_at) / 1000.0 if next_run_at else float("inf")
             state.ready_at = min(state.ready_at, now + self.poll_interval)
         else:
             state.ready_at = 0.0
         spec = state.spec
+        self._release(state, procs[len(jobs) :])
         by_worker: dict[WorkerProc, list[Running]] = defaultdict(list)
-        accepting = [w for w in self.workers if w.accepts]
-        free = [w.free for w in accepting]
         deadline = time.monotonic() + spec.timeout
-        for job_id, token, data, run_at, retries, stalls, timeouts in jobs:
+        for (job_id, token, data, run_at, retries, stalls, timeouts), proc in zip(
+            jobs, procs, strict=False
+        ):
             self.seq += 1
             job = Running(
                 self.seq,
@@ -369,15 +464,20 @@ class Supervisor:
             early = outcomes.on_dequeue(job, spec, state.base, state.fail_base)
             if early is not None:
                 self.acks.append(early)
+                self._release(state, [proc])
                 continue
-            index = place(free, spec.size)
-            if index is None:  # a worker went away since planning: hand the job back
-                self.acks.append(
-                    outcomes.retry(job, state.base, int(now * 1000), "release", "", "")
-                )
-                continue
-            free[index] -= spec.size
-            by_worker[accepting[index]].append(job)
+            if proc not in self.workers or not proc.accepts:
+                # its worker went away or stopped accepting since planning: place it again
+                self._release(state, [proc])
+                accepting = [w for w in self.workers if w.accepts]
+                index = place([w.free for w in accepting], spec.size)
+                if index is None:
+                    ack = outcomes.retry(job, state.base, int(now * 1000), "release", "", "")
+                    self.acks.append(ack)
+                    continue
+                proc = accepting[index]
+                proc.free -= spec.size
+            by_worker[proc].append(job)
         for proc, batch in by_worker.items():
             try:
                 proc.send(batch)
@@ -465,6 +565,9 @@ class Supervisor:
                         pass
                 except BlockingIOError:
                     pass
+            elif kind == "redis":
+                self.pipe.read()
+                self._watch_pipe()
             elif kind == "conn":
                 self._receive(proc)
             elif kind == "exit" and proc in self.workers:
@@ -522,6 +625,7 @@ class Supervisor:
             for proc in list(self.workers):
                 self._kill(proc)
             self._restore_signals(previous)
+            self.pipe.close()
             self.selector.close()
             os.close(self.wake_r)
             os.close(self.wake_w)
@@ -553,11 +657,12 @@ class Supervisor:
                 )
             proc.jobs.clear()
         self.redis_retry_at = 0.0
-        for _ in range(3):
+        deadline = time.monotonic() + 10.0
+        while (self.acks or self.pipe.inflight) and time.monotonic() < deadline:
             self._round()
-            if not self.acks:
-                break
-            time.sleep(self.redis_backoff)
+            self.pipe.read(block=True)
+            if self.acks:
+                time.sleep(max(0.0, self.redis_retry_at - time.time()))
         for state in self.states.values():
             try:
                 fcall(self.r, "queasy_leave", [state.base], ["", self.client.id])

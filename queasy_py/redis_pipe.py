@@ -1,0 +1,97 @@
+"""One Redis connection used without waiting for replies, for the scheduling loop.
+
+Commands go out in batches (a round of acks and dequeues); replies are read when the socket
+is readable, in order, and handed to the batch's callback. Several batches can be in flight,
+so workers keep running while a round trip is under way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+log = logging.getLogger("queasy_py")
+
+Reply = Any  # a decoded reply, or the redis.ResponseError it was
+
+
+@dataclass(eq=False)
+class Batch:
+    size: int
+    on_reply: Callable[[list[Reply]], None]
+    on_error: Callable[[BaseException], None]
+    replies: list[Reply] = field(default_factory=list)
+
+
+class RedisPipe:
+    def __init__(self, url: str) -> None:
+        self._client = redis.Redis.from_url(
+            url, socket_connect_timeout=5.0, socket_timeout=30.0, socket_keepalive=True
+        )
+        self._conn: Any = None
+        self.inflight: deque[Batch] = deque()
+
+    def fileno(self) -> int | None:
+        """The socket to watch for replies, or None when not connected."""
+        sock = getattr(self._conn, "_sock", None)
+        return None if sock is None else sock.fileno()
+
+    def send(
+        self,
+        commands: Sequence[Sequence[Any]],
+        on_reply: Callable[[list[Reply]], None],
+        on_error: Callable[[BaseException], None],
+    ) -> None:
+        """Send `commands` now; `on_reply(replies)` runs once all their replies are read.
+
+        Connection errors raise here (nothing was queued) or reach `on_error` later.
+        """
+        if self._conn is None:
+            self._conn = self._client.connection_pool.get_connection()
+        try:
+            self._conn.send_packed_command(self._conn.pack_commands(commands), check_health=False)
+        except BaseException:
+            self.reset()
+            raise
+        self.inflight.append(Batch(len(commands), on_reply, on_error))
+
+    def read(self, block: bool = False) -> None:
+        """Read every reply that has arrived (with `block`, wait for all in flight)."""
+        try:
+            while self.inflight:
+                if not block and not self._conn.can_read(timeout=0):
+                    return
+                batch = self.inflight[0]
+                try:
+                    reply: Reply = self._conn.read_response()
+                except redis.ResponseError as exc:
+                    reply = exc
+                batch.replies.append(reply)
+                if len(batch.replies) == batch.size:
+                    self.inflight.popleft()
+                    batch.on_reply(batch.replies)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            self.fail(exc)
+
+    def fail(self, exc: BaseException) -> None:
+        """The connection broke: every batch in flight gets `on_error`."""
+        batches = list(self.inflight)
+        self.reset()
+        for batch in batches:
+            batch.on_error(exc)
+
+    def reset(self) -> None:
+        self.inflight.clear()
+        if self._conn is not None:
+            self._conn.disconnect()
+            self._client.connection_pool.release(self._conn)
+            self._conn = None
+
+    def close(self) -> None:
+        self.reset()
+        self._client.close()
