@@ -12,6 +12,7 @@ import redis
 from . import defaults
 from .connection import connect, mask_url
 from .errors import InvalidInput, QueasyError
+from .fastcall import FastCall
 from .library import ensure_loaded
 from .options import check_setting
 from .queue import Queue
@@ -65,6 +66,7 @@ class Client:
             log.info("no Redis URL given: using an embedded server at %s", url)
         self.url = url
         self.redis: redis.Redis = connect(url)
+        self.fastcall = FastCall(self.redis)
         try:
             self.library_version = ensure_loaded(self.redis)
         except BaseException:

@@ -143,7 +143,7 @@ class Queue(QueueBase):
         args = self._dispatch_args(
             data, id, run_at, delay, update_data, update_run_at, reset_counts
         )
-        fcall(self.client.redis, "queasy_dispatch", [self.keys.base], args)
+        self.client.fastcall("queasy_dispatch", [self.keys.base], args)
         return args[4]
 
     def dispatch_many(

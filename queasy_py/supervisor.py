@@ -83,7 +83,7 @@ class Supervisor:
         self.selector.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
         self.next_memory_check = 0.0
         self.pipe = RedisPipe(client.url)
-        self.pipe_fd: int | None = None
+        self.watched: dict[str, int | None] = {}
         self.states_by_base = {s.base: s for s in self.states.values()}
 
     def _add_state(self, queue: Queue, spec: ListenOptions, fail_base: str | None) -> None:
@@ -329,22 +329,22 @@ class Supervisor:
             self.pipe.send(commands, on_reply, on_error)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             on_error(exc)
-        self._watch_pipe()
+        self._watch("redis", self.pipe.fileno())
 
-    def _watch_pipe(self) -> None:
-        """Keep the selector watching the Redis socket of the round pipe (it changes on a
-        reconnect)."""
-        fd = self.pipe.fileno()
-        if fd == self.pipe_fd:
+    def _watch(self, kind: str, fd: int | None) -> None:
+        """Keep the selector watching the socket of `kind` ('redis': the round pipe,
+        'pubsub': wake-ups); it changes on a reconnect."""
+        old = self.watched.get(kind)
+        if fd == old:
             return
-        if self.pipe_fd is not None:
+        if old is not None:
             try:
-                self.selector.unregister(self.pipe_fd)
+                self.selector.unregister(old)
             except (KeyError, ValueError, OSError):
                 pass
-        self.pipe_fd = fd
+        self.watched[kind] = fd
         if fd is not None:
-            self.selector.register(fd, selectors.EVENT_READ, ("redis", None))
+            self.selector.register(fd, selectors.EVENT_READ, (kind, None))
 
     def _redis_down(self, exc: BaseException) -> None:
         """Log once per outage step and back off; acks are kept and a reconcile follows."""
@@ -565,9 +565,11 @@ class Supervisor:
                         pass
                 except BlockingIOError:
                     pass
+            elif kind == "pubsub":
+                self._woken(self.wakeup.read())
             elif kind == "redis":
                 self.pipe.read()
-                self._watch_pipe()
+                self._watch("redis", self.pipe.fileno())
             elif kind == "conn":
                 self._receive(proc)
             elif kind == "exit" and proc in self.workers:
@@ -579,16 +581,20 @@ class Supervisor:
             self.reconcile = True
         self._check_alive()
         now_mono, now = time.monotonic(), time.time()
-        for name, at in self.wakeup.drain():
-            state = self.states.get(name)
-            if state is not None:
-                state.ready_at = min(state.ready_at, at)
+        self.wakeup.ensure()
+        self._watch("pubsub", self.wakeup.fileno())
         for state in self.states.values():  # polling fallback for missed wake-ups
             state.ready_at = min(state.ready_at, now + self.poll_interval)
         self._check_timeouts(now_mono)
         self._check_memory(now_mono)
         self._stop_drained()
         self._round()
+
+    def _woken(self, messages: list[tuple[str, float]]) -> None:
+        for name, at in messages:
+            state = self.states.get(name)
+            if state is not None:
+                state.ready_at = min(state.ready_at, at)
 
     def run(self) -> int:
         previous = self._install_signals()
@@ -599,14 +605,12 @@ class Supervisor:
             self.heartbeat_interval,
             self.wake,
         )
-        self.wakeup = Wakeup(
-            self.client.url, {s.wake: n for n, s in self.states.items()}, self.wake
-        )
+        self.wakeup = Wakeup(self.client.url, {s.wake: n for n, s in self.states.items()})
         try:
             self._ensure_pool()
             self.heartbeat.beat(self.r, self.client.id)
             self.heartbeat.start()
-            self.wakeup.start()
+            self.wakeup.ensure()
             log.info(
                 "supervisor %s listening on %s with %d worker(s)",
                 self.client.id,
@@ -618,10 +622,9 @@ class Supervisor:
             self._shutdown()
         finally:
             self.heartbeat.stop()
-            self.wakeup.stop()
-            for thread in (self.heartbeat, self.wakeup):
-                if thread.is_alive():
-                    thread.join(timeout=2)
+            self.wakeup.close()
+            if self.heartbeat.is_alive():
+                self.heartbeat.join(timeout=2)
             for proc in list(self.workers):
                 self._kill(proc)
             self._restore_signals(previous)
