@@ -66,9 +66,15 @@ def decode_version(value: Any) -> str:
 
 
 def missing_library(exc: redis.ResponseError) -> bool:
-    """True when `exc` says the library is not loaded; raises for a server without Functions."""
+    """True when `exc` says the library is not loaded; raises for a server without Functions
+    and for a user not allowed to call them."""
     if "function not found" in str(exc).lower():
         return True
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        raise QueasyError(
+            f"the Redis user may not call the queasy functions ({exc}); grant it the ACL "
+            "line of the README's Security section"
+        ) from exc
     error = no_functions(exc)
     if error is not None:
         raise error from exc
@@ -111,6 +117,11 @@ def ensure_loaded(r: redis.Redis) -> str:
         return installed  # type: ignore[return-value]
     try:
         r.function_load(source(), replace=True)
+    except redis.exceptions.NoPermissionError as exc:
+        raise QueasyError(
+            f"the Redis user may not load the queasy library {bundled_version()} ({exc}); "
+            "load it once as an admin, or grant FUNCTION|LOAD (README, Security)"
+        ) from exc
     except redis.ResponseError as exc:
         raise (no_functions(exc) or exc) from exc
     return bundled_version()

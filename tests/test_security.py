@@ -22,7 +22,7 @@ import pytest
 import redis
 from runtime_helpers import ACT, ROOT, Runtime, queue_spec, wait_for
 
-from queasy_py import Client
+from queasy_py import Client, QueasyError
 from queasy_py.connection import mask_url
 from queasy_py.embedded import EmbeddedServer, free_port
 
@@ -272,3 +272,16 @@ def test_the_password_never_appears_in_logs_or_command_lines(
     text = out_path.read_text()
     assert "redis://queasy:***@127.0.0.1" in text
     assert SECRET not in text
+
+
+def test_a_user_without_fcall_gets_a_clear_error(
+    locked_server: EmbeddedServer, admin: redis.Redis
+) -> None:
+    line = acl_line("nofcall", SECRET, PREFIX).replace(" +fcall ", " ").replace(" +fcall_ro", "")
+    admin.execute_command(*line.split())
+    try:
+        with pytest.raises(QueasyError, match="may not call the queasy functions") as caught:
+            Client(with_user(locked_server.url, "nofcall", SECRET), prefix=PREFIX)
+        assert SECRET not in str(caught.value)
+    finally:
+        admin.acl_deluser("nofcall")
