@@ -17,7 +17,6 @@ derive the keys below from it (same slot, so cluster routing holds).
                                id, data, run_at, retry_count, stall_count, timeout_count
                                (+ u_data, u_run_at, u_reset: the update flags of a blocked job)
   B:active:<id>        hash    the active record of <id>: same fields + client, token, leased_at
-  B:running            set     ids of active jobs
   B:blocked            set     ids whose record in B:job:<id> waits for the active one
   B:expiry             zset    client id -> expiry (ms) of each client holding leases here
   B:lease:<client>     hash    id -> lease token of each job this client has checked out
@@ -121,7 +120,6 @@ local function requeue(B, job, run_at)
   end
   job.run_at = run_at
   redis.call('DEL', B .. ':active:' .. id)
-  redis.call('SREM', B .. ':running', id)
   write_job(bkey, job)
   redis.call('ZADD', B .. ':waiting', run_at, id)
 end
@@ -130,7 +128,6 @@ end
 -- `any_blocked` false (B:blocked is empty) saves a lookup.
 local function retire(B, id, any_blocked)
   redis.call('DEL', B .. ':active:' .. id)
-  redis.call('SREM', B .. ':running', id)
   if any_blocked and redis.call('SREM', B .. ':blocked', id) == 1 then
     local bkey = B .. ':job:' .. id
     redis.call('HDEL', bkey, 'u_data', 'u_run_at', 'u_reset')
@@ -334,7 +331,6 @@ local function dequeue(keys, args)
     if #ids > 0 then
       local leases = {}
       redis.call('ZREM', B .. ':waiting', unpack(ids))
-      redis.call('SADD', B .. ':running', unpack(ids))
       for n, id in ipairs(ids) do
         local akey = B .. ':active:' .. id
         local token = nonce .. '.' .. n
@@ -545,11 +541,16 @@ Returns: {waiting, delayed, blocked, active}
 local function counts(keys, args)
   local B = keys[1]
   local now = clock(args[1])
+  -- every lease holder is in B:expiry (a swept client's leases are gone with it)
+  local active = 0
+  for _, client in ipairs(redis.call('ZRANGE', B .. ':expiry', 0, -1)) do
+    active = active + redis.call('HLEN', B .. ':lease:' .. client)
+  end
   return {
     redis.call('ZCOUNT', B .. ':waiting', '-inf', now),
     redis.call('ZCOUNT', B .. ':waiting', '(' .. now, '+inf'),
     redis.call('SCARD', B .. ':blocked'),
-    redis.call('SCARD', B .. ':running'),
+    active,
   }
 end
 
