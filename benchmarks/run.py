@@ -476,7 +476,8 @@ def notes(repeat: int) -> list[str]:
         " magnitude and ratios within one run, not small differences.",
         "- enqueue/s: a one-by-one enqueue loop of N no-op jobs, no workers running. bulk/s: the"
         " library's bulk API in calls of 1000 (— where it has none). processed/s: N queued jobs,"
-        " from worker start (process start-up included) to the N-th job's Redis INCR. Idle"
+        " from worker start (process start-up included) until all N have counted themselves done"
+        " (an in-process counter flushed with INCRBY every 5 ms, the same for every library). Idle"
         " pickup: 200 jobs 10 ms apart to idle, warmed-up workers; time from just before the"
         " enqueue call to the first line of the handler.",
     ]
