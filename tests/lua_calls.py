@@ -180,3 +180,21 @@ def snapshot(r: redis.Redis, prefix: str) -> dict[str, Any]:
         kind = r.type(key)
         out[key] = (kind, readers[kind](key))
     return out
+
+
+#: the fields of every outcome event (lua/queasy.lua, outcome_event)
+EVENT_FIELDS = {
+    "id",
+    "queue",
+    "outcome",
+    "run_at",
+    "started_at",
+    "ended_at",
+    "client",
+    "pid",
+    "retry_count",
+    "stall_count",
+    "timeout_count",
+    "error_name",
+    "error_kind",
+}

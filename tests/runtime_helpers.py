@@ -25,6 +25,7 @@ from typing import IO, Any, TypeVar
 
 import psutil
 import redis
+from lua_calls import EVENT_FIELDS  # noqa: F401 - re-exported for the runtime tests
 
 from queasy_py import Client, Queue
 from queasy_py.keys import QueueKeys
@@ -38,22 +39,6 @@ SETTINGS = {"heartbeat_interval": 0.5, "shutdown_timeout": 5.0}
 ACT = "tests.runtime_handlers.act"
 ACT_ASYNC = "tests.runtime_handlers.act_async"
 FAIL_RECORD = "tests.runtime_handlers.fail_record"
-
-EVENT_FIELDS = {
-    "id",
-    "queue",
-    "outcome",
-    "run_at",
-    "started_at",
-    "ended_at",
-    "client",
-    "pid",
-    "retry_count",
-    "stall_count",
-    "timeout_count",
-    "error_name",
-    "error_kind",
-}
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 15.0, what: str = "") -> T:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
-from lua_calls import EXPIRY, NOW, Leased, Lua, snapshot
+from lua_calls import EVENT_FIELDS, EXPIRY, NOW, Leased, Lua, snapshot
 
 from queasy_py.errors import VersionMismatch
 from queasy_py.library import (
@@ -556,23 +556,6 @@ def test_counts_per_state(lua: Lua) -> None:
 
 
 # ---------------------------------------------------------------- events
-
-
-EVENT_FIELDS = {
-    "id",
-    "queue",
-    "outcome",
-    "run_at",
-    "started_at",
-    "ended_at",
-    "client",
-    "pid",
-    "retry_count",
-    "stall_count",
-    "timeout_count",
-    "error_name",
-    "error_kind",
-}
 
 
 def test_finish_writes_one_event_with_every_field(lua: Lua) -> None:
