@@ -1,0 +1,106 @@
+"""Profile the hot path: N no-op jobs through one supervisor with 2 workers.
+
+    python benchmarks/profile.py [--n 40000] [--size 10] [--cprofile]
+
+Prints the throughput and the CPU seconds each process used (supervisor, each worker, the
+server), which shows where a job's cost goes; with --cprofile the supervisor runs under
+cProfile and its top functions are printed. It starts its own valkey-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from queasy_py import Client  # noqa: E402
+from queasy_py.embedded import EmbeddedServer  # noqa: E402
+
+SUPERVISOR = textwrap.dedent(
+    """
+    import cProfile, pstats, sys
+    from queasy_py import Client
+    url, size, profile = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+    client = Client(url, workers=2, prefix="prof")
+    client.queue("bench").listen("benchmarks.peers.tasks.queasy_pass", size=size)
+    if profile:
+        prof = cProfile.Profile()
+        prof.enable()
+    try:
+        client.run()
+    finally:
+        if profile:
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+    """
+)
+
+
+def cpu(proc: psutil.Process) -> float:
+    try:
+        times = proc.cpu_times()
+        return times.user + times.system
+    except psutil.Error:
+        return 0.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--n", type=int, default=40000)
+    parser.add_argument("--size", type=int, default=10)
+    parser.add_argument("--cprofile", action="store_true")
+    args = parser.parse_args()
+    with EmbeddedServer() as server, Client(server.url, prefix="prof") as client:
+        q = client.queue("bench")
+        q.dispatch_many([{"data": i} for i in range(args.n)])
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        sup = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                SUPERVISOR,
+                server.url,
+                str(args.size),
+                "1" if args.cprofile else "0",
+            ],
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
+        )
+        try:
+            parent, srv = psutil.Process(sup.pid), psutil.Process(server.pid)
+            deadline = time.monotonic() + 600
+            while q.counts()["waiting"] == args.n and time.monotonic() < deadline:
+                time.sleep(0.005)
+            start = time.perf_counter()
+            base = {p.pid: cpu(p) for p in [parent, srv, *parent.children()]}
+            while sum(q.counts().values()) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            elapsed = time.perf_counter() - start
+            procs = [("supervisor", parent), ("server", srv)]
+            procs += [(f"worker {p.pid}", p) for p in parent.children()]
+            print(
+                f"{args.n} no-op jobs, size {args.size}, 2 workers: "
+                f"{args.n / elapsed:,.0f} jobs/s ({elapsed:.2f} s)"
+            )
+            for name, proc in procs:
+                used = cpu(proc) - base.get(proc.pid, 0.0)
+                print(f"  {name:>14}: {used:.2f} CPU s, {used / args.n * 1e6:.1f} us/job")
+        finally:
+            os.killpg(sup.pid, signal.SIGTERM)
+            sup.wait(timeout=60)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
