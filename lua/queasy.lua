@@ -89,12 +89,12 @@ local function emit(B, maxlen, fields)
   end
 end
 
-local function outcome_event(B, maxlen, now, outcome, job, active, pid, started_at, err_name,
-                             err_kind)
+-- `job.client` is the client that held it ('' for a job that was not active).
+local function outcome_event(B, maxlen, now, outcome, job, pid, started_at, err_name, err_kind)
   emit(B, maxlen, {
     'id', job.id, 'queue', string.match(B, '}:(.*)$'), 'outcome', outcome, 'run_at', job.run_at,
     'started_at', started_at, 'ended_at', now,
-    'client', active.client or '', 'pid', pid,
+    'client', job.client or '', 'pid', pid,
     'retry_count', job.retry_count, 'stall_count', job.stall_count,
     'timeout_count', job.timeout_count,
     'error_name', err_name, 'error_kind', err_kind,
@@ -152,6 +152,27 @@ local function leased(B, client, id, token)
   }
 end
 
+-- The loop of finish, retry and fail: for each group of `width` ARGV from index 4 (id and
+-- token first), `act(job, i)` runs on the job when `client` still holds its lease (when
+-- `usable(i)` is true, if given; else the lease is left alone). Returns one code per job:
+-- 0 ok, 1 stale.
+local function each_leased(B, client, args, width, act, usable)
+  local codes = {}
+  for i = 4, #args, width do
+    local job = nil
+    if usable == nil or usable(i) then
+      job = leased(B, client, args[i], args[i + 1])
+    end
+    if job == nil then
+      codes[#codes + 1] = 1
+    else
+      act(job, i)
+      codes[#codes + 1] = 0
+    end
+  end
+  return codes
+end
+
 -- Sweep one dead client (expiry passed), other than `self`: its active jobs go back to
 -- waiting with stall_count + 1. Bounded: at most one client per call.
 local function sweep_one(B, now, self, maxlen)
@@ -164,8 +185,8 @@ local function sweep_one(B, now, self, maxlen)
         local job = read_job(B .. ':active:' .. id)
         if job ~= nil then
           job.stall_count = job.stall_count + 1
-          outcome_event(B, maxlen, now, 'stalled', job, {client = client}, '', '',
-            'StallError', 'stall')
+          job.client = client
+          outcome_event(B, maxlen, now, 'stalled', job, '', '', 'StallError', 'stall')
           requeue(B, job, now)
         end
       end
@@ -299,7 +320,7 @@ local function cancel(keys, args)
   redis.call('DEL', jkey)
   redis.call('ZREM', B .. ':waiting', id)
   redis.call('SREM', B .. ':blocked', id)
-  outcome_event(B, maxlen, now, 'cancelled', job, {}, '', '', '', '')
+  outcome_event(B, maxlen, now, 'cancelled', job, '', '', '', '')
   return 1
 end
 
@@ -402,18 +423,10 @@ local function finish(keys, args)
   local now = clock(args[1])
   local client, maxlen = args[2], tonumber(args[3])
   local any_blocked = redis.call('EXISTS', B .. ':blocked') == 1
-  local codes = {}
-  for i = 4, #args, 4 do
-    local job = leased(B, client, args[i], args[i + 1])
-    if job == nil then
-      codes[#codes + 1] = 1
-    else
-      outcome_event(B, maxlen, now, 'finished', job, job, args[i + 2], args[i + 3], '', '')
-      retire(B, job.id, any_blocked)
-      codes[#codes + 1] = 0
-    end
-  end
-  return codes
+  return each_leased(B, client, args, 4, function(job, i)
+    outcome_event(B, maxlen, now, 'finished', job, args[i + 2], args[i + 3], '', '')
+    retire(B, job.id, any_blocked)
+  end)
 end
 
 --[[ queasy_retry: put active jobs back in waiting at a given time.
@@ -438,26 +451,16 @@ local function retry(keys, args)
   local B = keys[1]
   local now = clock(args[1])
   local client, maxlen = args[2], tonumber(args[3])
-  local codes = {}
-  for i = 4, #args, 7 do
+  return each_leased(B, client, args, 7, function(job, i)
     local kind = RETRY_KINDS[args[i + 3]]
-    local job = nil
-    if kind ~= nil then -- an unknown kind must not consume the lease
-      job = leased(B, client, args[i], args[i + 1])
+    if kind[1] ~= nil then
+      job[kind[1]] = job[kind[1]] + 1
     end
-    if job == nil then
-      codes[#codes + 1] = 1
-    else
-      if kind[1] ~= nil then
-        job[kind[1]] = job[kind[1]] + 1
-      end
-      outcome_event(B, maxlen, now, kind[2], job, job, args[i + 4], args[i + 5], args[i + 6],
-        kind[3])
-      requeue(B, job, tonumber(args[i + 2]))
-      codes[#codes + 1] = 0
-    end
-  end
-  return codes
+    outcome_event(B, maxlen, now, kind[2], job, args[i + 4], args[i + 5], args[i + 6], kind[3])
+    requeue(B, job, tonumber(args[i + 2]))
+  end, function(i)
+    return RETRY_KINDS[args[i + 3]] ~= nil -- an unknown kind must not consume the lease
+  end)
 end
 
 --[[ queasy_fail: jobs failed for good; each fail job is dispatched in the same call.
@@ -476,26 +479,19 @@ local function fail(keys, args)
   local now = clock(args[1])
   local client, maxlen = args[2], tonumber(args[3])
   local any_blocked = redis.call('EXISTS', B .. ':blocked') == 1
-  local codes = {}
   local dispatched = false
-  for i = 4, #args, 8 do
-    local job = leased(B, client, args[i], args[i + 1])
-    if job == nil then
-      codes[#codes + 1] = 1
-    else
-      outcome_event(B, maxlen, now, 'failed', job, job, args[i + 4], args[i + 5], args[i + 6],
-        args[i + 7])
-      retire(B, job.id, any_blocked)
-      if F ~= nil then
-        local fid = args[i + 2]
-        write_job(F .. ':job:' .. fid, {id = fid, data = args[i + 3], run_at = now,
-          retry_count = 0, stall_count = 0, timeout_count = 0})
-        redis.call('ZADD', F .. ':waiting', now, fid)
-        dispatched = true
-      end
-      codes[#codes + 1] = 0
+  local codes = each_leased(B, client, args, 8, function(job, i)
+    outcome_event(B, maxlen, now, 'failed', job, args[i + 4], args[i + 5], args[i + 6],
+      args[i + 7])
+    retire(B, job.id, any_blocked)
+    if F ~= nil then
+      local fid = args[i + 2]
+      write_job(F .. ':job:' .. fid, {id = fid, data = args[i + 3], run_at = now,
+        retry_count = 0, stall_count = 0, timeout_count = 0})
+      redis.call('ZADD', F .. ':waiting', now, fid)
+      dispatched = true
     end
-  end
+  end)
   if dispatched then
     redis.call('PUBLISH', F .. ':wake', now)
   end

@@ -20,6 +20,11 @@ from .library import Status, fcall
 log = logging.getLogger("queasy_py")
 
 
+def expiry_ms(interval: float) -> int:
+    """A client is dead when it missed its heartbeats for twice their interval."""
+    return int(interval * 2000)
+
+
 class Heartbeat(threading.Thread):
     def __init__(
         self,
@@ -43,7 +48,7 @@ class Heartbeat(threading.Thread):
 
     @property
     def expiry_ms(self) -> int:
-        return int(self.interval * 2000)
+        return expiry_ms(self.interval)
 
     def beat(self, r: redis.Redis, client_id: str) -> bool:
         """Bump every queue; False when this client was swept."""

@@ -60,6 +60,7 @@ class WorkerProc:
     ready: bool = False
     healthy: bool = True  # False after a timeout: no new jobs, killed when only those remain
     retiring: bool = False  # recycled: no new jobs, stopped once drained
+    stop_sent: bool = False  # told to exit (it had drained)
     done: int = 0
 
     @property

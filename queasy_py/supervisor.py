@@ -11,7 +11,6 @@ import logging
 import os
 import selectors
 import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -24,7 +23,7 @@ import redis
 from . import defaults, outcomes
 from .client import new_client_id
 from .errors import InvalidInput
-from .heartbeat import Heartbeat
+from .heartbeat import Heartbeat, expiry_ms
 from .library import Ack as AckCode
 from .library import Status, fcall
 from .pool import Running, WorkerProc, kill_tree, start_worker
@@ -42,7 +41,6 @@ log = logging.getLogger("queasy_py")
 MEMORY_CHECK_INTERVAL = 5.0
 #: rounds (acks and dequeues) sent to Redis whose replies have not come back yet, at most
 MAX_ROUNDS = 4
-WORKER_START_TIMEOUT = 60.0
 
 
 class Supervisor:
@@ -58,7 +56,7 @@ class Supervisor:
         self.max_jobs_per_worker = int(s["max_jobs_per_worker"])
         self.max_worker_memory = int(s["max_worker_memory"])
         self.poll_interval = float(s["poll_interval"])
-        self.expiry_ms = int(self.heartbeat_interval * 2000)
+        self.expiry_ms = expiry_ms(self.heartbeat_interval)
         self.states: dict[str, QueueState] = {}
         self.handlers: dict[str, str] = {}
         for queue, spec in client.listeners.values():
@@ -179,10 +177,7 @@ class Supervisor:
                 continue
             state = self.states[job.queue]
             if job.timed_out:  # a result that raced its timeout: the timeout wins
-                ack = outcomes.retry(
-                    job, state.base, int(now * 1000), "timeout", proc.pid, started, "TimeoutError"
-                )
-                self.acks.append(ack)
+                self.acks.append(self._retry_ack(job, "timeout", proc.pid, started))
                 continue
             self.acks.append(
                 outcomes.on_result(
@@ -211,18 +206,25 @@ class Supervisor:
         proc.close()
         self._ensure_pool()
 
+    def _retry_ack(
+        self,
+        job: Running,
+        kind: str,
+        pid: int,
+        started: int | str,
+        error_name: str = "TimeoutError",
+    ) -> outcomes.Ack:
+        """Retry now, counting `kind` ('timeout', 'stall', 'release')."""
+        base = self.states[job.queue].base
+        return outcomes.retry(job, base, int(time.time() * 1000), kind, pid, started, error_name)
+
     def _requeue_held(self, proc: WorkerProc, kind: str, error_name: str) -> None:
-        now_ms = int(time.time() * 1000)
+        """Retry every job `proc` held: a timed-out one as a timeout, the others as `kind`."""
         for job in list(proc.jobs.values()):
-            state = self.states[job.queue]
             if job.timed_out:
-                self.acks.append(
-                    outcomes.retry(job, state.base, now_ms, "timeout", proc.pid, "", "TimeoutError")
-                )
+                self.acks.append(self._retry_ack(job, "timeout", proc.pid, ""))
             else:
-                self.acks.append(
-                    outcomes.retry(job, state.base, now_ms, kind, proc.pid, "", error_name)
-                )
+                self.acks.append(self._retry_ack(job, kind, proc.pid, "", error_name))
         proc.jobs.clear()
 
     def _check_timeouts(self, now: float) -> None:
@@ -256,18 +258,15 @@ class Supervisor:
                 self._retire(proc, f"RSS {rss} bytes > max_worker_memory")
 
     def _stop_drained(self) -> None:
-        for proc in list(self.workers):
-            if proc.retiring and not proc.jobs:
-                self._forget(proc)
+        """Tell each drained retiring worker to exit; its exit is reaped through its sentinel
+        (_on_exit), so the loop never blocks on it."""
+        for proc in self.workers:
+            if proc.retiring and not proc.jobs and not proc.stop_sent:
+                proc.stop_sent = True
                 try:
                     proc.conn.send_bytes(b'"stop"')
                 except OSError:
-                    pass
-                try:
-                    proc.process.wait(timeout=5)
-                except subprocess.TimeoutExpired:
                     kill_tree(proc.pid)
-                proc.close()
 
     # ------------------------------------------------------------------ redis round
 
@@ -650,14 +649,10 @@ class Supervisor:
                 log.warning("second signal: not waiting for running jobs")
                 break
             self._step()
-        now_ms = int(time.time() * 1000)
         for proc in list(self.workers):
             self._kill(proc)
             for job in proc.jobs.values():
-                state = self.states[job.queue]
-                self.acks.append(
-                    outcomes.retry(job, state.base, now_ms, "release", proc.pid, "", "Shutdown")
-                )
+                self.acks.append(self._retry_ack(job, "release", proc.pid, "", "Shutdown"))
             proc.jobs.clear()
         self.redis_retry_at = 0.0
         deadline = time.monotonic() + 10.0
