@@ -21,10 +21,17 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:expiry             zset    client id -> expiry (ms) of each client holding leases here
   B:lease:<client>     hash    id -> lease token of each job this client has checked out
   B:swept              zset    client id -> time it was swept (tombstones, kept 24 h)
+  B:parked             hash    client id -> free slots it has parked here: an idle client's
+                               dequeue leaves them, and dispatch leases a ready job straight
+                               to a live parked client (a push) instead of queueing it
+  B:seq                string  counter of push lease tokens ('p<n>')
   B:events             stream  one entry per job outcome (capped, MAXLEN ~): id, queue, outcome,
                                run_at, started_at, ended_at, client, pid, retry_count,
                                stall_count, timeout_count, error_name, error_kind
   B:wake               channel PUBLISHed when a dispatch may make a job ready earlier
+  B:push:<client>      channel a job pushed to <client> (already leased to it), one per message:
+                               "id\ntoken\nrun_at\nretry_count\nstall_count\ntimeout_count\ndata"
+                               (ids hold no whitespace; data is last and may hold anything)
 
 Conventions: times are integer milliseconds since the epoch. ARGV[1] of every function is
 `now` in ms, or the empty string to use the server's clock (TIME). Entry points turn ARGV
@@ -36,7 +43,7 @@ Result codes (queasy_py/library.py maps them to an enum):
   dequeue/bump: status 0 ok, 2 swept (this client was swept as dead; start over)
 ]]
 
-local VERSION = '1.0.0'
+local VERSION = '1.1.0'
 local TOMBSTONE_MS = 86400000
 local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count'}
 
@@ -191,6 +198,7 @@ local function sweep_one(B, now, self, maxlen)
         end
       end
       redis.call('DEL', lkey)
+      redis.call('HDEL', B .. ':parked', client)
       redis.call('ZREM', B .. ':expiry', client)
       redis.call('ZADD', B .. ':swept', now, client)
       redis.call('ZREMRANGEBYSCORE', B .. ':swept', '-inf', now - TOMBSTONE_MS)
@@ -207,6 +215,68 @@ local function keep_alive(B, now, client, expiry_ms)
   end
   redis.call('ZADD', B .. ':expiry', now + expiry_ms, client)
   return true
+end
+
+-- Check out the job `id` (its record in B:job:<id>, already removed from B:waiting) to
+-- `client` under `token`. Returns its fields (JOB_FIELDS order).
+local function lease(B, now, id, client, token)
+  local akey = B .. ':active:' .. id
+  local v = redis.call('HMGET', B .. ':job:' .. id, unpack(JOB_FIELDS))
+  redis.call('RENAME', B .. ':job:' .. id, akey)
+  redis.call('HSET', akey, 'client', client, 'token', token, 'leased_at', now)
+  return v
+end
+
+-- The live clients parked on B, as a list of {client, slots}; dead ones are dropped from
+-- B:parked (a client is live while its expiry is in the future).
+local function live_parked(B, now)
+  local pkey = B .. ':parked'
+  local flat = redis.call('HGETALL', pkey)
+  local out = {}
+  for i = 1, #flat, 2 do
+    local expiry = redis.call('ZSCORE', B .. ':expiry', flat[i])
+    if expiry ~= false and tonumber(expiry) > now then
+      out[#out + 1] = {flat[i], tonumber(flat[i + 1])}
+    else
+      redis.call('HDEL', pkey, flat[i])
+    end
+  end
+  return out
+end
+
+-- Push the waiting job `id` to the parked client with the most slots, if any listens on
+-- its push channel (PUBLISH counts the receivers; a client that does not listen is
+-- unparked). Returns true when pushed (leased to that client), false to leave it waiting.
+local function push(B, now, id, parked)
+  while true do
+    local best = nil
+    for _, entry in ipairs(parked) do
+      if entry[2] > 0 and (best == nil or entry[2] > best[2]) then
+        best = entry
+      end
+    end
+    if best == nil then
+      return false
+    end
+    local client = best[1]
+    local token = 'p' .. redis.call('INCR', B .. ':seq')
+    local v = redis.call('HMGET', B .. ':job:' .. id, unpack(JOB_FIELDS))
+    local message = table.concat({v[1], token, v[3], v[4], v[5], v[6], v[2]}, '\n')
+    if redis.call('PUBLISH', B .. ':push:' .. client, message) > 0 then
+      redis.call('ZREM', B .. ':waiting', id)
+      lease(B, now, id, client, token)
+      redis.call('HSET', B .. ':lease:' .. client, id, token)
+      best[2] = best[2] - 1
+      if best[2] > 0 then
+        redis.call('HSET', B .. ':parked', client, best[2])
+      else
+        redis.call('HDEL', B .. ':parked', client)
+      end
+      return true
+    end
+    best[2] = 0
+    redis.call('HDEL', B .. ':parked', client)
+  end
 end
 
 local function next_run_at(B)
@@ -235,7 +305,9 @@ ARGV[3]  update_run_at 'replace'|'keep'|'if_later'|'if_earlier'
 ARGV[4]  reset_counts '1'|'0': zero retry/stall/timeout counts of an existing job
 ARGV[5..] triples: id, data (JSON), run_at (ms, or '' for now)
 Returns: one code per job: 1 created, 2 updated, 3 blocked (new), 4 blocked (updated).
-Emits:   PUBLISH B:wake <earliest run_at> when any job was created or updated.
+Emits:   a job ready now (code 1 or 2) is pushed to a live parked client while one has slots
+         (leased to it and PUBLISHed on B:push:<client>); otherwise PUBLISH B:wake <earliest
+         run_at> when any job was created or updated and left waiting.
 ]]
 local function dispatch(keys, args)
   local B = keys[1]
@@ -245,6 +317,7 @@ local function dispatch(keys, args)
   local reset = to_bool(args[4])
   local codes = {}
   local earliest = nil
+  local parked = nil -- read once, when the first job ready now is met
   for i = 5, #args, 3 do
     local id, data = args[i], args[i + 1]
     local run_at = now
@@ -289,8 +362,16 @@ local function dispatch(keys, args)
       end
       run_at = existing.run_at
     end
-    if codes[#codes] <= 2 and (earliest == nil or run_at < earliest) then
-      earliest = run_at
+    if codes[#codes] <= 2 then
+      if run_at <= now and parked == nil then
+        parked = live_parked(B, now)
+      end
+      if run_at <= now and #parked > 0 and push(B, now, id, parked) then
+        run_at = nil -- leased to a parked client: nothing to wake
+      end
+      if run_at ~= nil and (earliest == nil or run_at < earliest) then
+        earliest = run_at
+      end
     end
   end
   if earliest ~= nil then
@@ -332,6 +413,9 @@ ARGV[3]  nonce: lease tokens are <nonce>.<n>
 ARGV[4]  limit (>= 0; 0 only bumps and sweeps)
 ARGV[5]  expiry ms: the client is alive until now + expiry
 ARGV[6]  events maxlen (for events of a sweep)
+ARGV[7]  park '1'|'0' (optional): with '1', when fewer than `limit` jobs are ready the
+         client parks the slots left (B:parked), so dispatch pushes jobs straight to it;
+         when `limit` jobs were checked out its parked slots are cleared
 Returns: {status, next_run_at, id, token, data, run_at, retry_count, stall_count,
           timeout_count, id, ...}: status 0 ok or 2 swept (then no jobs); next_run_at is
           the earliest run_at still waiting ('' if none), so the caller can sleep until then.
@@ -353,11 +437,8 @@ local function dequeue(keys, args)
       local leases = {}
       redis.call('ZREM', B .. ':waiting', unpack(ids))
       for n, id in ipairs(ids) do
-        local akey = B .. ':active:' .. id
         local token = nonce .. '.' .. n
-        local v = redis.call('HMGET', B .. ':job:' .. id, unpack(JOB_FIELDS))
-        redis.call('RENAME', B .. ':job:' .. id, akey)
-        redis.call('HSET', akey, 'client', client, 'token', token, 'leased_at', now)
+        local v = lease(B, now, id, client, token)
         leases[#leases + 1] = id
         leases[#leases + 1] = token
         out[#out + 1] = id
@@ -367,6 +448,11 @@ local function dequeue(keys, args)
         end
       end
       redis.call('HSET', B .. ':lease:' .. client, unpack(leases))
+    end
+    if to_bool(args[7]) and #ids < limit then
+      redis.call('HSET', B .. ':parked', client, limit - #ids)
+    else
+      redis.call('HDEL', B .. ':parked', client)
     end
   end
   out[2] = next_run_at(B)
@@ -398,15 +484,32 @@ KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  client id
 Returns: the number of leases it still held (they are kept, and swept at expiry).
+Its parked slots are cleared.
 ]]
 local function leave(keys, args)
   local B = keys[1]
   local client = args[2]
+  redis.call('HDEL', B .. ':parked', client)
   local held = redis.call('HLEN', B .. ':lease:' .. client)
   if held == 0 then
     redis.call('ZREM', B .. ':expiry', client)
   end
   return held
+end
+
+--[[ queasy_unpark: a client stops taking pushed jobs (it shuts down, or reconciles).
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2]  client id
+ARGV[3]  mark: a string without a newline, PUBLISHed on B:push:<client> after clearing, so
+         the client knows every job pushed to it before has arrived once the mark has
+Returns: {1 if it had parked slots else 0, receivers of the mark}. No job is pushed to it
+         after this (until it parks again).
+]]
+local function unpark(keys, args)
+  local B, client = keys[1], args[2]
+  local had = redis.call('HDEL', B .. ':parked', client)
+  return {had, redis.call('PUBLISH', B .. ':push:' .. client, args[3])}
 end
 
 --[[ queasy_finish: jobs completed successfully.
@@ -436,16 +539,19 @@ ARGV[2]  client id
 ARGV[3]  events maxlen
 ARGV[4..] groups of 7: id, token, run_at (ms), kind, worker pid, started_at, error name
           kind: 'retry' (retry_count + 1), 'timeout' (timeout_count + 1),
-                'stall' (stall_count + 1), 'release' (no count: shutdown hand-back)
+                'stall' (stall_count + 1), 'release' (no count: shutdown hand-back),
+                'return' (no count, no event: a pushed job the client had no room for;
+                its parked slots are cleared and B:wake is PUBLISHed)
 Returns: one code per job: 0 ok, 1 stale.
-Emits:   event outcome=retried|timed_out|stalled|released. A blocked job's update is
-         applied to the retried job (data, run_at, counts per its flags).
+Emits:   event outcome=retried|timed_out|stalled|released (none for 'return'). A blocked
+         job's update is applied to the retried job (data, run_at, counts per its flags).
 ]]
 local RETRY_KINDS = {
   retry = {'retry_count', 'retried', 'retriable'},
   timeout = {'timeout_count', 'timed_out', 'stall'},
   stall = {'stall_count', 'stalled', 'stall'},
   release = {nil, 'released', ''},
+  ['return'] = {nil, nil, ''},
 }
 local function retry(keys, args)
   local B = keys[1]
@@ -456,8 +562,15 @@ local function retry(keys, args)
     if kind[1] ~= nil then
       job[kind[1]] = job[kind[1]] + 1
     end
-    outcome_event(B, maxlen, now, kind[2], job, args[i + 4], args[i + 5], args[i + 6], kind[3])
+    if kind[2] ~= nil then
+      outcome_event(B, maxlen, now, kind[2], job, args[i + 4], args[i + 5], args[i + 6],
+        kind[3])
+    end
     requeue(B, job, tonumber(args[i + 2]))
+    if kind[2] == nil then
+      redis.call('HDEL', B .. ':parked', client)
+      redis.call('PUBLISH', B .. ':wake', job.run_at)
+    end
   end, function(i)
     return RETRY_KINDS[args[i + 3]] ~= nil -- an unknown kind must not consume the lease
   end)
@@ -567,6 +680,7 @@ redis.register_function('queasy_cancel', cancel)
 redis.register_function('queasy_dequeue', dequeue)
 redis.register_function('queasy_bump', bump)
 redis.register_function('queasy_leave', leave)
+redis.register_function('queasy_unpark', unpark)
 redis.register_function('queasy_finish', finish)
 redis.register_function('queasy_retry', retry)
 redis.register_function('queasy_fail', fail)

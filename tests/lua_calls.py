@@ -104,9 +104,11 @@ class Lua:
         now: int = NOW,
         expiry: int = EXPIRY,
         maxlen: int = MAXLEN,
+        park: bool = False,
     ) -> Checkout:
         nonce = f"n{next(self._nonces)}"
-        row = self.call("queasy_dequeue", [self.B], now, client, nonce, limit, expiry, maxlen)
+        args = [now, client, nonce, limit, expiry, maxlen, int(park)]
+        row = self.call("queasy_dequeue", [self.B], *args)
         status, next_run_at, rest = row[0], row[1], row[2:]
         jobs = [
             Leased(id, token, data, int(run_at), int(r), int(s), int(t))
@@ -126,6 +128,13 @@ class Lua:
 
     def leave(self, client: str, now: int = NOW) -> int:
         return self.call("queasy_leave", [self.B], now, client)
+
+    def unpark(self, client: str, mark: str, now: int = NOW) -> list[int]:
+        return self.call("queasy_unpark", [self.B], now, client, mark)
+
+    def parked(self) -> dict[str, int]:
+        """Client id -> parked slots (B:parked)."""
+        return {k: int(v) for k, v in self.r.hgetall(self.B + ":parked").items()}
 
     def finish(
         self, client: str, job: Leased, now: int = NOW, token: str | None = None, pid: str = "42"
