@@ -25,6 +25,10 @@ class QueueKeys:
     def wake(self) -> str:
         return f"{self.base}:wake"
 
+    def push(self, client_id: str) -> str:
+        """The channel of jobs pushed to client `client_id` (already leased to it)."""
+        return f"{self.base}:push:{client_id}"
+
     @property
     def events(self) -> str:
         return f"{self.base}:events"

@@ -36,10 +36,9 @@ class RedisPipe:
         self._conn: Any = None
         self.inflight: deque[Batch] = deque()
 
-    def fileno(self) -> int | None:
+    def socket(self) -> Any:
         """The socket to watch for replies, or None when not connected."""
-        sock = getattr(self._conn, "_sock", None)
-        return None if sock is None else sock.fileno()
+        return getattr(self._conn, "_sock", None)
 
     def send(
         self,

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import groupby
 
+from .keys import QueueKeys
 from .options import ListenOptions
 
 #: the most jobs asked of one queue in one dequeue call
@@ -21,12 +22,13 @@ class QueueState:
 
     name: str
     base: str
-    wake: str  # its wake-up channel
+    keys: QueueKeys
     spec: ListenOptions
     fail_base: str | None  # base key of its fail queue when it has a fail handler
     ready_at: float = 0.0  # epoch seconds when it may next have a ready job (0: now)
     last_served: float = 0.0  # monotonic time of its last dequeue
     inflight: int = 0  # dequeues sent whose reply has not come back yet
+    woken: float = float("inf")  # earliest run_at woken for since the last dequeue was sent
 
     def wants(self, now: float) -> bool:
         """Ready, and not already asked: a second dequeue may be in flight only while the

@@ -29,7 +29,7 @@ from .library import Status, fcall
 from .pool import Running, WorkerProc, kill_tree, start_worker
 from .redis_pipe import RedisPipe
 from .scheduler import QueueState, place, plan
-from .wakeup import Wakeup
+from .wakeup import Message, Wakeup
 
 if TYPE_CHECKING:
     from .client import Client
@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("queasy_py")
 
 MEMORY_CHECK_INTERVAL = 5.0
+#: seconds between two checks that every lease this client holds in Redis is known here (a
+#: job pushed on a connection that broke unnoticed would otherwise stay leased forever)
+RECONCILE_INTERVAL = 60.0
+#: seconds to wait for the marks of queasy_unpark (every job pushed before has arrived)
+UNPARK_WAIT = 5.0
 #: rounds (acks and dequeues) sent to Redis whose replies have not come back yet, at most
 MAX_ROUNDS = 4
 
@@ -72,6 +77,8 @@ class Supervisor:
         self.signals = 0
         self.stopping = False
         self.reconcile = False
+        self.next_reconcile = time.monotonic() + RECONCILE_INTERVAL
+        self.marks: set[bytes] = set()  # unpark marks seen on the push channels
         self.redis_retry_at = 0.0
         self.redis_backoff = 0.1
         self.selector = selectors.DefaultSelector()
@@ -81,14 +88,14 @@ class Supervisor:
         self.selector.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
         self.next_memory_check = 0.0
         self.pipe = RedisPipe(client.url)
-        self.watched: dict[str, int | None] = {}
+        self.watched: dict[str, Any] = {}
         self.states_by_base = {s.base: s for s in self.states.values()}
 
     def _add_state(self, queue: Queue, spec: ListenOptions, fail_base: str | None) -> None:
         if queue.name in self.states:
             raise InvalidInput(f"queue {queue.name!r} is listened to twice (as a fail queue too?)")
         self.states[queue.name] = QueueState(
-            queue.name, queue.keys.base, queue.keys.wake, spec, fail_base
+            queue.name, queue.keys.base, queue.keys, spec, fail_base
         )
         self.handlers[queue.name] = spec.handler
 
@@ -131,9 +138,19 @@ class Supervisor:
             {defaults.URL_ENV: self.client.url, defaults.PREFIX_ENV: self.client.prefix},
         )
         self.workers.append(proc)
-        self.selector.register(proc.conn, selectors.EVENT_READ, ("conn", proc))
-        self.selector.register(proc.sentinel, selectors.EVENT_READ, ("exit", proc))
+        self._register(proc.conn.fileno(), ("conn", proc))
+        self._register(proc.sentinel, ("exit", proc))
         return proc
+
+    def _register(self, fd: int, data: tuple[str, Any]) -> None:
+        """Watch `fd`. A registration under the same number is stale (a live descriptor has
+        one number): its socket was closed, and its kind registers its new socket anew."""
+        stale = self.selector.get_map().get(fd)
+        if stale is not None:
+            self.selector.unregister(fd)
+            if stale.data[0] in self.watched:
+                self.watched[stale.data[0]] = None
+        self.selector.register(fd, selectors.EVENT_READ, data)
 
     def _ensure_pool(self) -> None:
         if self.stopping:
@@ -296,6 +313,7 @@ class Supervisor:
                 for proc in procs:
                     proc.free -= state.spec.size
                 state.inflight += 1
+                state.woken = float("inf")
                 asks.append((state, procs))
         if not self.acks and not asks:
             return
@@ -315,6 +333,7 @@ class Supervisor:
                     len(procs),
                     self.expiry_ms,
                     state.spec.events_maxlen,
+                    1,  # park the slots left: dispatch pushes the next ready job here
                 )
             )
 
@@ -328,22 +347,21 @@ class Supervisor:
             self.pipe.send(commands, on_reply, on_error)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             on_error(exc)
-        self._watch("redis", self.pipe.fileno())
+        self._watch("redis", self.pipe.socket())
 
-    def _watch(self, kind: str, fd: int | None) -> None:
+    def _watch(self, kind: str, sock: Any) -> None:
         """Keep the selector watching the socket of `kind` ('redis': the round pipe,
-        'pubsub': wake-ups); it changes on a reconnect."""
-        old = self.watched.get(kind)
-        if fd == old:
+        'pubsub': wake-ups and pushes); it changes on a reconnect. Sockets are compared as
+        objects: a new socket may reuse the number of a closed one, of either kind."""
+        if sock is self.watched.get(kind):
             return
-        if old is not None:
-            try:
-                self.selector.unregister(old)
-            except (KeyError, ValueError, OSError):
-                pass
-        self.watched[kind] = fd
-        if fd is not None:
-            self.selector.register(fd, selectors.EVENT_READ, (kind, None))
+        self.watched[kind] = sock
+        for key in list(self.selector.get_map().values()):
+            if key.data == (kind, None):
+                self.selector.unregister(key.fileobj)
+        fd = -1 if sock is None else sock.fileno()
+        if fd >= 0:
+            self._register(fd, (kind, None))
 
     def _redis_down(self, exc: BaseException) -> None:
         """Log once per outage step and back off; acks are kept and a reconcile follows."""
@@ -436,7 +454,8 @@ class Supervisor:
         jobs = [reply[i : i + 7] for i in range(2, len(reply), 7)]
         if len(jobs) < len(procs):
             state.ready_at = int(next_run_at) / 1000.0 if next_run_at else float("inf")
-            state.ready_at = min(state.ready_at, now + self.poll_interval)
+            # a wake-up that came while the dequeue was on its way is not in its reply
+            state.ready_at = min(state.ready_at, now + self.poll_interval, state.woken)
         else:
             state.ready_at = 0.0
         spec = state.spec
@@ -446,19 +465,8 @@ class Supervisor:
         for (job_id, token, data, run_at, retries, stalls, timeouts), proc in zip(
             jobs, procs, strict=False
         ):
-            self.seq += 1
-            job = Running(
-                self.seq,
-                state.name,
-                job_id.decode(),
-                token.decode(),
-                data,
-                int(run_at),
-                int(retries),
-                int(stalls),
-                int(timeouts),
-                spec.size,
-                deadline,
+            job = self._running(
+                state, job_id, token, run_at, retries, stalls, timeouts, data, deadline
             )
             early = outcomes.on_dequeue(job, spec, state.base, state.fail_base)
             if early is not None:
@@ -483,9 +491,94 @@ class Supervisor:
             except OSError:
                 pass  # it died; its exit sentinel requeues what it held
 
+    def _running(
+        self,
+        state: QueueState,
+        job_id: bytes,
+        token: bytes,
+        run_at: bytes,
+        retries: bytes,
+        stalls: bytes,
+        timeouts: bytes,
+        data: bytes,
+        deadline: float,
+    ) -> Running:
+        """A checked-out job, from the fields of a dequeue reply or a push message."""
+        self.seq += 1
+        return Running(
+            self.seq,
+            state.name,
+            job_id.decode(),
+            token.decode(),
+            data,
+            int(run_at),
+            int(retries),
+            int(stalls),
+            int(timeouts),
+            state.spec.size,
+            deadline,
+        )
+
+    def _pushed(self, state: QueueState, message: bytes) -> None:
+        """A job dispatch leased straight to this client (or an unpark mark: no newline).
+        It starts on the worker with the most free units; with no room it is returned."""
+        fields = message.split(b"\n", 6)
+        if len(fields) < 7:
+            self.marks.add(message)
+            return
+        job_id, token, run_at, retries, stalls, timeouts, data = fields
+        job = self._running(
+            state,
+            job_id,
+            token,
+            run_at,
+            retries,
+            stalls,
+            timeouts,
+            data,
+            time.monotonic() + state.spec.timeout,
+        )
+        state.ready_at = 0.0  # dequeue into the free units next round: it parks them again
+        early = outcomes.on_dequeue(job, state.spec, state.base, state.fail_base)
+        if early is not None:
+            self.acks.append(early)
+            return
+        accepting = [] if self.stopping else [w for w in self.workers if w.accepts]
+        index = place([w.free for w in accepting], state.spec.size)
+        if index is None:  # parked slots another queue or a lost worker took meanwhile
+            self.acks.append(outcomes.retry(job, state.base, job.run_at, "return", "", ""))
+            return
+        proc = accepting[index]
+        proc.free -= state.spec.size
+        try:
+            proc.send([job])
+        except OSError:
+            pass  # it died; its exit sentinel requeues what it held
+
+    def _unpark_all(self, client_id: str) -> None:
+        """Stop jobs being pushed to this client, and take in every job pushed before: each
+        queue's unpark publishes a mark after them on the push channel."""
+        expected = set()
+        for state in self.states.values():
+            mark = f"unpark-{uuid.uuid4().hex}".encode()
+            _, receivers = fcall(self.r, "queasy_unpark", [state.base], ["", client_id, mark])
+            if receivers:
+                expected.add(mark)
+        deadline = time.monotonic() + UNPARK_WAIT
+        while expected - self.marks and self.wakeup.connected:
+            left = deadline - time.monotonic()
+            if left <= 0:  # never read this connection again: what it held is handed back
+                log.error("the pushed jobs did not arrive in %.3gs; reconnecting", UNPARK_WAIT)
+                self.wakeup.close()
+                break
+            self._on_messages(self.wakeup.read(timeout=left))
+        self.marks.clear()
+
     def _reconcile(self, client_id: str, acks: list[outcomes.Ack]) -> None:
-        """After a lost reply: hand back leases this client holds but does not know of
-        (neither running on a worker nor waiting in `acks` to be acked)."""
+        """After a lost reply or pub/sub connection, and every RECONCILE_INTERVAL: hand back
+        leases this client holds but does not know of (neither running on a worker nor
+        waiting in `acks` to be acked). Pushes stop first, and those sent before arrive."""
+        self._unpark_all(client_id)
         held = {j.token for w in self.workers for j in w.jobs.values()}
         held.update(ack.args[1] for ack in acks)
         now_ms = int(time.time() * 1000)
@@ -520,6 +613,7 @@ class Supervisor:
             self._kill(proc)
         self.acks.clear()
         self.client.id = new_client_id()
+        self.wakeup.set_channels(self._channels())
         self.heartbeat.swept.clear()
         self.heartbeat.last_ok = time.monotonic()
         for state in self.states.values():
@@ -565,10 +659,10 @@ class Supervisor:
                 except BlockingIOError:
                     pass
             elif kind == "pubsub":
-                self._woken(self.wakeup.read())
+                self._on_messages(self.wakeup.read())
             elif kind == "redis":
                 self.pipe.read()
-                self._watch("redis", self.pipe.fileno())
+                self._watch("redis", self.pipe.socket())
             elif kind == "conn":
                 self._receive(proc)
             elif kind == "exit" and proc in self.workers:
@@ -578,10 +672,16 @@ class Supervisor:
         if self.heartbeat.failed.is_set():  # the server may have restarted and lost writes
             self.heartbeat.failed.clear()
             self.reconcile = True
+        if self.wakeup.lost:  # a job pushed to this client may have been lost with it
+            self.wakeup.lost = False
+            self.reconcile = True
+        if time.monotonic() >= self.next_reconcile:
+            self.next_reconcile = time.monotonic() + RECONCILE_INTERVAL
+            self.reconcile = True
         self._check_alive()
         now_mono, now = time.monotonic(), time.time()
         self.wakeup.ensure()
-        self._watch("pubsub", self.wakeup.fileno())
+        self._watch("pubsub", self.wakeup.socket())
         for state in self.states.values():  # polling fallback for missed wake-ups
             state.ready_at = min(state.ready_at, now + self.poll_interval)
         self._check_timeouts(now_mono)
@@ -589,11 +689,23 @@ class Supervisor:
         self._stop_drained()
         self._round()
 
-    def _woken(self, messages: list[tuple[str, float]]) -> None:
-        for name, at in messages:
-            state = self.states.get(name)
-            if state is not None:
+    def _on_messages(self, messages: list[Message]) -> None:
+        for kind, name, data in messages:
+            state = self.states[name]
+            if kind == "push":
+                self._pushed(state, data)
+            else:
+                at = int(data) / 1000.0
                 state.ready_at = min(state.ready_at, at)
+                state.woken = min(state.woken, at)
+
+    def _channels(self) -> dict[str, tuple[str, str]]:
+        """The wake channel of every queue, and its push channel for this client id."""
+        out = {}
+        for name, state in self.states.items():
+            out[state.keys.wake] = ("wake", name)
+            out[state.keys.push(self.client.id)] = ("push", name)
+        return out
 
     def run(self) -> int:
         previous = self._install_signals()
@@ -604,7 +716,7 @@ class Supervisor:
             self.heartbeat_interval,
             self.wake,
         )
-        self.wakeup = Wakeup(self.client.url, {s.wake: n for n, s in self.states.items()})
+        self.wakeup = Wakeup(self.client.url, self._channels())
         try:
             self._ensure_pool()
             self.heartbeat.beat(self.r, self.client.id)
@@ -636,6 +748,10 @@ class Supervisor:
     def _shutdown(self) -> None:
         """Stop dequeuing, wait for running jobs up to shutdown_timeout, then hand back the rest."""
         self.stopping = True
+        try:
+            self._unpark_all(self.client.id)
+        except (redis.RedisError, OSError) as exc:  # it leaves at the end, which unparks too
+            log.warning("could not stop pushes before shutting down: %s", exc)
         first = self.signals
         deadline = time.monotonic() + self.shutdown_timeout
         running = sum(len(w.jobs) for w in self.workers)

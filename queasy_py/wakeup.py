@@ -1,9 +1,11 @@
-"""Wake-ups: the queues' wake channels (PUBLISHed by dispatch), read inside the scheduling
-loop, so an idle supervisor picks up a new job within a millisecond instead of polling.
+"""Wake-ups and pushed jobs: the queues' wake channels (PUBLISHed by dispatch) and this
+client's push channels (a job dispatch leased straight to this idle client), read inside the
+scheduling loop, so an idle supervisor starts a new job within a millisecond, without polling.
 
 The pub/sub socket is watched by the loop's selector (no thread, no hand-off between threads).
-When the connection breaks, the loop keeps polling every poll_interval and this reconnects
-with backoff.
+When the connection breaks, `lost` is set (a pushed job may have been lost with it: the
+supervisor reconciles its leases), the loop keeps polling every poll_interval, and this
+reconnects with backoff.
 """
 
 from __future__ import annotations
@@ -20,20 +22,39 @@ from .errors import ConnectionFailed
 
 log = logging.getLogger("queasy_py")
 
+#: a message: (kind, queue name, data); kind is 'wake' or 'push' (the channel it came on)
+Message = tuple[str, str, bytes]
+
 
 class Wakeup:
-    def __init__(self, url: str, channels: Mapping[str, str]) -> None:
-        """`channels` maps a wake channel to its queue name."""
+    def __init__(self, url: str, channels: Mapping[str, tuple[str, str]]) -> None:
+        """`channels` maps a channel to its (kind, queue name)."""
         self.url = url
         self.channels = dict(channels)
         self._redis: redis.Redis | None = None
         self._pubsub: Any = None
         self.retry_at = 0.0
         self.delay = 0.1
+        self.lost = False  # the connection broke since the supervisor last looked
 
-    def fileno(self) -> int | None:
-        sock = getattr(getattr(self._pubsub, "connection", None), "_sock", None)
-        return None if sock is None else sock.fileno()
+    @property
+    def connected(self) -> bool:
+        return self._pubsub is not None
+
+    def socket(self) -> Any:
+        """The socket to watch, or None when not connected."""
+        return getattr(getattr(self._pubsub, "connection", None), "_sock", None)
+
+    def set_channels(self, channels: Mapping[str, tuple[str, str]]) -> None:
+        """Listen on `channels` instead (a new client id): reconnect at once."""
+        if dict(channels) == self.channels:
+            return
+        self.channels = dict(channels)
+        if self._pubsub is not None:
+            self.close()
+            self.lost = True
+        self.retry_at = 0.0
+        self.ensure()
 
     def ensure(self) -> None:
         """Connect and subscribe when not connected and the backoff has passed."""
@@ -47,21 +68,23 @@ class Wakeup:
         except (redis.RedisError, OSError, ValueError, ConnectionFailed) as exc:
             self._broken(exc)
 
-    def read(self) -> list[tuple[str, float]]:
-        """The (queue name, run_at seconds) of every wake-up message that has arrived."""
-        out: list[tuple[str, float]] = []
+    def read(self, timeout: float = 0.0) -> list[Message]:
+        """Every message that has arrived, waiting up to `timeout` seconds for the first."""
+        out: list[Message] = []
         if self._pubsub is None:
             return out
         try:
+            if timeout > 0 and not self._pubsub.connection.can_read(timeout=timeout):
+                return out
             while True:
                 message = self._pubsub.get_message(timeout=0.0)
                 if message is None:
                     if not self._pubsub.connection.can_read(timeout=0):
                         return out
                     continue
-                name = self.channels.get(message["channel"].decode())
-                if name is not None:
-                    out.append((name, int(message["data"]) / 1000.0))
+                route = self.channels.get(message["channel"].decode())
+                if route is not None:
+                    out.append((route[0], route[1], message["data"]))
         except (redis.RedisError, OSError, ValueError) as exc:
             self._broken(exc)
             return out
@@ -73,6 +96,7 @@ class Wakeup:
             self.delay,
         )
         self.close()
+        self.lost = True
         self.retry_at = time.monotonic() + self.delay
         self.delay = min(self.delay * 2, 5.0)
 
