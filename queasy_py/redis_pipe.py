@@ -61,6 +61,10 @@ class RedisPipe:
 
     def read(self, block: bool = False) -> None:
         """Read every reply that has arrived (with `block`, wait for all in flight)."""
+        if not self.inflight:  # readable with nothing asked: the server closed it
+            if self._conn is not None:
+                self.reset()
+            return
         try:
             while self.inflight:
                 if not block and not self._conn.can_read(timeout=0):
