@@ -2,7 +2,9 @@
 client's push channels (a job dispatch leased straight to this idle client), read inside the
 scheduling loop, so an idle supervisor starts a new job within a millisecond, without polling.
 
-The pub/sub socket is watched by the loop's selector (no thread, no hand-off between threads).
+The pub/sub socket is watched by the loop's selector (no thread, no hand-off between threads)
+and read without blocking straight into a hiredis reader (redis-py's PubSub layers cost about
+80 us a message, a tenth of a job's pick-up time; this costs a few).
 When the connection breaks, `lost` is set (a pushed job may have been lost with it: the
 supervisor reconciles its leases), the loop keeps polling every poll_interval, and this
 reconnects with backoff.
@@ -11,10 +13,12 @@ reconnects with backoff.
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 from collections.abc import Mapping
 from typing import Any
 
+import hiredis
 import redis
 
 from .connection import connect
@@ -32,25 +36,27 @@ class Wakeup:
         self.url = url
         self.channels = dict(channels)
         self._redis: redis.Redis | None = None
-        self._pubsub: Any = None
+        self._conn: Any = None  # the redis-py connection (it did AUTH, TLS, SELECT)
+        self._sock: Any = None  # its socket, non-blocking, read only here
+        self._reader: Any = None
         self.retry_at = 0.0
         self.delay = 0.1
         self.lost = False  # the connection broke since the supervisor last looked
 
     @property
     def connected(self) -> bool:
-        return self._pubsub is not None
+        return self._sock is not None
 
     def socket(self) -> Any:
         """The socket to watch, or None when not connected."""
-        return getattr(getattr(self._pubsub, "connection", None), "_sock", None)
+        return self._sock
 
     def set_channels(self, channels: Mapping[str, tuple[str, str]]) -> None:
         """Listen on `channels` instead (a new client id): reconnect at once."""
         if dict(channels) == self.channels:
             return
         self.channels = dict(channels)
-        if self._pubsub is not None:
+        if self._sock is not None:
             self.close()
             self.lost = True
         self.retry_at = 0.0
@@ -58,12 +64,15 @@ class Wakeup:
 
     def ensure(self) -> None:
         """Connect and subscribe when not connected and the backoff has passed."""
-        if self._pubsub is not None or time.monotonic() < self.retry_at:
+        if self._sock is not None or time.monotonic() < self.retry_at:
             return
         try:
             self._redis = connect(self.url, attempts=1)
-            self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-            self._pubsub.subscribe(*self.channels)
+            self._conn = self._redis.connection_pool.get_connection()
+            self._conn.send_command("SUBSCRIBE", *self.channels)
+            self._reader = hiredis.Reader()
+            self._sock = self._conn._sock
+            self._sock.setblocking(False)
             self.delay = 0.1
         except (redis.RedisError, OSError, ValueError, ConnectionFailed) as exc:
             self._broken(exc)
@@ -71,23 +80,39 @@ class Wakeup:
     def read(self, timeout: float = 0.0) -> list[Message]:
         """Every message that has arrived, waiting up to `timeout` seconds for the first."""
         out: list[Message] = []
-        if self._pubsub is None:
+        if self._sock is None:
             return out
         try:
-            if timeout > 0 and not self._pubsub.connection.can_read(timeout=timeout):
-                return out
+            if timeout > 0:
+                self._sock.settimeout(timeout)
+                try:
+                    first = self._sock.recv(65536)
+                except TimeoutError:
+                    return out
+                finally:
+                    self._sock.setblocking(False)
+                self._feed(first)
             while True:
-                message = self._pubsub.get_message(timeout=0.0)
-                if message is None:
-                    if not self._pubsub.connection.can_read(timeout=0):
-                        return out
-                    continue
-                route = self.channels.get(message["channel"].decode())
-                if route is not None:
-                    out.append((route[0], route[1], message["data"]))
-        except (redis.RedisError, OSError, ValueError) as exc:
+                try:
+                    self._feed(self._sock.recv(65536))
+                except (BlockingIOError, ssl.SSLWantReadError):
+                    break
+            while (reply := self._reader.gets()) is not False:
+                if isinstance(reply, Exception):
+                    raise reply
+                if reply[0] == b"message":
+                    route = self.channels.get(reply[1].decode())
+                    if route is not None:
+                        out.append((route[0], route[1], reply[2]))
+            return out
+        except (redis.RedisError, hiredis.HiredisError, OSError, ValueError) as exc:
             self._broken(exc)
             return out
+
+    def _feed(self, data: bytes) -> None:
+        if not data:
+            raise ConnectionError("the server closed the connection")
+        self._reader.feed(data)
 
     def _broken(self, exc: BaseException) -> None:
         log.warning(
@@ -101,11 +126,8 @@ class Wakeup:
         self.delay = min(self.delay * 2, 5.0)
 
     def close(self) -> None:
-        if self._pubsub is not None:
-            try:
-                self._pubsub.close()
-            except (redis.RedisError, OSError):
-                pass
+        if self._conn is not None:
+            self._conn.disconnect()
         if self._redis is not None:
             self._redis.close()
-        self._pubsub = self._redis = None
+        self._conn = self._sock = self._reader = self._redis = None

@@ -8,8 +8,11 @@ Protocol (each message one orjson-encoded frame of multiprocessing's Connection)
   error = {"name", "message", "kind": "permanent"|"retriable", "retry_at": secs|null}
 
 Plain handlers run in a thread pool, async ones on one event loop thread, so a worker runs
-several jobs at once. When the pipe closes (the supervisor died) the worker exits at once,
-so no orphan keeps running a job that will be run again elsewhere.
+several jobs at once. One pool thread at a time reads the pipe (the leader); once it has a
+message it hands the reading to another pool thread and runs the message's first plain job
+itself, so a job starts without waiting for a thread to wake. When the pipe closes (the
+supervisor died) the worker exits at once, so no orphan keeps running a job that will be
+run again elsewhere.
 """
 
 from __future__ import annotations
@@ -69,7 +72,8 @@ class Runner:
     def __init__(self, conn: Connection, handlers: dict[str, str]) -> None:
         self.conn = conn
         self.handlers = {queue: load(path) for queue, path in handlers.items()}
-        self.pool = ThreadPoolExecutor(max_workers=defaults.WORKER_UNITS)
+        # a job takes at least one unit, plus the thread reading the pipe
+        self.pool = ThreadPoolExecutor(max_workers=defaults.WORKER_UNITS + 1)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.outbox: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
         self.sender = threading.Thread(target=self._send_loop, name="queasy-sender", daemon=True)
@@ -116,15 +120,38 @@ class Runner:
         else:
             self._done(seq, started, None)
 
-    def submit(self, jobs: list[list[Any]]) -> None:
+    def lead(self) -> None:
+        """Read the next message, hand the reading on, run its jobs (the first plain one in
+        this thread). Any failure here ends the worker: nobody else reads the pipe."""
+        try:
+            try:
+                message = orjson.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                os._exit(0)  # the supervisor is gone: stop at once, running jobs included
+            if message == "stop":  # sent only to a worker with no jobs left
+                os._exit(0)
+            self.pool.submit(self.lead)
+            inline = self.submit(message)
+        except BaseException:
+            log.exception("worker failed reading its jobs")
+            os._exit(1)
+        if inline is not None:
+            self.run_sync(*inline)
+
+    def submit(self, jobs: list[list[Any]]) -> tuple[int, Any, Any, Job] | None:
+        """Start `jobs`; the first plain one is returned for the caller to run."""
+        inline = None
         for seq, queue_name, job_id, data, run_at, retries, stalls, timeouts in jobs:
             handle, is_async = self.handlers[queue_name]
             job = Job(job_id, queue_name, run_at / 1000.0, retries, stalls, timeouts)
             if is_async:
                 coro = self.run_async(seq, handle, data, job)
                 asyncio.run_coroutine_threadsafe(coro, self._event_loop())
+            elif inline is None:
+                inline = (seq, handle, data, job)
             else:
                 self.pool.submit(self.run_sync, seq, handle, data, job)
+        return inline
 
 
 def check_result(result: Any, job: Job) -> None:
@@ -155,14 +182,8 @@ def main(conn: Connection, handlers: dict[str, str]) -> None:
         conn.send_bytes(orjson.dumps(["import-error", str(exc)]))
         os._exit(3)
     conn.send_bytes(b'"ready"')
-    while True:
-        try:
-            message = orjson.loads(conn.recv_bytes())
-        except (EOFError, OSError):
-            os._exit(0)  # the supervisor is gone: stop at once, running jobs included
-        if message == "stop":  # sent only to a worker with no jobs left
-            os._exit(0)
-        runner.submit(message)
+    runner.pool.submit(runner.lead)
+    threading.Event().wait()  # every exit is an os._exit from a pool thread
 
 
 if __name__ == "__main__":
