@@ -35,6 +35,7 @@ class Running:
     size: int
     deadline: float  # monotonic
     timed_out: bool = False
+    pushed: bool = False  # leased by dispatch to this client's parked slots
 
     def record(self) -> dict[str, Any]:
         """The job as its fail handler sees it (the `job` of [data, job, error])."""

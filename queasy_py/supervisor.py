@@ -193,6 +193,8 @@ class Supervisor:
             if job is None:
                 continue
             state = self.states[job.queue]
+            if job.pushed:  # park its slot again: a dequeue goes with the ack
+                state.ready_at = 0.0
             if job.timed_out:  # a result that raced its timeout: the timeout wins
                 self.acks.append(self._retry_ack(job, "timeout", proc.pid, started))
                 continue
@@ -538,10 +540,11 @@ class Supervisor:
             data,
             time.monotonic() + state.spec.timeout,
         )
-        state.ready_at = 0.0  # dequeue into the free units next round: it parks them again
+        job.pushed = True
         early = outcomes.on_dequeue(job, state.spec, state.base, state.fail_base)
         if early is not None:
             self.acks.append(early)
+            state.ready_at = 0.0  # park its slot again, with the ack
             return
         accepting = [] if self.stopping else [w for w in self.workers if w.accepts]
         index = place([w.free for w in accepting], state.spec.size)
