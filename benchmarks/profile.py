@@ -28,7 +28,7 @@ from queasy_py.embedded import EmbeddedServer  # noqa: E402
 
 SUPERVISOR = textwrap.dedent(
     """
-    import cProfile, pstats, sys
+    import cProfile, os, pstats, sys
     from queasy_py import Client
     url, size, profile = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
     client = Client(url, workers=2, prefix="prof")
@@ -41,7 +41,7 @@ SUPERVISOR = textwrap.dedent(
     finally:
         if profile:
             prof.disable()
-            pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+            pstats.Stats(prof).sort_stats(os.environ.get("PROFILE_SORT", "tottime")).print_stats(int(os.environ.get("PROFILE_TOP", "20")))
     """
 )
 

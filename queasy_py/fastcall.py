@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import hiredis
 import redis
 
 
@@ -24,7 +25,8 @@ class FastCall:
         if conn is None:
             conn = self._local.conn = self._client.connection_pool.get_connection()
         try:
-            conn.send_command("FCALL", name, len(keys), *keys, *args)
+            command = ("FCALL", name, len(keys), *keys, *args)
+            conn.send_packed_command([hiredis.pack_command(command)], check_health=False)
             return conn.read_response()
         except (redis.ConnectionError, redis.TimeoutError, OSError):
             self._drop(conn)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import hiredis
 import redis
 
 log = logging.getLogger("queasy_py")
@@ -53,7 +54,10 @@ class RedisPipe:
         if self._conn is None:
             self._conn = self._client.connection_pool.get_connection()
         try:
-            self._conn.send_packed_command(self._conn.pack_commands(commands), check_health=False)
+            # hiredis packs str, bytes, int and float as they are (redis-py's packing adds
+            # a Python pass over every argument: a tenth of the loop's time under load)
+            packed = b"".join([hiredis.pack_command(tuple(c)) for c in commands])
+            self._conn.send_packed_command([packed], check_health=False)
         except BaseException:
             self.reset()
             raise

@@ -138,7 +138,7 @@ class Supervisor:
             {defaults.URL_ENV: self.client.url, defaults.PREFIX_ENV: self.client.prefix},
         )
         self.workers.append(proc)
-        self._register(proc.conn.fileno(), ("conn", proc))
+        self._register(proc.pipe.fileno(), ("conn", proc))
         self._register(proc.sentinel, ("exit", proc))
         return proc
 
@@ -160,7 +160,7 @@ class Supervisor:
             self._spawn()
 
     def _forget(self, proc: WorkerProc) -> None:
-        for key in (proc.conn, proc.sentinel):
+        for key in (proc.pipe.fileno(), proc.sentinel):
             try:
                 self.selector.unregister(key)
             except (KeyError, ValueError, OSError):
@@ -174,11 +174,13 @@ class Supervisor:
 
     def _receive(self, proc: WorkerProc) -> None:
         """Read every message the worker has sent."""
-        try:
-            while proc.conn.poll():
-                self._handle_message(proc, orjson.loads(proc.conn.recv_bytes()))
-        except (EOFError, OSError):
-            pass  # its exit is handled through the sentinel
+        for frame in proc.pipe.read_frames():
+            self._handle_message(proc, orjson.loads(frame))
+        if proc.pipe.eof:  # it closed its end: its exit is handled through the sentinel
+            try:
+                self.selector.unregister(proc.pipe.fileno())
+            except (KeyError, ValueError, OSError):
+                pass
 
     def _handle_message(self, proc: WorkerProc, message: Any) -> None:
         if message == "ready":
@@ -283,7 +285,7 @@ class Supervisor:
             if proc.retiring and not proc.jobs and not proc.stop_sent:
                 proc.stop_sent = True
                 try:
-                    proc.conn.send_bytes(b'"stop"')
+                    proc.pipe.send_frame(b'"stop"')
                 except OSError:
                     kill_tree(proc.pid)
 
