@@ -9,8 +9,10 @@ Protocol (each message one orjson-encoded frame of multiprocessing's Connection)
 
 Plain handlers run in a thread pool, async ones on one event loop thread, so a worker runs
 several jobs at once. One pool thread at a time reads the pipe (the leader); once it has a
-message it hands the reading to another pool thread and runs the message's first plain job
-itself, so a job starts without waiting for a thread to wake. When the pipe closes (the
+message it hands the reading to another pool thread, puts the message's plain jobs in a
+backlog and runs them itself one after the other, while helper threads take jobs from the
+backlog in parallel (each helper that finds a job calls in one more). Short jobs so run
+without a thread switch each, long ones still run side by side. When the pipe closes (the
 supervisor died) the worker exits at once, so no orphan keeps running a job that will be
 run again elsewhere.
 """
@@ -18,6 +20,7 @@ run again elsewhere.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import queue
@@ -76,6 +79,7 @@ class Runner:
         self.pool = ThreadPoolExecutor(max_workers=defaults.WORKER_UNITS + 1)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.outbox: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
+        self.backlog: collections.deque[tuple[int, Any, Any, Job]] = collections.deque()
         self.sender = threading.Thread(target=self._send_loop, name="queasy-sender", daemon=True)
         self.sender.start()
 
@@ -131,27 +135,46 @@ class Runner:
             if message == "stop":  # sent only to a worker with no jobs left
                 os._exit(0)
             self.pool.submit(self.lead)
-            inline = self.submit(message)
+            plain = self.submit(message)
         except BaseException:
             log.exception("worker failed reading its jobs")
             os._exit(1)
-        if inline is not None:
-            self.run_sync(*inline)
+        if plain > 1:
+            self.pool.submit(self.help)
+        self.drain()
 
-    def submit(self, jobs: list[list[Any]]) -> tuple[int, Any, Any, Job] | None:
-        """Start `jobs`; the first plain one is returned for the caller to run."""
-        inline = None
+    def help(self) -> None:
+        """Take a job from the backlog, calling in one more helper while jobs are left."""
+        try:
+            item = self.backlog.popleft()
+        except IndexError:
+            return
+        if self.backlog:
+            self.pool.submit(self.help)
+        self.run_sync(*item)
+        self.drain()
+
+    def drain(self) -> None:
+        while True:
+            try:
+                item = self.backlog.popleft()
+            except IndexError:
+                return
+            self.run_sync(*item)
+
+    def submit(self, jobs: list[list[Any]]) -> int:
+        """Start the async jobs of `jobs`, put the plain ones in the backlog; their number."""
+        plain = 0
         for seq, queue_name, job_id, data, run_at, retries, stalls, timeouts in jobs:
             handle, is_async = self.handlers[queue_name]
             job = Job(job_id, queue_name, run_at / 1000.0, retries, stalls, timeouts)
             if is_async:
                 coro = self.run_async(seq, handle, data, job)
                 asyncio.run_coroutine_threadsafe(coro, self._event_loop())
-            elif inline is None:
-                inline = (seq, handle, data, job)
             else:
-                self.pool.submit(self.run_sync, seq, handle, data, job)
-        return inline
+                self.backlog.append((seq, handle, data, job))
+                plain += 1
+        return plain
 
 
 def check_result(result: Any, job: Job) -> None:
