@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import struct
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ import orjson
 import psutil
 
 from . import defaults
+from .frames import Pipe
 
 log = logging.getLogger("queasy_py")
 
@@ -47,53 +47,6 @@ class Running:
             "stall_count": self.stall_count,
             "timeout_count": self.timeout_count,
         }
-
-
-class Pipe:
-    """The supervisor's end of a worker's socketpair. Frames are those of the worker's
-    multiprocessing Connection (a 4-byte big-endian length, then the bytes); reads never
-    block and take every frame that has arrived in one go (Connection.poll() builds a
-    selector per call: a quarter of the loop's time under load)."""
-
-    HEADER = struct.Struct("!i")
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buf = bytearray()
-        self.eof = False
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    def send_frame(self, payload: bytes) -> None:
-        self.sock.sendall(self.HEADER.pack(len(payload)) + payload)
-
-    def read_frames(self) -> list[bytes]:
-        """Every complete frame that has arrived; sets `eof` when the worker closed its end."""
-        while True:
-            try:
-                chunk = self.sock.recv(1 << 18, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                chunk = b""
-            if not chunk:
-                self.eof = True
-                break
-            self.buf += chunk
-        frames = []
-        start, end = 0, len(self.buf)
-        while end - start >= 4:
-            (size,) = self.HEADER.unpack_from(self.buf, start)
-            if end - start - 4 < size:
-                break
-            frames.append(bytes(self.buf[start + 4 : start + 4 + size]))
-            start += 4 + size
-        del self.buf[:start]
-        return frames
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @dataclass(eq=False)

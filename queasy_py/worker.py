@@ -1,6 +1,6 @@
 """The worker subprocess: runs handlers for the jobs its supervisor sends over a pipe.
 
-Protocol (each message one orjson-encoded frame of multiprocessing's Connection):
+Protocol (each message one orjson document in a frame of queasy_py/frames.py):
   supervisor -> worker: [[seq, queue, id, data, run_at, retry, stall, timeout], ...]  jobs
                         "stop"                              exit (sent when no job is left)
   worker -> supervisor: "ready" | ["import-error", message]              once, at start
@@ -19,25 +19,28 @@ run again elsewhere.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import os
 import queue
 import signal
+import socket
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from . import defaults
 from .errors import PermanentError
+from .frames import Pipe
 from .handler import load
 from .job import Job
+
+if TYPE_CHECKING:
+    import asyncio
 
 log = logging.getLogger("queasy_py.worker")
 
@@ -72,8 +75,8 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
 class Runner:
     """Runs jobs concurrently and sends their results back in batches."""
 
-    def __init__(self, conn: Connection, handlers: dict[str, str]) -> None:
-        self.conn = conn
+    def __init__(self, pipe: Pipe, handlers: dict[str, str]) -> None:
+        self.pipe = pipe
         self.handlers = {queue: load(path) for queue, path in handlers.items()}
         # a job takes at least one unit, plus the thread reading the pipe
         self.pool = ThreadPoolExecutor(max_workers=defaults.WORKER_UNITS + 1)
@@ -83,11 +86,13 @@ class Runner:
         self.sender = threading.Thread(target=self._send_loop, name="queasy-sender", daemon=True)
         self.sender.start()
 
-    def _event_loop(self) -> asyncio.AbstractEventLoop:
+    def _start_async(self, coro: Any) -> None:
+        import asyncio  # only for async handlers: it takes a third of a worker's start
+
         if self.loop is None:
             self.loop = asyncio.new_event_loop()
             threading.Thread(target=self.loop.run_forever, name="queasy-async", daemon=True).start()
-        return self.loop
+        asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def _send_loop(self) -> None:
         while True:
@@ -99,7 +104,7 @@ class Runner:
                 except queue.Empty:
                     break
             try:
-                self.conn.send_bytes(orjson.dumps(batch))
+                self.pipe.send_frame(orjson.dumps(batch))
             except (OSError, ValueError):
                 os._exit(1)  # the supervisor is gone
 
@@ -129,7 +134,7 @@ class Runner:
         this thread). Any failure here ends the worker: nobody else reads the pipe."""
         try:
             try:
-                message = orjson.loads(self.conn.recv_bytes())
+                message = orjson.loads(self.pipe.recv_frame())
             except (EOFError, OSError):
                 os._exit(0)  # the supervisor is gone: stop at once, running jobs included
             if message == "stop":  # sent only to a worker with no jobs left
@@ -170,7 +175,7 @@ class Runner:
             job = Job(job_id, queue_name, run_at / 1000.0, retries, stalls, timeouts)
             if is_async:
                 coro = self.run_async(seq, handle, data, job)
-                asyncio.run_coroutine_threadsafe(coro, self._event_loop())
+                self._start_async(coro)
             else:
                 self.backlog.append((seq, handle, data, job))
                 plain += 1
@@ -188,7 +193,7 @@ def check_result(result: Any, job: Job) -> None:
             )
 
 
-def main(conn: Connection, handlers: dict[str, str]) -> None:
+def main(pipe: Pipe, handlers: dict[str, str]) -> None:
     """Entry point of a worker process: `python -m queasy_py.worker FD HANDLERS_JSON`."""
     # The supervisor decides when we stop: a signal to the whole process group (Ctrl-C, or
     # systemd's SIGTERM to every process of the unit) must not kill running jobs it drains.
@@ -200,14 +205,14 @@ def main(conn: Connection, handlers: dict[str, str]) -> None:
         format="%(asctime)s worker[%(process)d] %(levelname)s %(message)s",
     )
     try:
-        runner = Runner(conn, handlers)
+        runner = Runner(pipe, handlers)
     except Exception as exc:
-        conn.send_bytes(orjson.dumps(["import-error", str(exc)]))
+        pipe.send_frame(orjson.dumps(["import-error", str(exc)]))
         os._exit(3)
-    conn.send_bytes(b'"ready"')
+    pipe.send_frame(b'"ready"')
     runner.pool.submit(runner.lead)
     threading.Event().wait()  # every exit is an os._exit from a pool thread
 
 
 if __name__ == "__main__":
-    main(Connection(int(sys.argv[1])), orjson.loads(sys.argv[2]))
+    main(Pipe(socket.socket(fileno=int(sys.argv[1]))), orjson.loads(sys.argv[2]))

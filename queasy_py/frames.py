@@ -1,0 +1,73 @@
+"""Framing of the pipe between the supervisor and a worker: each message is a 4-byte
+big-endian length, then that many bytes (one orjson document).
+
+The supervisor reads without blocking and takes every frame that has arrived in one go
+(multiprocessing's Connection.poll() built a selector per call: a quarter of the loop's time
+under load); the worker reads one frame at a time, blocking. Importing this costs next to
+nothing, unlike multiprocessing.connection (a fifth of a worker's start).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+
+class Pipe:
+    """One end of the socketpair between the supervisor and a worker."""
+
+    HEADER = struct.Struct("!i")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.eof = False
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send_frame(self, payload: bytes) -> None:
+        self.sock.sendall(self.HEADER.pack(len(payload)) + payload)
+
+    def read_frames(self) -> list[bytes]:
+        """Every complete frame that has arrived; sets `eof` when the worker closed its end."""
+        while True:
+            try:
+                chunk = self.sock.recv(1 << 18, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.eof = True
+                break
+            self.buf += chunk
+        frames = []
+        start, end = 0, len(self.buf)
+        while end - start >= 4:
+            (size,) = self.HEADER.unpack_from(self.buf, start)
+            if end - start - 4 < size:
+                break
+            frames.append(bytes(self.buf[start + 4 : start + 4 + size]))
+            start += 4 + size
+        del self.buf[:start]
+        return frames
+
+    def recv_frame(self) -> bytes:
+        """The next frame, waiting for it (the worker's side). EOFError once the other end
+        is closed."""
+        (size,) = self.HEADER.unpack(self._exactly(4))
+        return self._exactly(size)
+
+    def _exactly(self, size: int) -> bytes:
+        while len(self.buf) < size:
+            chunk = self.sock.recv(max(1 << 16, size - len(self.buf)))
+            if not chunk:
+                raise EOFError("the other end closed the pipe")
+            self.buf += chunk
+        out = bytes(self.buf[:size])
+        del self.buf[:size]
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
