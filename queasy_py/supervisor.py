@@ -605,6 +605,7 @@ class Supervisor:
                     [state.base],
                     ["", client_id, state.spec.events_maxlen, *args],
                 )
+            state.ready_at = 0.0  # dequeue next round, which parks the free slots again
         self.reconcile = False
 
     def _swept(self) -> None:
@@ -655,7 +656,13 @@ class Supervisor:
 
     def _step(self) -> None:
         now_mono, now = time.monotonic(), time.time()
-        for key, _ in self.selector.select(self._timeout(now_mono, now)):
+        events = self.selector.select(self._timeout(now_mono, now))
+        # after a freeze, learn that this client was swept before acting on what arrived
+        # meanwhile (jobs pushed to it then were requeued by the sweep)
+        if self.heartbeat.swept.is_set():
+            self._swept()
+        self._check_alive()
+        for key, _ in events:
             kind, proc = key.data
             if kind == "wake":
                 try:
