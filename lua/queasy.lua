@@ -43,7 +43,7 @@ Result codes (queasy_py/library.py maps them to an enum):
   dequeue/bump: status 0 ok, 2 swept (this client was swept as dead; start over)
 ]]
 
-local VERSION = '1.1.0'
+local VERSION = '1.1.1'
 local TOMBSTONE_MS = 86400000
 local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count'}
 
@@ -324,12 +324,15 @@ local function dispatch(keys, args)
     if args[i + 2] ~= '' then
       run_at = tonumber(args[i + 2])
     end
-    local jkey = B .. ':job:' .. id
-    local existing = read_job(jkey)
-    local is_active = redis.call('EXISTS', B .. ':active:' .. id) == 1
+    local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
+    local existing, is_active = nil, false
+    if redis.call('EXISTS', jkey, akey) > 0 then -- one call for the usual new id
+      existing = read_job(jkey)
+      is_active = redis.call('EXISTS', akey) == 1
+    end
     if existing == nil then
-      write_job(jkey, {id = id, data = data, run_at = run_at, retry_count = 0,
-        stall_count = 0, timeout_count = 0})
+      redis.call('HSET', jkey, 'id', id, 'data', data, 'run_at', run_at,
+        'retry_count', 0, 'stall_count', 0, 'timeout_count', 0)
       if is_active then
         redis.call('HSET', jkey, 'u_data', update_data and '1' or '0',
           'u_run_at', mode, 'u_reset', reset and '1' or '0')
