@@ -41,7 +41,8 @@ SUPERVISOR = textwrap.dedent(
     finally:
         if profile:
             prof.disable()
-            pstats.Stats(prof).sort_stats(os.environ.get("PROFILE_SORT", "tottime")).print_stats(int(os.environ.get("PROFILE_TOP", "20")))
+            stats = pstats.Stats(prof).sort_stats(os.environ.get("PROFILE_SORT", "tottime"))
+            stats.print_stats(int(os.environ.get("PROFILE_TOP", "20")))
     """
 )
 
