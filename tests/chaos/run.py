@@ -225,7 +225,7 @@ class Chaos:
         self.poll()
         self.checker.check_all()
         self.checker.check_periodic(PERIODIC_IDS, begin + PERIODIC_WINDOW, now)
-        tally = self.checker.check_lost(counts)
+        tally = self.checker.check_lost(counts, now - GRACE)
         self.report()
         kills = self.cluster.kills
         details = {
