@@ -480,20 +480,27 @@ class Supervisor:
             if proc not in self.workers or not proc.accepts:
                 # its worker went away or stopped accepting since planning: place it again
                 self._release(state, [proc])
-                accepting = [w for w in self.workers if w.accepts]
-                index = place([w.free for w in accepting], spec.size)
-                if index is None:
+                placed = self._reserve(spec.size)
+                if placed is None:
                     ack = outcomes.retry(job, state.base, int(now * 1000), "release", "", "")
                     self.acks.append(ack)
                     continue
-                proc = accepting[index]
-                proc.free -= spec.size
+                proc = placed
             by_worker[proc].append(job)
         for proc, batch in by_worker.items():
             try:
                 proc.send(batch)
             except OSError:
                 pass  # it died; its exit sentinel requeues what it held
+
+    def _reserve(self, size: int) -> WorkerProc | None:
+        """The accepting worker with the most free units that fits `size`, its units taken."""
+        accepting = [w for w in self.workers if w.accepts]
+        index = place([w.free for w in accepting], size)
+        if index is None:
+            return None
+        accepting[index].free -= size
+        return accepting[index]
 
     def _running(
         self,
@@ -548,13 +555,10 @@ class Supervisor:
             self.acks.append(early)
             state.ready_at = 0.0  # park its slot again, with the ack
             return
-        accepting = [] if self.stopping else [w for w in self.workers if w.accepts]
-        index = place([w.free for w in accepting], state.spec.size)
-        if index is None:  # parked slots another queue or a lost worker took meanwhile
+        proc = None if self.stopping else self._reserve(state.spec.size)
+        if proc is None:  # parked slots another queue or a lost worker took meanwhile
             self.acks.append(outcomes.retry(job, state.base, job.run_at, "return", "", ""))
             return
-        proc = accepting[index]
-        proc.free -= state.spec.size
         try:
             proc.send([job])
         except OSError:
@@ -563,12 +567,15 @@ class Supervisor:
     def _unpark_all(self, client_id: str) -> None:
         """Stop jobs being pushed to this client, and take in every job pushed before: each
         queue's unpark publishes a mark after them on the push channel."""
-        expected = set()
-        for state in self.states.values():
-            mark = f"unpark-{uuid.uuid4().hex}".encode()
-            _, receivers = fcall(self.r, "queasy_unpark", [state.base], ["", client_id, mark])
-            if receivers:
-                expected.add(mark)
+        marks = {
+            state.base: f"unpark-{uuid.uuid4().hex}".encode() for state in self.states.values()
+        }
+        with self.r.pipeline(transaction=False) as pipe:  # one round trip for every queue
+            for base, mark in marks.items():
+                fcall(pipe, "queasy_unpark", [base], ["", client_id, mark])
+            replies = pipe.execute()
+        pairs = zip(marks.values(), replies, strict=True)
+        expected = {mark for mark, (_, receivers) in pairs if receivers}
         deadline = time.monotonic() + UNPARK_WAIT
         while expected - self.marks and self.wakeup.connected:
             left = deadline - time.monotonic()
