@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from queasy_py import Client  # noqa: E402
-from queasy_py.embedded import EmbeddedServer  # noqa: E402
+from queasy_py.store.embedded import EmbeddedServer  # noqa: E402
 
 SUPERVISOR = textwrap.dedent(
     """

@@ -18,12 +18,18 @@ import redis
 import redis.asyncio as aioredis
 
 from . import defaults, validate
-from .connection import mask_url
 from .errors import ConnectionFailed, InvalidInput
 from .job import JobInfo
-from .library import bundled_version, decode_version, missing_library, needs_load, no_functions
-from .library import source as library_source
 from .queue import QueueBase
+from .store.connection import mask_url
+from .store.library import (
+    bundled_version,
+    decode_version,
+    missing_library,
+    needs_load,
+    no_functions,
+)
+from .store.library import source as library_source
 
 
 class AsyncClient:
@@ -43,7 +49,7 @@ class AsyncClient:
         self.server = None
         url = url or os.environ.get(defaults.URL_ENV) or None
         if url is None:
-            from .embedded import EmbeddedServer
+            from .store.embedded import EmbeddedServer
 
             self.server = EmbeddedServer().start()
             url = self.server.url

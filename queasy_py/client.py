@@ -4,29 +4,24 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from typing import TYPE_CHECKING, Any
 
 import redis
 
 from . import defaults
-from .connection import connect, mask_url
 from .errors import InvalidInput, QueasyError
-from .fastcall import FastCall
-from .library import ensure_loaded
 from .options import check_setting
 from .queue import Queue
+from .store.calls import FastCall
+from .store.connection import connect, mask_url, new_client_id
+from .store.library import ensure_loaded
 
 if TYPE_CHECKING:
-    from .embedded import EmbeddedServer
     from .options import ListenOptions
-    from .supervisor import Supervisor
+    from .runtime.supervisor import Supervisor
+    from .store.embedded import EmbeddedServer
 
 log = logging.getLogger("queasy_py")
-
-
-def new_client_id() -> str:
-    return f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 class Client:
@@ -59,7 +54,7 @@ class Client:
         self.server: EmbeddedServer | None = None
         url = url or os.environ.get(defaults.URL_ENV) or None
         if url is None:
-            from .embedded import EmbeddedServer
+            from .store.embedded import EmbeddedServer
 
             self.server = EmbeddedServer().start()
             url = self.server.url
@@ -103,7 +98,7 @@ class Client:
 
     def run(self) -> int:
         """Supervise the listened queues until SIGTERM/SIGINT. Returns an exit code."""
-        from .supervisor import Supervisor
+        from .runtime.supervisor import Supervisor
 
         if not self.listeners:
             raise QueasyError("run() needs at least one queue.listen(...) first")

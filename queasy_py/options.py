@@ -8,7 +8,6 @@ from typing import Any
 
 from . import defaults
 from .errors import InvalidInput
-from .handler import load
 
 
 def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
@@ -80,7 +79,9 @@ class ListenOptions:
             )
         if spec.fail_handler is not None and not isinstance(spec.fail_handler, str):
             raise InvalidInput(f"fail_handler must be a module path, not {spec.fail_handler!r}")
-        if check:
+        if check:  # listen() checks the handlers import: the runtime is needed now
+            from .runtime.handler import load
+
             load(handler)
             if spec.fail_handler is not None:
                 load(spec.fail_handler)

@@ -12,8 +12,8 @@ import orjson
 from . import defaults, validate
 from .errors import InvalidInput
 from .job import JobInfo
-from .keys import QueueKeys
-from .library import fcall
+from .store.keys import QueueKeys
+from .store.library import fcall
 
 if TYPE_CHECKING:
     from .client import Client

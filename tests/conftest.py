@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from queasy_py.embedded import EmbeddedServer
+from queasy_py.store.embedded import EmbeddedServer
 
 
 @dataclass

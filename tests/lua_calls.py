@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from queasy_py.keys import QueueKeys
+from queasy_py.store.keys import QueueKeys
 
 NOW = 1_700_000_000_000  # ms: the tests' clock
 EXPIRY = 10_000  # ms a client stays alive after a dequeue or bump

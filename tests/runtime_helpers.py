@@ -28,7 +28,7 @@ import redis
 from lua_calls import EVENT_FIELDS  # noqa: F401 - re-exported for the runtime tests
 
 from queasy_py import Client, Queue
-from queasy_py.keys import QueueKeys
+from queasy_py.store.keys import QueueKeys
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")

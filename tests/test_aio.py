@@ -8,7 +8,7 @@ import pytest
 
 from queasy_py import Client, ConnectionFailed, InvalidInput
 from queasy_py.aio import AsyncClient
-from queasy_py.embedded import free_port
+from queasy_py.store.embedded import free_port
 
 
 def run(coro):

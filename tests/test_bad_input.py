@@ -14,7 +14,7 @@ import redis
 from lua_calls import snapshot
 
 from queasy_py import Client, ConnectionFailed, InvalidInput, Queue
-from queasy_py.embedded import free_port
+from queasy_py.store.embedded import free_port
 
 
 @dataclass

@@ -19,8 +19,9 @@ import pytest
 import redis
 from runtime_helpers import FAIL_RECORD, ROOT, Runtime, queue_spec, wait_for
 
-from queasy_py import Client, InvalidInput, QueasyError, defaults, exitcodes
-from queasy_py.embedded import EmbeddedServer
+from queasy_py import Client, InvalidInput, QueasyError, defaults
+from queasy_py.cli import exitcodes
+from queasy_py.store.embedded import EmbeddedServer
 
 QUEASY = str(Path(sys.executable).with_name("queasy"))
 RUDE = "tests.runtime_handlers.rude"

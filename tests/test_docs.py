@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from queasy_py import defaults, exitcodes
+from queasy_py import defaults
+from queasy_py.cli import exitcodes
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 ROW = re.compile(r"^\| `([a-z_]+)` \| `([^`]*)` \|", re.MULTILINE)

@@ -16,8 +16,8 @@ import psutil
 import pytest
 import redis
 
-from queasy_py.embedded import EmbeddedServer, free_port
 from queasy_py.errors import QueasyError
+from queasy_py.store.embedded import EmbeddedServer, free_port
 
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("QUEASY_TEST_REDIS_URL")), reason="tests the embedded server itself"
@@ -149,7 +149,7 @@ def test_no_orphan_when_the_owner_is_killed(
     code = textwrap.dedent(
         """
         import sys, time
-        from queasy_py.embedded import EmbeddedServer
+        from queasy_py.store.embedded import EmbeddedServer
         s = EmbeddedServer().start()
         print(s.pid, s.port, s.data_dir, flush=True)
         time.sleep(600)
@@ -178,7 +178,7 @@ def test_serve_foreground_stops_on_sigterm(
 ) -> None:
     port = free_port()
     code = (
-        "from queasy_py.embedded import serve_foreground; "
+        "from queasy_py.store.embedded import serve_foreground; "
         f"raise SystemExit(serve_foreground({port}))"
     )
     proc = popen([sys.executable, "-c", code])
@@ -192,7 +192,7 @@ def test_serve_foreground_stops_on_sigterm(
 
 
 def test_auto_port_retries_when_the_port_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
-    import queasy_py.embedded as embedded
+    import queasy_py.store.embedded as embedded
 
     with EmbeddedServer() as first:
         ports = iter([first.port, first.port])

@@ -15,7 +15,7 @@ import redis
 from lua_calls import EVENT_FIELDS, EXPIRY, NOW, Leased, Lua, snapshot
 
 from queasy_py.errors import VersionMismatch
-from queasy_py.library import (
+from queasy_py.store.library import (
     Ack,
     Dispatched,
     Status,

@@ -14,7 +14,7 @@ import pytest
 import redis
 from lua_calls import EXPIRY, NOW, Leased, Lua
 
-from queasy_py.library import Ack, Dispatched, ensure_loaded
+from queasy_py.store.library import Ack, Dispatched, ensure_loaded
 
 SOON = NOW + 1_000
 DEAD = NOW + EXPIRY + 1

@@ -14,7 +14,7 @@ import pytest
 import redis
 from runtime_helpers import Runtime, queue_spec, wait_for
 
-from queasy_py.keys import QueueKeys
+from queasy_py.store.keys import QueueKeys
 
 
 @pytest.fixture

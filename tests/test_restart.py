@@ -30,7 +30,7 @@ import redis
 from runtime_helpers import ROOT, Runtime, queue_spec, wait_for
 
 from queasy_py import Client
-from queasy_py.embedded import EmbeddedServer, free_port
+from queasy_py.store.embedded import EmbeddedServer, free_port
 
 #: the `queasy` console script of this environment
 QUEASY = str(Path(sys.executable).with_name("queasy"))
@@ -274,7 +274,7 @@ def test_a_supervisor_killed_mid_batch_its_workers_exit_and_its_jobs_run_elsewhe
         for pid in workers:
             try:
                 proc = psutil.Process(pid)
-                if proc.status() != psutil.STATUS_ZOMBIE and "queasy_py.worker" in " ".join(
+                if proc.status() != psutil.STATUS_ZOMBIE and "queasy_py.runtime.worker" in " ".join(
                     proc.cmdline()
                 ):
                     out.append(pid)

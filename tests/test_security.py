@@ -23,8 +23,8 @@ import redis
 from runtime_helpers import ACT, ROOT, Runtime, queue_spec, wait_for
 
 from queasy_py import Client, QueasyError
-from queasy_py.connection import mask_url
-from queasy_py.embedded import EmbeddedServer, free_port
+from queasy_py.store.connection import mask_url
+from queasy_py.store.embedded import EmbeddedServer, free_port
 
 PACKAGE_DIRS = [ROOT / "queasy_py", ROOT / "handlers"]
 QUIET = "tests.runtime_handlers.quiet"

@@ -14,7 +14,7 @@ import redis
 from runtime_helpers import Runtime, queue_spec, wait_for
 
 from queasy_py import Client, ConnectionFailed
-from queasy_py.embedded import EmbeddedServer, free_port
+from queasy_py.store.embedded import EmbeddedServer, free_port
 
 PREFIX = "qtls"
 QUIET = "tests.runtime_handlers.quiet"

@@ -10,7 +10,7 @@ import argparse
 import sys
 import uuid
 
-from queasy_py.embedded import EmbeddedServer
+from queasy_py.store.embedded import EmbeddedServer
 
 from .run import run_chaos
 

@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 
 import redis
 
-from .connection import connect
-from .errors import ConnectionFailed
-from .library import Status, fcall
+from ..errors import ConnectionFailed
+from ..store.connection import connect
+from ..store.library import Status, fcall
 
 log = logging.getLogger("queasy_py")
 

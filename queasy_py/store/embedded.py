@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType, TracebackType
 
-from .errors import QueasyError
+from ..errors import QueasyError
 
 __all__ = ["EmbeddedServer", "find_server_binary", "free_port", "serve_foreground", "state_dir"]
 

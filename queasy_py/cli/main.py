@@ -11,11 +11,9 @@ from collections.abc import Callable, Sequence
 
 import orjson
 
-from . import config as config_file
-from . import defaults, exitcodes
-from .client import Client
-from .connection import mask_url
-from .errors import (
+from .. import defaults
+from ..client import Client
+from ..errors import (
     AuthenticationFailed,
     ConfigError,
     ConnectionFailed,
@@ -24,6 +22,9 @@ from .errors import (
     QueasyError,
     VersionMismatch,
 )
+from ..store.connection import mask_url
+from . import config as config_file
+from . import exitcodes
 
 log = logging.getLogger("queasy_py")
 
@@ -105,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from .embedded import serve_foreground
+    from ..store.embedded import serve_foreground
 
     return serve_foreground(args.port, args.dir)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 
-from .errors import QueasyError, VersionMismatch
+from ..errors import QueasyError, VersionMismatch
 
 
 class Dispatched(enum.IntEnum):

@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from .errors import HandlerError
+from ..errors import HandlerError
 
 Handle = Callable[[Any, Any], Any]
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import groupby
 
-from .keys import QueueKeys
-from .options import ListenOptions
+from ..options import ListenOptions
+from ..store.keys import QueueKeys
 
 #: the most jobs asked of one queue in one dequeue call
 MAX_BATCH = 1000

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
+import uuid
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from . import defaults
-from .errors import AuthenticationFailed, ConnectionFailed, QueasyError
+from .. import defaults
+from ..errors import AuthenticationFailed, ConnectionFailed, QueasyError
 
 log = logging.getLogger("queasy_py")
 
@@ -75,3 +77,8 @@ def connect(
             time.sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")
+
+
+def new_client_id() -> str:
+    """A client's id in Redis (the owner of its leases): pid and 12 random hex digits."""
+    return f"{os.getpid()}-{uuid.uuid4().hex[:12]}"

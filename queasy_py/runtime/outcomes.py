@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from .options import ListenOptions
+from ..options import ListenOptions
 from .pool import Running
 
 

@@ -20,21 +20,22 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import redis
 
-from . import defaults, outcomes
-from .client import new_client_id
-from .errors import InvalidInput
+from .. import defaults
+from ..errors import InvalidInput
+from ..store.connection import new_client_id
+from ..store.library import Ack as AckCode
+from ..store.library import Status, fcall
+from ..store.pipe import RedisPipe
+from ..store.pubsub import Message, Wakeup
+from . import outcomes
 from .heartbeat import Heartbeat, expiry_ms
-from .library import Ack as AckCode
-from .library import Status, fcall
 from .pool import Running, WorkerProc, kill_tree, start_worker
-from .redis_pipe import RedisPipe
 from .scheduler import QueueState, place, plan
-from .wakeup import Message, Wakeup
 
 if TYPE_CHECKING:
-    from .client import Client
-    from .options import ListenOptions
-    from .queue import Queue
+    from ..client import Client
+    from ..options import ListenOptions
+    from ..queue import Queue
 
 log = logging.getLogger("queasy_py")
 

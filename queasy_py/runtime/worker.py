@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from . import defaults
-from .errors import PermanentError
+from .. import defaults
+from ..errors import PermanentError
+from ..job import Job
 from .frames import Pipe
 from .handler import load
-from .job import Job
 
 if TYPE_CHECKING:
     import asyncio
@@ -194,7 +194,7 @@ def check_result(result: Any, job: Job) -> None:
 
 
 def main(pipe: Pipe, handlers: dict[str, str]) -> None:
-    """Entry point of a worker process: `python -m queasy_py.worker FD HANDLERS_JSON`."""
+    """Entry point of a worker process: `python -m queasy_py.runtime.worker FD HANDLERS_JSON`."""
     # The supervisor decides when we stop: a signal to the whole process group (Ctrl-C, or
     # systemd's SIGTERM to every process of the unit) must not kill running jobs it drains.
     for sig in (signal.SIGINT, signal.SIGTERM):

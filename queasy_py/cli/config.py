@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import defaults
-from .errors import ConfigError, InvalidInput
-from .options import ListenOptions, check_setting
-from .validate import queue_name
+from .. import defaults
+from ..errors import ConfigError, InvalidInput
+from ..options import ListenOptions, check_setting
+from ..validate import queue_name
 
 TOP_LEVEL = {"redis", "queues", "prefix"} | set(defaults.SUPERVISOR)
 

@@ -21,8 +21,8 @@ from typing import Any
 import hiredis
 import redis
 
+from ..errors import ConnectionFailed
 from .connection import connect
-from .errors import ConnectionFailed
 
 log = logging.getLogger("queasy_py")
 

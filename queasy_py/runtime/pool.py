@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import psutil
 
-from . import defaults
+from .. import defaults
 from .frames import Pipe
 
 log = logging.getLogger("queasy_py")
@@ -134,7 +134,7 @@ def kill_tree(pid: int) -> None:
 
 
 def start_worker(handlers: dict[str, str], env_extra: dict[str, str]) -> WorkerProc:
-    """Start `python -m queasy_py.worker` (a fresh interpreter: never a fork of a threaded
+    """Start `python -m queasy_py.runtime.worker` (a fresh interpreter: never a fork of a threaded
     parent, and the user's __main__ is not re-imported) with a socketpair as its pipe."""
     ours, theirs = socket.socketpair()
     env = dict(os.environ)
@@ -145,7 +145,7 @@ def start_worker(handlers: dict[str, str], env_extra: dict[str, str]) -> WorkerP
             [
                 sys.executable,
                 "-m",
-                "queasy_py.worker",
+                "queasy_py.runtime.worker",
                 str(theirs.fileno()),
                 orjson.dumps(handlers).decode(),
             ],
