@@ -1,0 +1,386 @@
+"""The Redis rounds of the scheduling loop: acks and dequeues sent without waiting (pipelined,
+several in flight), their replies turned into jobs on workers; jobs pushed to this client;
+the unpark marks; and the reconcile that hands back leases this client does not know of.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from ..store.library import Ack as AckCode
+from ..store.library import Status, fcall
+from . import outcomes
+from .events import Events
+from .pool import Running, WorkerProc
+from .scheduler import QueueState, plan
+from .workers import Workers
+
+if TYPE_CHECKING:
+    from ..client import Client
+    from ..store.pipe import RedisPipe
+    from ..store.pubsub import Message, Wakeup
+
+log = logging.getLogger("queasy_py")
+
+#: seconds to wait for the marks of queasy_unpark (every job pushed before has arrived)
+UNPARK_WAIT = 5.0
+#: rounds (acks and dequeues) sent to Redis whose replies have not come back yet, at most
+MAX_ROUNDS = 4
+
+Asks = list[tuple[QueueState, list[WorkerProc]]]
+
+
+class Rounds:
+    def __init__(
+        self,
+        client: Client,
+        states: Mapping[str, QueueState],
+        workers: Workers,
+        events: Events,
+        pipe: RedisPipe,
+        wakeup: Wakeup,
+        acks: list[outcomes.Ack],
+        expiry_ms: int,
+        poll_interval: float,
+        on_swept: Callable[[], None],
+    ) -> None:
+        self.client = client
+        self.r = client.redis
+        self.states = states
+        self.states_by_base = {s.base: s for s in states.values()}
+        self.workers = workers
+        self.events = events
+        self.pipe = pipe
+        self.wakeup = wakeup
+        self.acks = acks
+        self.expiry_ms = expiry_ms
+        self.poll_interval = poll_interval
+        self.on_swept = on_swept
+        self.stopping = False
+        self.reconcile = False
+        self.marks: set[bytes] = set()  # unpark marks seen on the push channels
+        self.retry_at = 0.0  # no round before this time (Redis was unreachable)
+        self.backoff = 0.1
+        self.seq = 0
+
+    # ------------------------------------------------------------------ sending
+
+    def send(self) -> None:
+        """Send a round without waiting: pending acks, then dequeues into free capacity.
+
+        The units of the jobs asked for are reserved on their workers at once, so rounds can
+        overlap (up to MAX_ROUNDS in flight) without ever exceeding a worker's capacity.
+        """
+        now = time.time()
+        if now < self.retry_at or len(self.pipe.inflight) >= MAX_ROUNDS:
+            return
+        client_id = self.client.id
+        if self.reconcile:
+            if self.pipe.inflight:
+                return  # first let every reply in flight come back
+            try:
+                self._reconcile(client_id)
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                self._redis_down(exc)
+                return
+        accepting = self.workers.accepting()
+        asks: Asks = []
+        if not self.stopping and accepting:
+            for state, slots in plan(list(self.states.values()), [w.free for w in accepting], now):
+                procs = [accepting[i] for i in slots]
+                for proc in procs:
+                    proc.free -= state.spec.size
+                state.inflight += 1
+                state.woken = float("inf")
+                asks.append((state, procs))
+        if not self.acks and not asks:
+            return
+        acks = self.acks[:]
+        self.acks.clear()
+        commands, ack_groups = self._ack_commands(client_id, acks)
+        nonce = uuid.uuid4().hex[:12]
+        for state, procs in asks:
+            commands.append(
+                (
+                    "FCALL",
+                    "queasy_dequeue",
+                    1,
+                    state.base,
+                    "",
+                    client_id,
+                    nonce,
+                    len(procs),
+                    self.expiry_ms,
+                    state.spec.events_maxlen,
+                    1,  # park the slots left: dispatch pushes the next ready job here
+                )
+            )
+
+        def on_reply(replies: list) -> None:
+            self._on_round(client_id, acks, ack_groups, asks, replies)
+
+        def on_error(exc: BaseException) -> None:
+            self._on_round_error(acks, asks, exc)
+
+        try:
+            self.pipe.send(commands, on_reply, on_error)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            on_error(exc)
+        self.events.watch("redis", self.pipe.socket())
+
+    def read(self) -> None:
+        """The round pipe is readable: run the callbacks of the replies that arrived."""
+        self.pipe.read()
+        self.events.watch("redis", self.pipe.socket())
+
+    def _ack_commands(self, client_id: str, acks: list[outcomes.Ack]) -> tuple[list, list[list]]:
+        grouped: dict[tuple[str, str, str | None], list[outcomes.Ack]] = defaultdict(list)
+        for ack in acks:
+            grouped[(ack.op, ack.base, ack.fail_base)].append(ack)
+        commands: list[tuple] = []
+        groups = []
+        for (op, base, fail_base), items in grouped.items():
+            maxlen = self.states_by_base[base].spec.events_maxlen
+            keys = [base] if fail_base is None else [base, fail_base]
+            args: list[Any] = ["FCALL", f"queasy_{op}", len(keys), *keys, "", client_id, maxlen]
+            for ack in items:
+                args.extend(ack.args)
+            commands.append(tuple(args))
+            groups.append(items)
+        return commands, groups
+
+    # ------------------------------------------------------------------ replies
+
+    def _redis_down(self, exc: BaseException) -> None:
+        """Log once per outage step and back off; acks are kept and a reconcile follows."""
+        # a lost dequeue reply, or a server restart that lost its last writes (a finish
+        # undone leaves a lease this client no longer knows of): reconcile once back
+        self.reconcile = True
+        if time.time() < self.retry_at:
+            return
+        log.error("Redis unreachable: %s; retrying in %.1fs", exc, self.backoff)
+        self.retry_at = time.time() + self.backoff
+        self.backoff = min(self.backoff * 2, 5.0)
+
+    def _on_round_error(self, acks: list[outcomes.Ack], asks: Asks, exc: BaseException) -> None:
+        self.acks[:0] = acks
+        for state, procs in asks:
+            state.inflight -= 1
+            self.workers.release(state.spec.size, procs)
+        self._redis_down(exc)
+
+    def _on_round(
+        self,
+        client_id: str,
+        acks: list[outcomes.Ack],
+        ack_groups: list[list],
+        asks: Asks,
+        replies: list,
+    ) -> None:
+        self.backoff = 0.1
+        now = time.time()
+        for ack in acks:  # a retried job is ready at its run_at: wake then, not at the next poll
+            if ack.op == "retry":
+                state = self.states_by_base[ack.base]
+                state.ready_at = min(state.ready_at, int(ack.args[2]) / 1000.0)
+        for group, codes in zip(ack_groups, replies, strict=False):
+            if isinstance(codes, redis.ResponseError):
+                log.error("%s of %d job(s) failed: %s", group[0].op, len(group), codes)
+                continue
+            for ack, code in zip(group, codes, strict=True):
+                if int(code) == AckCode.STALE:
+                    log.warning(
+                        "stale %s of job %s (this client lost its lease; it was swept)",
+                        ack.op,
+                        ack.args[0],
+                    )
+        mono = time.monotonic()
+        for (state, procs), reply in zip(asks, replies[len(ack_groups) :], strict=True):
+            state.inflight -= 1
+            state.last_served = mono
+            if client_id != self.client.id:  # swept and started over meanwhile: not ours
+                continue
+            if isinstance(reply, redis.ResponseError):
+                log.error("dequeue of %s failed: %s", state.name, reply)
+                self.workers.release(state.spec.size, procs)
+                continue
+            self._take(state, procs, reply, now)
+
+    def _take(self, state: QueueState, procs: list[WorkerProc], reply: list, now: float) -> None:
+        status, next_run_at = int(reply[0]), reply[1]
+        if status == Status.SWEPT:
+            self.workers.release(state.spec.size, procs)
+            self.on_swept()
+            return
+        jobs = [reply[i : i + 7] for i in range(2, len(reply), 7)]
+        if len(jobs) < len(procs):
+            state.ready_at = int(next_run_at) / 1000.0 if next_run_at else float("inf")
+            # a wake-up that came while the dequeue was on its way is not in its reply
+            state.ready_at = min(state.ready_at, now + self.poll_interval, state.woken)
+        else:
+            state.ready_at = 0.0
+        spec = state.spec
+        self.workers.release(spec.size, procs[len(jobs) :])
+        by_worker: dict[WorkerProc, list[Running]] = defaultdict(list)
+        deadline = time.monotonic() + spec.timeout
+        for (job_id, token, data, run_at, retries, stalls, timeouts), proc in zip(
+            jobs, procs, strict=False
+        ):
+            job = self._running(
+                state, job_id, token, run_at, retries, stalls, timeouts, data, deadline
+            )
+            early = outcomes.on_dequeue(job, spec, state.base, state.fail_base)
+            if early is not None:
+                self.acks.append(early)
+                self.workers.release(spec.size, [proc])
+                continue
+            if proc not in self.workers or not proc.accepts:
+                # its worker went away or stopped accepting since planning: place it again
+                self.workers.release(spec.size, [proc])
+                placed = self.workers.reserve(spec.size)
+                if placed is None:
+                    ack = outcomes.retry(job, state.base, int(now * 1000), "release", "", "")
+                    self.acks.append(ack)
+                    continue
+                proc = placed
+            by_worker[proc].append(job)
+        for proc, batch in by_worker.items():
+            try:
+                proc.send(batch)
+            except OSError:
+                pass  # it died; its exit sentinel requeues what it held
+
+    def _running(
+        self,
+        state: QueueState,
+        job_id: bytes,
+        token: bytes,
+        run_at: bytes,
+        retries: bytes,
+        stalls: bytes,
+        timeouts: bytes,
+        data: bytes,
+        deadline: float,
+    ) -> Running:
+        """A checked-out job, from the fields of a dequeue reply or a push message."""
+        self.seq += 1
+        return Running(
+            self.seq,
+            state.name,
+            job_id.decode(),
+            token.decode(),
+            data,
+            int(run_at),
+            int(retries),
+            int(stalls),
+            int(timeouts),
+            state.spec.size,
+            deadline,
+        )
+
+    # ------------------------------------------------------------------ pub/sub
+
+    def on_messages(self, messages: list[Message]) -> None:
+        """Wake-ups (a job may be ready at the time they carry) and pushed jobs."""
+        for kind, name, data in messages:
+            state = self.states[name]
+            if kind == "push":
+                self._pushed(state, data)
+            else:
+                at = int(data) / 1000.0
+                state.ready_at = min(state.ready_at, at)
+                state.woken = min(state.woken, at)
+
+    def _pushed(self, state: QueueState, message: bytes) -> None:
+        """A job dispatch leased straight to this client (or an unpark mark: no newline).
+        It starts on the worker with the most free units; with no room it is returned."""
+        fields = message.split(b"\n", 6)
+        if len(fields) < 7:
+            self.marks.add(message)
+            return
+        job_id, token, run_at, retries, stalls, timeouts, data = fields
+        job = self._running(
+            state,
+            job_id,
+            token,
+            run_at,
+            retries,
+            stalls,
+            timeouts,
+            data,
+            time.monotonic() + state.spec.timeout,
+        )
+        job.pushed = True
+        early = outcomes.on_dequeue(job, state.spec, state.base, state.fail_base)
+        if early is not None:
+            self.acks.append(early)
+            state.ready_at = 0.0  # park its slot again, with the ack
+            return
+        proc = None if self.stopping else self.workers.reserve(state.spec.size)
+        if proc is None:  # parked slots another queue or a lost worker took meanwhile
+            self.acks.append(outcomes.retry(job, state.base, job.run_at, "return", "", ""))
+            return
+        try:
+            proc.send([job])
+        except OSError:
+            pass  # it died; its exit sentinel requeues what it held
+
+    def unpark_all(self, client_id: str) -> None:
+        """Stop jobs being pushed to this client, and take in every job pushed before: each
+        queue's unpark publishes a mark after them on the push channel."""
+        marks = {
+            state.base: f"unpark-{uuid.uuid4().hex}".encode() for state in self.states.values()
+        }
+        with self.r.pipeline(transaction=False) as pipe:  # one round trip for every queue
+            for base, mark in marks.items():
+                fcall(pipe, "queasy_unpark", [base], ["", client_id, mark])
+            replies = pipe.execute()
+        pairs = zip(marks.values(), replies, strict=True)
+        expected = {mark for mark, (_, receivers) in pairs if receivers}
+        deadline = time.monotonic() + UNPARK_WAIT
+        while expected - self.marks and self.wakeup.connected:
+            left = deadline - time.monotonic()
+            if left <= 0:  # never read this connection again: what it held is handed back
+                log.error("the pushed jobs did not arrive in %.3gs; reconnecting", UNPARK_WAIT)
+                self.wakeup.close()
+                break
+            self.on_messages(self.wakeup.read(timeout=left))
+        self.marks.clear()
+
+    # ------------------------------------------------------------------ reconcile
+
+    def _reconcile(self, client_id: str) -> None:
+        """After a lost reply or pub/sub connection, and every RECONCILE_INTERVAL: hand back
+        leases this client holds but does not know of (neither running on a worker nor
+        waiting in `acks` to be acked). Pushes stop first, and those sent before arrive."""
+        self.unpark_all(client_id)
+        held = {j.token for w in self.workers for j in w.jobs.values()}
+        held.update(ack.args[1] for ack in self.acks)
+        now_ms = int(time.time() * 1000)
+        for state in self.states.values():
+            pairs = self.r.fcall_ro("queasy_leases", 1, state.base, "", client_id)
+            lost = [
+                (pairs[i].decode(), pairs[i + 1].decode())
+                for i in range(0, len(pairs), 2)
+                if pairs[i + 1].decode() not in held
+            ]
+            for job_id, token in lost:
+                log.warning(
+                    "handing back job %s of %s (its dequeue reply was lost)", job_id, state.name
+                )
+                args = [job_id, token, now_ms, "release", "", "", ""]
+                fcall(
+                    self.r,
+                    "queasy_retry",
+                    [state.base],
+                    ["", client_id, state.spec.events_maxlen, *args],
+                )
+            state.ready_at = 0.0  # dequeue next round, which parks the free slots again
+        self.reconcile = False
