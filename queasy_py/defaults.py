@@ -24,6 +24,14 @@ URL_ENV = "QUEASY_REDIS_URL"
 PREFIX_ENV = "QUEASY_PREFIX"
 #: capacity units of one worker process
 WORKER_UNITS = 100
+#: seconds the scheduling loop waits on one Redis call at most (its own connections; a frozen
+#: or refusing Redis never stops the loop for longer)
+LOOP_REDIS_TIMEOUT = 2.0
+#: seconds a new worker has to import its handlers and say "ready" before it is killed
+WORKER_START_TIMEOUT = 60.0
+#: workers in a row that die (or time out) before "ready": the supervisor then gives up and
+#: exits with its HANDLER code, the import error logged once
+WORKER_START_FAILURES = 5
 
 #: keyword arguments of Queue.listen() and their defaults
 LISTEN: dict[str, Any] = {

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 import redis
 
 from ..errors import ConnectionFailed
-from ..store.connection import connect
+from ..store.connection import loop_client
 from ..store.library import Status, fcall
 
 log = logging.getLogger("queasy_py")
@@ -43,6 +43,8 @@ class Heartbeat(threading.Thread):
         self.swept = threading.Event()
         self.failed = threading.Event()  # set on a failed beat: the supervisor reconciles
         self.stopped = threading.Event()
+        self._kick = threading.Event()
+        self.failing = False  # the last beat failed (logged once until one works again)
         self.last_ok = time.monotonic()
         self._redis: redis.Redis | None = None
 
@@ -59,26 +61,40 @@ class Heartbeat(threading.Thread):
         return all(int(s) != Status.SWEPT for s in statuses)
 
     def run(self) -> None:
-        while not self.stopped.wait(self.interval):
+        while True:
+            self._kick.wait(self.interval)
+            self._kick.clear()
+            if self.stopped.is_set():
+                break
             try:
                 if self._redis is None:
-                    self._redis = connect(self.url, attempts=1)
+                    self._redis = loop_client(self.url)  # each beat waits a bounded time
                 client_id = self.client_id()
                 if self.beat(self._redis, client_id):
                     self.last_ok = time.monotonic()
                 else:
                     self.swept.set()
-                    self.wake()
+                if self.failing:
+                    log.warning("heartbeat works again")
+                    self.failing = False
             except (redis.RedisError, OSError, ConnectionFailed) as exc:
-                log.error("heartbeat failed: %s", exc)
+                if not self.failing:  # one line per outage, not one per beat
+                    log.error("heartbeat failed: %s", exc)
+                self.failing = True
                 self.failed.set()
                 if self._redis is not None:
                     self._redis.close()
                 self._redis = None
             except Exception:
                 log.exception("heartbeat failed")
+            self.wake()  # the loop learns of the result (it may wait for it after a freeze)
         if self._redis is not None:
             self._redis.close()
 
+    def kick(self) -> None:
+        """Beat now (the loop woke from a freeze and must learn whether it was swept)."""
+        self._kick.set()
+
     def stop(self) -> None:
         self.stopped.set()
+        self._kick.set()

@@ -25,6 +25,7 @@ class Ack:
     base: str
     fail_base: str | None
     args: list[Any]
+    alone: bool = False  # sent as its own FCALL (its group was refused: find the bad one)
 
 
 def error_dict(name: str, message: str, kind: str) -> dict[str, str]:

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from ..errors import QueasyError
 from ..store.library import Ack as AckCode
-from ..store.library import Status, fcall
+from ..store.library import Status, ensure_loaded, fcall
 from . import outcomes
 from .events import Events
 from .pool import Running, WorkerProc
@@ -30,9 +31,32 @@ if TYPE_CHECKING:
 log = logging.getLogger("queasy_py")
 
 #: seconds to wait for the marks of queasy_unpark (every job pushed before has arrived)
-UNPARK_WAIT = 5.0
+UNPARK_WAIT = 2.0
 #: rounds (acks and dequeues) sent to Redis whose replies have not come back yet, at most
 MAX_ROUNDS = 4
+#: the longest wait between two tries while Redis is unreachable or refuses (seconds)
+MAX_BACKOFF = 5.0
+#: error replies that mean "not now" (a failover, a restart, memory, a busy script, a
+#: flushed library): the command is sent again after a backoff, never dropped
+TRANSIENT = (
+    "READONLY", "LOADING", "BUSY", "OOM", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN",
+    "NOREPLICAS", "MISCONF", "NOSCRIPT",
+)
+
+
+def transient(exc: BaseException) -> bool:
+    """A connection error, or an error reply that a later try may not get."""
+    if not isinstance(exc, redis.ResponseError):
+        return True
+    text = str(exc).upper()
+    return text.startswith(TRANSIENT) or "FUNCTION NOT FOUND" in text
+
+
+def outage_name(exc: BaseException) -> str:
+    """What kind of outage `exc` is, for one log line per change ('READONLY', 'OOM', ...)."""
+    if isinstance(exc, redis.ResponseError):
+        return str(exc).split(" ", 1)[0].upper() or type(exc).__name__
+    return type(exc).__name__
 
 Asks = list[tuple[QueueState, list[WorkerProc]]]
 
@@ -41,6 +65,7 @@ class Rounds:
     def __init__(
         self,
         client: Client,
+        r: redis.Redis,
         states: Mapping[str, QueueState],
         workers: Workers,
         events: Events,
@@ -52,7 +77,7 @@ class Rounds:
         on_swept: Callable[[], None],
     ) -> None:
         self.client = client
-        self.r = client.redis
+        self.r = r  # the loop's own connection: every call bounded in time
         self.states = states
         self.states_by_base = {s.base: s for s in states.values()}
         self.workers = workers
@@ -68,6 +93,8 @@ class Rounds:
         self.marks: set[bytes] = set()  # unpark marks seen on the push channels
         self.retry_at = 0.0  # no round before this time (Redis was unreachable)
         self.backoff = 0.1
+        self.outage: str | None = None  # the kind of the current outage, logged once
+        self.reload = False  # the library is gone (FUNCTION FLUSH, a restart): load it again
         self.seq = 0
 
     # ------------------------------------------------------------------ sending
@@ -82,12 +109,17 @@ class Rounds:
         if now < self.retry_at or len(self.pipe.inflight) >= MAX_ROUNDS:
             return
         client_id = self.client.id
-        if self.reconcile:
+        if self.reload or self.reconcile:
             if self.pipe.inflight:
                 return  # first let every reply in flight come back
             try:
-                self._reconcile(client_id)
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                if self.reload:
+                    version = ensure_loaded(self.r)
+                    log.warning("loaded the queasy library %s again (it was gone)", version)
+                    self.reload = False
+                if self.reconcile:
+                    self._reconcile(client_id)
+            except (redis.RedisError, OSError, QueasyError) as exc:
                 self._redis_down(exc)
                 return
         accepting = self.workers.accepting()
@@ -141,12 +173,13 @@ class Rounds:
         self.events.watch("redis", self.pipe.socket())
 
     def _ack_commands(self, client_id: str, acks: list[outcomes.Ack]) -> tuple[list, list[list]]:
-        grouped: dict[tuple[str, str, str | None], list[outcomes.Ack]] = defaultdict(list)
+        grouped: dict[tuple, list[outcomes.Ack]] = defaultdict(list)
         for ack in acks:
-            grouped[(ack.op, ack.base, ack.fail_base)].append(ack)
+            alone = id(ack) if ack.alone else None
+            grouped[(ack.op, ack.base, ack.fail_base, alone)].append(ack)
         commands: list[tuple] = []
         groups = []
-        for (op, base, fail_base), items in grouped.items():
+        for (op, base, fail_base, _), items in grouped.items():
             maxlen = self.states_by_base[base].spec.events_maxlen
             keys = [base] if fail_base is None else [base, fail_base]
             args: list[Any] = ["FCALL", f"queasy_{op}", len(keys), *keys, "", client_id, maxlen]
@@ -159,15 +192,27 @@ class Rounds:
     # ------------------------------------------------------------------ replies
 
     def _redis_down(self, exc: BaseException) -> None:
-        """Log once per outage step and back off; acks are kept and a reconcile follows."""
+        """Back off (exponential, capped) and log once per kind of outage; acks are kept and a
+        reconcile follows. Any Redis error is an outage here, never a crash."""
         # a lost dequeue reply, or a server restart that lost its last writes (a finish
         # undone leaves a lease this client no longer knows of): reconcile once back
         self.reconcile = True
+        if "FUNCTION NOT FOUND" in str(exc).upper():
+            self.reload = True
         if time.time() < self.retry_at:
             return
-        log.error("Redis unreachable: %s; retrying in %.1fs", exc, self.backoff)
+        name = outage_name(exc)
+        if name != self.outage:
+            log.error("Redis unreachable or refusing (%s): %s; retrying with backoff", name, exc)
+            self.outage = name
         self.retry_at = time.time() + self.backoff
-        self.backoff = min(self.backoff * 2, 5.0)
+        self.backoff = min(self.backoff * 2, MAX_BACKOFF)
+
+    def _redis_up(self) -> None:
+        if self.outage is not None:
+            log.warning("Redis answers again (after %s)", self.outage)
+            self.outage = None
+        self.backoff = 0.1
 
     def _on_round_error(self, acks: list[outcomes.Ack], asks: Asks, exc: BaseException) -> None:
         self.acks[:0] = acks
@@ -184,15 +229,15 @@ class Rounds:
         asks: Asks,
         replies: list,
     ) -> None:
-        self.backoff = 0.1
         now = time.time()
+        refused: BaseException | None = None
         for ack in acks:  # a retried job is ready at its run_at: wake then, not at the next poll
             if ack.op == "retry":
                 state = self.states_by_base[ack.base]
                 state.ready_at = min(state.ready_at, int(ack.args[2]) / 1000.0)
         for group, codes in zip(ack_groups, replies, strict=False):
             if isinstance(codes, redis.ResponseError):
-                log.error("%s of %d job(s) failed: %s", group[0].op, len(group), codes)
+                refused = self._ack_refused(group, codes) or refused
                 continue
             for ack, code in zip(group, codes, strict=True):
                 if int(code) == AckCode.STALE:
@@ -208,10 +253,35 @@ class Rounds:
             if client_id != self.client.id:  # swept and started over meanwhile: not ours
                 continue
             if isinstance(reply, redis.ResponseError):
-                log.error("dequeue of %s failed: %s", state.name, reply)
                 self.workers.release(state.spec.size, procs)
+                if transient(reply):
+                    refused = reply
+                else:  # not an outage: this queue waits a poll, the others go on
+                    state.ready_at = now + self.poll_interval
+                    log.error("dequeue of %s failed: %s", state.name, reply)
                 continue
             self._take(state, procs, reply, now)
+        if refused is not None:
+            self._redis_down(refused)
+        else:
+            self._redis_up()
+
+    def _ack_refused(self, group: list[outcomes.Ack], exc: redis.ResponseError) -> Any:
+        """An ack FCALL answered an error. Its acks are kept: a transient refusal (memory,
+        READONLY, a flushed library) is an outage, returned to back off; otherwise each ack
+        is sent alone from now on, and one refused alone is dropped, logged with its error
+        (its lease is handed back by the next reconcile)."""
+        if transient(exc):
+            self.acks[:0] = group
+            return exc
+        if len(group) == 1 and group[0].alone:
+            ack = group[0]
+            log.error("%s of job %s refused by Redis, dropped: %s", ack.op, ack.args[0], exc)
+            return None
+        for ack in group:
+            ack.alone = True
+        self.acks[:0] = group
+        return None
 
     def _take(self, state: QueueState, procs: list[WorkerProc], reply: list, now: float) -> None:
         status, next_run_at = int(reply[0]), reply[1]

@@ -20,10 +20,10 @@ import redis
 
 from .. import defaults
 from ..errors import InvalidInput
-from ..store.connection import new_client_id
+from ..store.connection import loop_client, new_client_id
 from ..store.library import fcall
 from ..store.pipe import RedisPipe
-from ..store.pubsub import Wakeup
+from ..store.pubsub import Message, Wakeup
 from .events import Events
 from .heartbeat import Heartbeat, expiry_ms
 from .outcomes import Ack
@@ -43,6 +43,8 @@ log = logging.getLogger("queasy_py")
 RECONCILE_INTERVAL = 60.0
 #: seconds shutdown waits for its last acks to be accepted
 ACK_DEADLINE = 10.0
+#: seconds between two urgent heartbeats while this client does not know whether it is alive
+KICK_INTERVAL = 0.5
 
 
 class Supervisor:
@@ -65,6 +67,9 @@ class Supervisor:
         self.stopping = False
         self.next_reconcile = time.monotonic() + RECONCILE_INTERVAL
         self.acks: list[Ack] = []  # decided, not yet sent (shared with workers and rounds)
+        self.held: list[Message] = []  # pub/sub messages read while liveness was unknown
+        self.next_kick = 0.0
+        self.r = loop_client(client.url)  # the loop's own calls: each bounded in time
         self.events = Events()
         env = {defaults.URL_ENV: client.url, defaults.PREFIX_ENV: client.prefix}
         self.workers = Workers(self.events, self.states, env, s, self.acks)
@@ -78,6 +83,7 @@ class Supervisor:
         self.wakeup = Wakeup(client.url, self._channels())
         self.rounds = Rounds(
             client,
+            self.r,
             self.states,
             self.workers,
             self.events,
@@ -143,6 +149,7 @@ class Supervisor:
         )
         self.workers.kill_all()
         self.acks.clear()
+        self.held.clear()  # pushed to the old id: the sweep requeued them
         self.client.id = new_client_id()
         self.wakeup.set_channels(self._channels())
         self.heartbeat.swept.clear()
@@ -151,18 +158,18 @@ class Supervisor:
             state.ready_at = 0.0
         self.workers.ensure()
 
-    def _check_alive(self) -> None:
-        """After a freeze (SIGSTOP) longer than the expiry, check before acting on anything."""
+    def _alive(self) -> bool:
+        """Whether this client knows it is alive: its last good heartbeat is younger than its
+        expiry. After a freeze (SIGSTOP) or while Redis is unreachable it is not: the heartbeat
+        thread is asked to beat now, and until it answers (alive, or swept) nothing is acked,
+        dequeued or started, while timeouts and worker exits are still acted on. The loop
+        itself never waits on Redis for this."""
         if time.monotonic() - self.heartbeat.last_ok <= self.expiry_ms / 1000.0:
-            return
-        try:
-            ok = self.heartbeat.beat(self.client.redis, self.client.id)
-        except (redis.RedisError, OSError):
-            return
-        if ok:
-            self.heartbeat.last_ok = time.monotonic()
-        else:
-            self._swept()
+            return True
+        if time.monotonic() >= self.next_kick:
+            self.next_kick = time.monotonic() + KICK_INTERVAL
+            self.heartbeat.kick()
+        return False
 
     def _needs_reconcile(self) -> None:
         """Hand back unknown leases after a failed heartbeat (the server may have restarted
@@ -184,6 +191,8 @@ class Supervisor:
         """How long select() may wait: until a job's timeout, a queue's next ready time (when
         a worker has room; never before Redis may be retried), or the poll interval."""
         wait = min(self.poll_interval, self.workers.next_deadline() - now_mono)
+        if not self._alive():  # the heartbeat wakes the loop when it has an answer
+            return max(0.0, min(wait, self.next_kick - now_mono))
         retry_at = self.rounds.retry_at
         if not self.stopping and any(w.accepts and w.free for w in self.workers):
             for state in self.states.values():
@@ -194,42 +203,46 @@ class Supervisor:
 
     def _step(self) -> None:
         events = self.events.select(self._timeout(time.monotonic(), time.time()))
-        # after a freeze, learn that this client was swept before acting on what arrived
-        # meanwhile (jobs pushed to it then were requeued by the sweep)
-        if self.heartbeat.swept.is_set():
-            self._swept()
-        self._check_alive()
         for key, _ in events:
             kind, proc = key.data
             if kind == "wake":
                 self.events.drain_wake()
             elif kind == "pubsub":
-                self.rounds.on_messages(self.wakeup.read())
+                self.held.extend(self.wakeup.read())
             elif kind == "redis":
                 self.rounds.read()
             elif kind == "conn":
                 self.workers.receive(proc)
             elif kind == "exit" and proc in self.workers:
                 self.workers.on_exit(proc)
+        # after a freeze, learn that this client was swept before acting on what arrived
+        # meanwhile (jobs pushed to it then were requeued by the sweep)
         if self.heartbeat.swept.is_set():
             self._swept()
+        alive = self._alive()
+        if alive and self.held:
+            held, self.held = self.held, []
+            self.rounds.on_messages(held)
         self._needs_reconcile()
-        self._check_alive()
         now_mono, now = time.monotonic(), time.time()
         self.wakeup.ensure()
         self.events.watch("pubsub", self.wakeup.socket())
         for state in self.states.values():  # polling fallback for missed wake-ups
             state.ready_at = min(state.ready_at, now + self.poll_interval)
+        self.workers.ensure()  # a start held back by a backoff
+        self.workers.check_starts(now_mono)
         self.workers.check_timeouts(now_mono)
         self.workers.check_memory(now_mono)
         self.workers.stop_drained()
-        self.rounds.send()
+        if alive:
+            self.rounds.send()
 
     def run(self) -> int:
         previous = self._install_signals()
         try:
             self.workers.ensure()
-            self.heartbeat.beat(self.client.redis, self.client.id)
+            self.heartbeat.beat(self.r, self.client.id)
+            self.heartbeat.last_ok = time.monotonic()
             self.heartbeat.start()
             self.wakeup.ensure()
             log.info(
@@ -238,9 +251,11 @@ class Supervisor:
                 ", ".join(sorted(self.states)),
                 self.workers.target,
             )
-            while not self.signals:
+            while not self.signals and self.workers.fatal is None:
                 self._step()
             self._shutdown()
+            if self.workers.fatal is not None:
+                raise self.workers.fatal
         finally:
             self.heartbeat.stop()
             self.wakeup.close()
@@ -249,6 +264,7 @@ class Supervisor:
             self.workers.kill_all()
             self._restore_signals(previous)
             self.rounds.pipe.close()
+            self.r.close()
             self.events.close()
         return 0
 
@@ -282,7 +298,7 @@ class Supervisor:
         self._send_last_acks()
         for state in self.states.values():
             try:
-                fcall(self.client.redis, "queasy_leave", [state.base], ["", self.client.id])
+                fcall(self.r, "queasy_leave", [state.base], ["", self.client.id])
             except (redis.RedisError, OSError):
                 break
         log.info("supervisor %s stopped", self.client.id)
@@ -291,7 +307,11 @@ class Supervisor:
         rounds = self.rounds
         rounds.retry_at = 0.0
         deadline = time.monotonic() + ACK_DEADLINE
+        first = self.signals
         while (self.acks or rounds.pipe.inflight) and time.monotonic() < deadline:
+            if self.signals > first:
+                log.warning("another signal: not waiting for the last acks")
+                break
             rounds.send()
             rounds.pipe.read(block=True)
             if self.acks:

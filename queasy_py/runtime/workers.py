@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from .. import defaults
+from ..errors import HandlerError
 from . import outcomes
 from .events import Events
 from .pool import Running, WorkerProc, kill_tree, start_worker
@@ -20,6 +21,9 @@ from .scheduler import QueueState, place
 log = logging.getLogger("queasy_py")
 
 MEMORY_CHECK_INTERVAL = 5.0
+#: the first and the longest wait before starting a worker again after one died at start
+START_BACKOFF = 0.5
+MAX_START_BACKOFF = 30.0
 
 
 class Workers:
@@ -45,6 +49,11 @@ class Workers:
         self.procs: list[WorkerProc] = []
         self.stopping = False
         self.next_memory_check = 0.0
+        self.started: dict[WorkerProc, float] = {}  # monotonic start time, until "ready"
+        self.start_failures = 0  # workers in a row that died before "ready"
+        self.next_spawn = 0.0  # monotonic: no worker is started before (backoff)
+        self.import_error = ""  # the last import error a worker reported (logged once)
+        self.fatal: HandlerError | None = None  # workers cannot start: the supervisor gives up
 
     def __iter__(self):
         return iter(list(self.procs))
@@ -56,6 +65,7 @@ class Workers:
 
     def _spawn(self) -> WorkerProc:
         proc = start_worker(self.handlers, self.env)
+        self.started[proc] = time.monotonic()
         self.procs.append(proc)
         self.events.register(proc.pipe.fileno(), ("conn", proc))
         self.events.register(proc.sentinel, ("exit", proc))
@@ -63,13 +73,14 @@ class Workers:
 
     def ensure(self) -> None:
         """Start workers until `target` of them take jobs (not when stopping)."""
-        if self.stopping:
+        if self.stopping or self.fatal is not None or time.monotonic() < self.next_spawn:
             return
         live = sum(1 for w in self.procs if w.healthy and not w.retiring)
         for _ in range(self.target - live):
             self._spawn()
 
     def _forget(self, proc: WorkerProc) -> None:
+        self.started.pop(proc, None)
         self.events.unregister(proc.pipe.fileno())
         self.events.unregister(proc.sentinel)
         if proc in self.procs:
@@ -105,11 +116,18 @@ class Workers:
         return sum(len(w.jobs) for w in self.procs)
 
     def next_deadline(self) -> float:
-        """The monotonic time of the earliest timeout of a running job (inf: none)."""
-        return min(
+        """The monotonic time of the earliest timeout of a running job or a start-up, or of
+        the next worker start after a backoff (inf: none)."""
+        deadline = min(
             (j.deadline for w in self.procs for j in w.jobs.values() if not j.timed_out),
             default=float("inf"),
         )
+        if self.started:
+            deadline = min(deadline, min(self.started.values()) + defaults.WORKER_START_TIMEOUT)
+        live = sum(1 for w in self.procs if w.healthy and not w.retiring)
+        if live < self.target and not self.stopping and self.fatal is None:
+            deadline = min(deadline, self.next_spawn)
+        return deadline
 
     # ------------------------------------------------------------------ results and exits
 
@@ -123,9 +141,14 @@ class Workers:
     def _handle_message(self, proc: WorkerProc, message: Any) -> None:
         if message == "ready":
             proc.ready = True
+            self.started.pop(proc, None)
+            self.start_failures = 0
             return
         if isinstance(message, list) and message and message[0] == "import-error":
-            log.error("worker %d could not load its handlers: %s", proc.pid, message[1])
+            text = str(message[1]) if len(message) > 1 else "?"
+            if text != self.import_error:  # once, not once per worker start
+                log.error("worker %d could not load its handlers: %s", proc.pid, text)
+                self.import_error = text
             return
         now = time.time()
         for seq, started, error in message:
@@ -153,17 +176,51 @@ class Workers:
             self.ensure()
 
     def on_exit(self, proc: WorkerProc) -> None:
-        """A worker process ended: its unfinished jobs are retried, a new worker replaces it."""
+        """A worker process ended: its unfinished jobs are retried, a new worker replaces it
+        (after a backoff when it died before it was ready)."""
         self.receive(proc)
         self._forget(proc)
         code = proc.process.wait()
-        if proc.jobs or not proc.retiring:
+        if not proc.ready:
+            self._start_failed(proc, f"exited with code {code} before it was ready")
+        elif proc.jobs or not proc.retiring:
             log.error(
                 "worker %d exited with code %s holding %d job(s)", proc.pid, code, len(proc.jobs)
             )
         self.requeue_held(proc, "stall", "WorkerDied")
         proc.close()
         self.ensure()
+
+    def _start_failed(self, proc: WorkerProc, why: str) -> None:
+        """Back off before the next start; after WORKER_START_FAILURES in a row, give up."""
+        self.start_failures += 1
+        delay = min(MAX_START_BACKOFF, START_BACKOFF * 2 ** (self.start_failures - 1))
+        self.next_spawn = time.monotonic() + delay
+        if self.start_failures >= defaults.WORKER_START_FAILURES:
+            self.fatal = HandlerError(
+                f"{self.start_failures} workers in a row could not start (the last {why}): "
+                f"{self.import_error or 'no import error was reported'}"
+            )
+            log.error("giving up: %s", self.fatal)
+        else:
+            log.error(
+                "worker %d %s (%d in a row); starting another in %.1fs",
+                proc.pid,
+                why,
+                self.start_failures,
+                delay,
+            )
+
+    def check_starts(self, now: float) -> None:
+        """Kill a worker that is not ready WORKER_START_TIMEOUT after its start (a hung
+        import), counting it as a start that failed."""
+        for proc, started in list(self.started.items()):
+            if now - started > defaults.WORKER_START_TIMEOUT:
+                self.kill(proc)
+                self._start_failed(
+                    proc, f"was not ready after {defaults.WORKER_START_TIMEOUT:.3g}s"
+                )
+                self.ensure()
 
     def retry_ack(
         self,

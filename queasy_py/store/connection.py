@@ -10,6 +10,8 @@ import uuid
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from .. import defaults
 from ..errors import AuthenticationFailed, ConnectionFailed, QueasyError
@@ -82,3 +84,16 @@ def connect(
 def new_client_id() -> str:
     """A client's id in Redis (the owner of its leases): pid and 12 random hex digits."""
     return f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def loop_client(url: str, timeout: float = defaults.LOOP_REDIS_TIMEOUT) -> redis.Redis:
+    """A client for calls made by the scheduling loop and its threads: it connects lazily,
+    every call gives up after `timeout` seconds, and redis-py does not retry on its own (the
+    caller backs off and decides whether a command may be sent again)."""
+    return redis.Redis.from_url(
+        url,
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+        socket_keepalive=True,
+        retry=Retry(NoBackoff(), 0),
+    )

@@ -16,6 +16,8 @@ from typing import Any
 import hiredis
 import redis
 
+from .connection import loop_client
+
 log = logging.getLogger("queasy_py")
 
 Reply = Any  # a decoded reply, or the redis.ResponseError it was
@@ -31,9 +33,7 @@ class Batch:
 
 class RedisPipe:
     def __init__(self, url: str) -> None:
-        self._client = redis.Redis.from_url(
-            url, socket_connect_timeout=5.0, socket_timeout=30.0, socket_keepalive=True
-        )
+        self._client = loop_client(url)  # a send or a read waits LOOP_REDIS_TIMEOUT at most
         self._conn: Any = None
         self.inflight: deque[Batch] = deque()
 
@@ -49,7 +49,9 @@ class RedisPipe:
     ) -> None:
         """Send `commands` now; `on_reply(replies)` runs once all their replies are read.
 
-        Connection errors raise here (nothing was queued) or reach `on_error` later.
+        Connection errors raise here (nothing of `commands` was queued; the batches already
+        in flight get their `on_error`, as their replies are lost with the connection) or
+        reach `on_error` later.
         """
         if self._conn is None:
             self._conn = self._client.connection_pool.get_connection()
@@ -58,8 +60,8 @@ class RedisPipe:
             # a Python pass over every argument: a tenth of the loop's time under load)
             packed = b"".join([hiredis.pack_command(tuple(c)) for c in commands])
             self._conn.send_packed_command([packed], check_health=False)
-        except BaseException:
-            self.reset()
+        except BaseException as exc:
+            self.fail(exc)
             raise
         self.inflight.append(Batch(len(commands), on_reply, on_error))
 
@@ -82,7 +84,7 @@ class RedisPipe:
                 if len(batch.replies) == batch.size:
                     self.inflight.popleft()
                     batch.on_reply(batch.replies)
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        except (redis.RedisError, OSError) as exc:  # lost, timed out, or a garbled stream
             self.fail(exc)
 
     def fail(self, exc: BaseException) -> None:

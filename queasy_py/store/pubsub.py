@@ -22,7 +22,7 @@ import hiredis
 import redis
 
 from ..errors import ConnectionFailed
-from .connection import connect
+from .connection import loop_client
 
 log = logging.getLogger("queasy_py")
 
@@ -67,7 +67,7 @@ class Wakeup:
         if self._sock is not None or time.monotonic() < self.retry_at:
             return
         try:
-            self._redis = connect(self.url, attempts=1)
+            self._redis = loop_client(self.url)  # connecting waits LOOP_REDIS_TIMEOUT at most
             self._conn = self._redis.connection_pool.get_connection()
             self._conn.send_command("SUBSCRIBE", *self.channels)
             self._reader = hiredis.Reader()
