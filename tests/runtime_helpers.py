@@ -128,10 +128,20 @@ class Supervisor:
 class Runtime:
     """Supervisors, a producer client and the records of one test (a context manager)."""
 
-    def __init__(self, url: str, prefix: str, r: redis.Redis, tmp_path: Path) -> None:
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        r: redis.Redis,
+        tmp_path: Path,
+        records: tuple[str, redis.Redis] | None = None,
+    ) -> None:
+        """`records`: (url, connection) of another server for the handlers' records (a
+        test that makes the queues' server refuse writes or freeze keeps its facts there)."""
         self.url = url
         self.prefix = prefix
         self.r = r
+        self.records_url, self.rec = records or (url, r)
         self.tmp_path = tmp_path
         self.supervisors: list[Supervisor] = []
         self._producer: Client | None = None
@@ -163,7 +173,7 @@ class Runtime:
         env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),
-            "QUEASY_TEST_URL": self.url,
+            "QUEASY_TEST_URL": self.records_url,
             "QUEASY_TEST_PREFIX": self.prefix,
         }
         log_path = self.tmp_path / f"supervisor-{len(self.supervisors)}.log"
@@ -190,13 +200,13 @@ class Runtime:
 
     def open_gate(self, name: str) -> None:
         """Let one job blocked on data {"gate": name} go on."""
-        self.r.rpush(f"{self.prefix}:gate:{name}", 1)
+        self.rec.rpush(f"{self.prefix}:gate:{name}", 1)
 
     # ---------------------------------------------------------------- facts
 
     def records(self, event: str | None = None, **match: Any) -> list[dict[str, Any]]:
         """Handler records in order, those with this event and these field values."""
-        out = [json.loads(x) for x in self.r.lrange(f"{self.prefix}:records", 0, -1)]
+        out = [json.loads(x) for x in self.rec.lrange(f"{self.prefix}:records", 0, -1)]
         return [
             rec
             for rec in out

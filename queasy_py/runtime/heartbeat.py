@@ -15,7 +15,7 @@ import redis
 
 from ..errors import ConnectionFailed
 from ..store.connection import loop_client
-from ..store.library import Status, fcall
+from ..store.library import Status, ensure_loaded, fcall
 
 log = logging.getLogger("queasy_py")
 
@@ -60,6 +60,17 @@ class Heartbeat(threading.Thread):
             statuses = pipe.execute()
         return all(int(s) != Status.SWEPT for s in statuses)
 
+    def beat_or_reload(self, r: redis.Redis, client_id: str) -> bool:
+        """Beat; when the library is gone (FUNCTION FLUSH, a server restarted without its
+        data), load it again and beat once more."""
+        try:
+            return self.beat(r, client_id)
+        except redis.ResponseError as exc:
+            if "function not found" not in str(exc).lower():
+                raise
+            log.warning("the queasy library is gone; loading %s again", ensure_loaded(r))
+            return self.beat(r, client_id)
+
     def run(self) -> None:
         while True:
             self._kick.wait(self.interval)
@@ -70,7 +81,7 @@ class Heartbeat(threading.Thread):
                 if self._redis is None:
                     self._redis = loop_client(self.url)  # each beat waits a bounded time
                 client_id = self.client_id()
-                if self.beat(self._redis, client_id):
+                if self.beat_or_reload(self._redis, client_id):
                     self.last_ok = time.monotonic()
                 else:
                     self.swept.set()

@@ -48,14 +48,15 @@ def transient(exc: BaseException) -> bool:
     """A connection error, or an error reply that a later try may not get."""
     if not isinstance(exc, redis.ResponseError):
         return True
-    text = str(exc).upper()
+    text = str(exc).upper().rpartition("CAUSED ERROR: ")[2]
     return text.startswith(TRANSIENT) or "FUNCTION NOT FOUND" in text
 
 
 def outage_name(exc: BaseException) -> str:
     """What kind of outage `exc` is, for one log line per change ('READONLY', 'OOM', ...)."""
     if isinstance(exc, redis.ResponseError):
-        return str(exc).split(" ", 1)[0].upper() or type(exc).__name__
+        text = str(exc).rpartition("caused error: ")[2]  # a pipeline names its command first
+        return text.split(" ", 1)[0].upper() or type(exc).__name__
     return type(exc).__name__
 
 Asks = list[tuple[QueueState, list[WorkerProc]]]
@@ -115,7 +116,7 @@ class Rounds:
             try:
                 if self.reload:
                     version = ensure_loaded(self.r)
-                    log.warning("loaded the queasy library %s again (it was gone)", version)
+                    log.warning("the queasy library is gone; loading %s again", version)
                     self.reload = False
                 if self.reconcile:
                     self._reconcile(client_id)

@@ -197,11 +197,10 @@ class Workers:
         delay = min(MAX_START_BACKOFF, START_BACKOFF * 2 ** (self.start_failures - 1))
         self.next_spawn = time.monotonic() + delay
         if self.start_failures >= defaults.WORKER_START_FAILURES:
-            self.fatal = HandlerError(
+            self.fatal = HandlerError(  # run() raises it: `queasy run` exits HANDLER
                 f"{self.start_failures} workers in a row could not start (the last {why}): "
                 f"{self.import_error or 'no import error was reported'}"
             )
-            log.error("giving up: %s", self.fatal)
         else:
             log.error(
                 "worker %d %s (%d in a row); starting another in %.1fs",
