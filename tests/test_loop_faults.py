@@ -150,3 +150,26 @@ def test_workers_that_cannot_start_are_given_up_on_loudly(
     assert out.count("workers in a row could not start") == 1, out
     assert out.count("started worker pid") == defaults.WORKER_START_FAILURES, out
     assert time.monotonic() - began < 30.0
+
+
+def test_a_worker_stuck_in_c_does_not_block_the_loop(rt: Runtime) -> None:
+    """A handler holds the GIL (its worker reads nothing) and a job of ~900 KB is sent to
+    the same worker: the send must not block the loop, so the first job's timeout is still
+    enforced within its bound (old: after the regex ended, 10+ s)."""
+    timeout = 1.5
+    q = rt.queue("gil")
+    q.dispatch({"tag": "stuck", "gil": 15.0})
+    sup = rt.start({"gil": queue_spec("tests.runtime_handlers.gil", timeout=timeout)}, workers=1)
+    (start,) = rt.wait_records(1, "start", tag="stuck")
+    q.dispatch({"tag": "big", "pad": "x" * 900_000})  # goes to the same, stuck worker
+    bound = timeout + 1.5
+    wait_for(
+        lambda: not psutil.pid_exists(start["pid"]),
+        timeout=bound + 20.0,
+        what="the stuck worker killed",
+    )
+    killed_after = time.time() - start["t"]
+    assert killed_after <= bound, (killed_after, sup.log())
+    (big,) = rt.wait_records(1, "end", tag="big", timeout=20)
+    assert big["pid"] != start["pid"]
+    assert sup.proc.poll() is None

@@ -45,6 +45,15 @@ class Events:
                 self.watched[stale.data[0]] = None
         self.selector.register(fd, selectors.EVENT_READ, data)
 
+    def want_write(self, fd: int, on: bool) -> None:
+        """Also wake when `fd` is writable (it has output waiting), or no longer."""
+        key = self.selector.get_map().get(fd)
+        if key is None:
+            return
+        mask = selectors.EVENT_READ | (selectors.EVENT_WRITE if on else 0)
+        if key.events != mask:
+            self.selector.modify(fd, mask, key.data)
+
     def unregister(self, fd: int) -> None:
         try:
             self.selector.unregister(fd)

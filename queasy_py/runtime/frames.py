@@ -22,12 +22,38 @@ class Pipe:
         self.sock = sock
         self.buf = bytearray()
         self.eof = False
+        #: the supervisor's side never blocks on a send: what the socket does not take now
+        #: waits in `out` until flush() finds the socket writable (a worker stuck in C code
+        #: does not drain its pipe, and the loop must go on to kill it at its timeout)
+        self.buffered = False
+        self.out = bytearray()
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
     def send_frame(self, payload: bytes) -> None:
-        self.sock.sendall(self.HEADER.pack(len(payload)) + payload)
+        data = self.HEADER.pack(len(payload)) + payload
+        if not self.buffered:
+            self.sock.sendall(data)
+            return
+        if not self.out:
+            try:
+                sent = self.sock.send(data, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            if sent == len(data):
+                return
+            data = data[sent:]
+        self.out += data
+
+    def flush(self) -> None:
+        """Send what waits in `out`, as much as the socket takes now (never blocks)."""
+        while self.out:
+            try:
+                sent = self.sock.send(self.out, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            del self.out[:sent]
 
     def read_frames(self) -> list[bytes]:
         """Every complete frame that has arrived; sets `eof` when the worker closed its end."""

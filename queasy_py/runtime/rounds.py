@@ -37,29 +37,42 @@ MAX_ROUNDS = 4
 #: the longest wait between two tries while Redis is unreachable or refuses (seconds)
 MAX_BACKOFF = 5.0
 #: error replies that mean "not now" (a failover, a restart, memory, a busy script, a
-#: flushed library): the command is sent again after a backoff, never dropped
-TRANSIENT = (
-    "READONLY", "LOADING", "BUSY", "OOM", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN",
-    "NOREPLICAS", "MISCONF", "NOSCRIPT",
+#: flushed library): the command is sent again after a backoff, never dropped. redis-py turns
+#: some codes into classes (and strips the code from the text), the others keep their code.
+TRANSIENT_CLASSES = (
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.BusyLoadingError,
+    redis.exceptions.NoScriptError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.MasterDownError,
 )
+TRANSIENT_CODES = ("BUSY", "MISCONF", "NOREPLICAS", "LOADING", "READONLY", "OOM", "MASTERDOWN")
+
+
+Asks = list[tuple[QueueState, list[WorkerProc]]]
+
+
+def _text(exc: BaseException) -> str:
+    """The error's own text (a pipeline's error names its command first)."""
+    return str(exc).rpartition("caused error: ")[2]
 
 
 def transient(exc: BaseException) -> bool:
     """A connection error, or an error reply that a later try may not get."""
-    if not isinstance(exc, redis.ResponseError):
+    if not isinstance(exc, redis.ResponseError) or isinstance(exc, TRANSIENT_CLASSES):
         return True
-    text = str(exc).upper().rpartition("CAUSED ERROR: ")[2]
-    return text.startswith(TRANSIENT) or "FUNCTION NOT FOUND" in text
+    text = _text(exc).upper()
+    return text.startswith(TRANSIENT_CODES) or "FUNCTION NOT FOUND" in text
 
 
 def outage_name(exc: BaseException) -> str:
-    """What kind of outage `exc` is, for one log line per change ('READONLY', 'OOM', ...)."""
-    if isinstance(exc, redis.ResponseError):
-        text = str(exc).rpartition("caused error: ")[2]  # a pipeline names its command first
-        return text.split(" ", 1)[0].upper() or type(exc).__name__
+    """What kind of outage `exc` is, for one log line per change (a class name such as
+    OutOfMemoryError, or the error code: BUSY, MISCONF, ...)."""
+    if isinstance(exc, redis.ResponseError) and not isinstance(exc, TRANSIENT_CLASSES):
+        return _text(exc).split(" ", 1)[0].upper() or type(exc).__name__
     return type(exc).__name__
-
-Asks = list[tuple[QueueState, list[WorkerProc]]]
 
 
 class Rounds:

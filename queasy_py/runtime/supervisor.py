@@ -11,6 +11,7 @@ select() return, and the loop does the work.
 from __future__ import annotations
 
 import logging
+import selectors
 import signal
 import threading
 import time
@@ -202,9 +203,14 @@ class Supervisor:
         return max(0.0, wait)
 
     def _step(self) -> None:
+        self.workers.watch_writes()
         events = self.events.select(self._timeout(time.monotonic(), time.time()))
-        for key, _ in events:
+        for key, mask in events:
             kind, proc = key.data
+            if kind == "conn" and mask & selectors.EVENT_WRITE:
+                self.workers.flush(proc)
+                if not mask & selectors.EVENT_READ:
+                    continue
             if kind == "wake":
                 self.events.drain_wake()
             elif kind == "pubsub":

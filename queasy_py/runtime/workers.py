@@ -65,6 +65,7 @@ class Workers:
 
     def _spawn(self) -> WorkerProc:
         proc = start_worker(self.handlers, self.env)
+        proc.pipe.buffered = True  # sends never block the loop (flushed when writable)
         self.started[proc] = time.monotonic()
         self.procs.append(proc)
         self.events.register(proc.pipe.fileno(), ("conn", proc))
@@ -128,6 +129,20 @@ class Workers:
         if live < self.target and not self.stopping and self.fatal is None:
             deadline = min(deadline, self.next_spawn)
         return deadline
+
+    # ------------------------------------------------------------------ pipes
+
+    def flush(self, proc: WorkerProc) -> None:
+        """Its pipe is writable: send what waits (a worker that died is reaped by its exit)."""
+        try:
+            proc.pipe.flush()
+        except OSError:
+            proc.pipe.out.clear()
+
+    def watch_writes(self) -> None:
+        """Wake the loop when a pipe with output waiting becomes writable."""
+        for proc in self.procs:
+            self.events.want_write(proc.pipe.fileno(), bool(proc.pipe.out))
 
     # ------------------------------------------------------------------ results and exits
 
