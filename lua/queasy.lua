@@ -287,15 +287,10 @@ local function next_run_at(B)
   return first[2]
 end
 
--- ---------------------------------------------------------------- entry points
+-- ================================================================ entry points, grouped by the
+-- state they change (helpers above; registration at the end)
 
---[[ queasy_version
-KEYS: none.  ARGV: none.
-Returns: the library version string, "major.minor.patch".
-]]
-local function version()
-  return VERSION
-end
+-- ---------------------------------------------------------------- producers: dispatch, cancel
 
 --[[ queasy_dispatch: add or update jobs (one or many).
 KEYS[1]  B
@@ -408,6 +403,8 @@ local function cancel(keys, args)
   return 1
 end
 
+-- ---------------------------------------------------------------- lease cycle: dequeue ... fail
+
 --[[ queasy_dequeue: check out up to `limit` ready jobs (run_at <= now) for a client.
 KEYS[1]  B
 ARGV[1]  now (ms or '')
@@ -460,59 +457,6 @@ local function dequeue(keys, args)
   end
   out[2] = next_run_at(B)
   return out
-end
-
---[[ queasy_bump: heartbeat of a client.
-KEYS[1]  B
-ARGV[1]  now (ms or '')
-ARGV[2]  client id
-ARGV[3]  expiry ms
-ARGV[4]  events maxlen (for events of a sweep)
-Returns: 0 ok, 2 when this client was already swept (it must drop its jobs and start over).
-Sweeps at most one dead client.
-]]
-local function bump(keys, args)
-  local B = keys[1]
-  local now = clock(args[1])
-  local client = args[2]
-  sweep_one(B, now, client, tonumber(args[4]))
-  if not keep_alive(B, now, client, tonumber(args[3])) then
-    return 2
-  end
-  return 0
-end
-
---[[ queasy_leave: a client stops listening (after it released its jobs).
-KEYS[1]  B
-ARGV[1]  now (ms or '')
-ARGV[2]  client id
-Returns: the number of leases it still held (they are kept, and swept at expiry).
-Its parked slots are cleared.
-]]
-local function leave(keys, args)
-  local B = keys[1]
-  local client = args[2]
-  redis.call('HDEL', B .. ':parked', client)
-  local held = redis.call('HLEN', B .. ':lease:' .. client)
-  if held == 0 then
-    redis.call('ZREM', B .. ':expiry', client)
-  end
-  return held
-end
-
---[[ queasy_unpark: a client stops taking pushed jobs (it shuts down, or reconciles).
-KEYS[1]  B
-ARGV[1]  now (ms or '')
-ARGV[2]  client id
-ARGV[3]  mark: a string without a newline, PUBLISHed on B:push:<client> after clearing, so
-         the client knows every job pushed to it before has arrived once the mark has
-Returns: {1 if it had parked slots else 0, receivers of the mark}. No job is pushed to it
-         after this (until it parks again).
-]]
-local function unpark(keys, args)
-  local B, client = keys[1], args[2]
-  local had = redis.call('HDEL', B .. ':parked', client)
-  return {had, redis.call('PUBLISH', B .. ':push:' .. client, args[3])}
 end
 
 --[[ queasy_finish: jobs completed successfully.
@@ -614,6 +558,64 @@ local function fail(keys, args)
   return codes
 end
 
+-- ---------------------------------------------------------------- clients: bump, leave, unpark
+-- (a sweep of one dead client runs inside dequeue and bump: sweep_one above)
+
+--[[ queasy_bump: heartbeat of a client.
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2]  client id
+ARGV[3]  expiry ms
+ARGV[4]  events maxlen (for events of a sweep)
+Returns: 0 ok, 2 when this client was already swept (it must drop its jobs and start over).
+Sweeps at most one dead client.
+]]
+local function bump(keys, args)
+  local B = keys[1]
+  local now = clock(args[1])
+  local client = args[2]
+  sweep_one(B, now, client, tonumber(args[4]))
+  if not keep_alive(B, now, client, tonumber(args[3])) then
+    return 2
+  end
+  return 0
+end
+
+--[[ queasy_leave: a client stops listening (after it released its jobs).
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2]  client id
+Returns: the number of leases it still held (they are kept, and swept at expiry).
+Its parked slots are cleared.
+]]
+local function leave(keys, args)
+  local B = keys[1]
+  local client = args[2]
+  redis.call('HDEL', B .. ':parked', client)
+  local held = redis.call('HLEN', B .. ':lease:' .. client)
+  if held == 0 then
+    redis.call('ZREM', B .. ':expiry', client)
+  end
+  return held
+end
+
+--[[ queasy_unpark: a client stops taking pushed jobs (it shuts down, or reconciles).
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2]  client id
+ARGV[3]  mark: a string without a newline, PUBLISHed on B:push:<client> after clearing, so
+         the client knows every job pushed to it before has arrived once the mark has
+Returns: {1 if it had parked slots else 0, receivers of the mark}. No job is pushed to it
+         after this (until it parks again).
+]]
+local function unpark(keys, args)
+  local B, client = keys[1], args[2]
+  local had = redis.call('HDEL', B .. ':parked', client)
+  return {had, redis.call('PUBLISH', B .. ':push:' .. client, args[3])}
+end
+
+-- ---------------------------------------------------------------- reads: no writes
+
 --[[ queasy_get_job: one job's record and state (read-only).
 KEYS[1]  B
 ARGV[1]  now (ms or '')
@@ -676,20 +678,30 @@ local function leases(keys, args)
   return redis.call('HGETALL', keys[1] .. ':lease:' .. args[2])
 end
 
-redis.register_function{function_name = 'queasy_version', callback = version,
-  flags = {'no-writes'}}
+--[[ queasy_version
+KEYS: none.  ARGV: none.
+Returns: the library version string, "major.minor.patch".
+]]
+local function version()
+  return VERSION
+end
+
+-- ---------------------------------------------------------------- registration
+
 redis.register_function('queasy_dispatch', dispatch)
 redis.register_function('queasy_cancel', cancel)
 redis.register_function('queasy_dequeue', dequeue)
-redis.register_function('queasy_bump', bump)
-redis.register_function('queasy_leave', leave)
-redis.register_function('queasy_unpark', unpark)
 redis.register_function('queasy_finish', finish)
 redis.register_function('queasy_retry', retry)
 redis.register_function('queasy_fail', fail)
+redis.register_function('queasy_bump', bump)
+redis.register_function('queasy_leave', leave)
+redis.register_function('queasy_unpark', unpark)
 redis.register_function{function_name = 'queasy_get_job', callback = get_job,
   flags = {'no-writes'}}
 redis.register_function{function_name = 'queasy_counts', callback = counts,
   flags = {'no-writes'}}
 redis.register_function{function_name = 'queasy_leases', callback = leases,
+  flags = {'no-writes'}}
+redis.register_function{function_name = 'queasy_version', callback = version,
   flags = {'no-writes'}}
