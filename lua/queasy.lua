@@ -70,19 +70,27 @@ local function shown(arg)
   return "'" .. string.gsub(arg, '[%z\1-\31\127]', '?') .. "'"
 end
 
+-- `name` of an argument, of job `n` of a batch if given (built only for an error message).
+local function label(name, n)
+  if n == nil then
+    return name
+  end
+  return 'job ' .. n .. ' ' .. name
+end
+
 -- A whole number written in decimal digits only, at most `max`; `name` names the argument.
-local function whole(arg, name, max)
+local function whole(arg, name, max, n)
   if type(arg) ~= 'string' or #arg > 15 or string.find(arg, '^%d+$') == nil
       or tonumber(arg) > max then
-    invalid(name .. ' must be a whole number 0..' .. string.format('%d', max) .. ', got '
-      .. shown(arg))
+    invalid(label(name, n) .. ' must be a whole number 0..' .. string.format('%d', max)
+      .. ', got ' .. shown(arg))
   end
   return tonumber(arg)
 end
 
 -- A time: integer ms since the epoch, 0 ..= MAX_MS (year 9999). Fractions are refused.
-local function ms(arg, name)
-  return whole(arg, name .. ' (integer ms since the epoch)', MAX_MS)
+local function ms(arg, name, n)
+  return whole(arg, name .. ' (integer ms since the epoch)', MAX_MS, n)
 end
 
 local function clock(arg)
@@ -104,38 +112,45 @@ end
 
 -- The id rules of queasy_py/validate.py, on bytes: 1-256 characters (UTF-8), no ASCII control
 -- or space, no C1 control, no Unicode space (so newline-separated messages cannot be shifted).
-local function check_id(arg, name)
+local function check_id(arg, name, n)
   if type(arg) ~= 'string' or arg == '' or #arg > 4 * MAX_ID_CHARS then
-    invalid(name .. ' must be 1-' .. MAX_ID_CHARS .. ' characters, got ' .. shown(arg))
+    invalid(label(name, n) .. ' must be 1-256 characters, got ' .. shown(arg))
   end
-  if string.find(arg, '[%z\1-\32\127-\255]') == nil then
+  if string.find(arg, '[^!-~]') == nil then -- printable ASCII only: the usual id
     if #arg > MAX_ID_CHARS then
-      invalid(name .. ' must be 1-' .. MAX_ID_CHARS .. ' characters, got ' .. shown(arg))
+      invalid(label(name, n) .. ' must be 1-256 characters, got ' .. shown(arg))
     end
     return arg
   end
   local chars = #arg - select(2, string.gsub(arg, '[\128-\191]', ''))
   if chars > MAX_ID_CHARS then
-    invalid(name .. ' must be 1-' .. MAX_ID_CHARS .. ' characters, got ' .. shown(arg))
+    invalid(label(name, n) .. ' must be 1-256 characters, got ' .. shown(arg))
   end
   if string.find(arg, '[%z\1-\32\127]') or string.find(arg, '\194[\128-\160]')
       or string.find(arg, '\225\154\128') or string.find(arg, '\226\128[\128-\138\168\169\175]')
       or string.find(arg, '\226\129\159') or string.find(arg, '\227\128\128') then
-    invalid(name .. ' contains whitespace or control characters: ' .. shown(arg))
+    invalid(label(name, n) .. ' contains whitespace or control characters: ' .. shown(arg))
   end
   return arg
 end
 
--- JSON as the workers read it: cjson, strict about numbers (no NaN, Infinity, hex).
-local function check_json(arg, name)
+-- JSON as the workers read it: cjson, made strict about numbers (no NaN, Infinity, hex) for
+-- the checks in `check`, and lenient again (as other libraries may expect) afterwards.
+local function strict_json(check)
   local lenient = cjson.decode_invalid_numbers()
   cjson.decode_invalid_numbers(false)
-  local ok, err = pcall(cjson.decode, arg)
+  local ok, err = pcall(check)
   cjson.decode_invalid_numbers(lenient)
   if not ok then
-    invalid(name .. ' is not JSON (' .. tostring(err) .. ')')
+    error(err, 0)
   end
-  return arg
+end
+
+local function check_json(arg, name, n)
+  if not pcall(cjson.decode, arg) then
+    local _, err = pcall(cjson.decode, arg)
+    invalid(label(name, n) .. ' is not JSON (' .. tostring(err) .. ')')
+  end
 end
 
 local function groups(args, from, width, name)
@@ -483,12 +498,14 @@ local function dispatch(keys, args)
   local reset = flag(args[4], 'reset_counts')
   groups(args, 5, 3, 'queasy_dispatch')
   local run_ats = {}
-  for i = 5, #args, 3 do
-    local n = (i - 2) / 3
-    check_id(args[i], 'job ' .. n .. ' id')
-    check_json(args[i + 1], 'job ' .. n .. ' data')
-    run_ats[n] = args[i + 2] == '' and now or ms(args[i + 2], 'job ' .. n .. ' run_at')
-  end
+  strict_json(function()
+    for i = 5, #args, 3 do
+      local n = (i - 2) / 3
+      check_id(args[i], 'id', n)
+      check_json(args[i + 1], 'data', n)
+      run_ats[n] = args[i + 2] == '' and now or ms(args[i + 2], 'run_at', n)
+    end
+  end)
   local codes = {}
   local earliest = nil
   local parked = nil -- read once, when the first job ready now is met
