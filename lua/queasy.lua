@@ -15,10 +15,13 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:waiting            zset    id -> run_at (ms) of waiting and delayed jobs (not blocked)
   B:job:<id>           hash    the waiting/delayed/blocked record of <id>:
                                id, data, run_at, retry_count, stall_count, timeout_count
-                               (+ u_data, u_run_at, u_reset: the update flags of a blocked job)
+                               (+ u_data, u_reset, u_run_at 'replace'|'clamp', u_lo, u_hi:
+                               the composed updates of a blocked job, see run_at_update)
   B:active:<id>        hash    the active record of <id>: same fields + client, token, leased_at
   B:blocked            set     ids whose record in B:job:<id> waits for the active one
   B:expiry             zset    client id -> expiry (ms) of each client holding leases here
+  B:fresh              zset    client id -> until when (ms) it is fresh: half its expiry window
+                               after its last dequeue or bump; pushes go to fresh clients only
   B:lease:<client>     hash    id -> lease token of each job this client has checked out
   B:swept              zset    client id -> time it was swept (tombstones, kept 24 h)
   B:parked             hash    client id -> free slots it has parked here: an idle client's
@@ -33,11 +36,18 @@ derive the keys below from it (same slot, so cluster routing holds).
                                "id\ntoken\nrun_at\nretry_count\nstall_count\ntimeout_count\ndata"
                                (ids hold no whitespace; data is last and may hold anything)
 
-Conventions: times are integer milliseconds since the epoch. ARGV[1] of every function is
-`now` in ms, or the empty string to use the server's clock (TIME). Entry points turn ARGV
-strings into typed locals; helpers never see the strings '0'/'1'/'false'.
+Conventions: times are integer milliseconds since the epoch, 0 ..= 253402300799999 (year
+9999), written in decimal digits (a fraction, exponent or sign is refused); every number the
+library writes (fields, scores, stream fields, messages) is an integer string. ARGV[1] of every
+function is `now` in ms, or the empty string to use the server's clock (TIME). Entry points
+check every argument before their first write and turn ARGV strings into typed locals; helpers
+never see the strings '0'/'1'/'false'. Id rules (job ids, client ids, nonces, marks, fail job
+ids): 1-256 characters, no whitespace or control character.
 
-Result codes (queasy_py/library.py maps them to an enum):
+Refused calls: an error reply 'INVALID <what is wrong>' (queasy_py raises InvalidInput), and
+nothing written.
+
+Result codes (queasy_py/store/library.py maps them to an enum):
   dispatch: 1 created, 2 updated (waiting job), 3 blocked (new), 4 blocked (updated)
   finish/retry/fail: 0 ok, 1 stale (this client no longer holds that lease)
   dequeue/bump: status 0 ok, 2 swept (this client was swept as dead; start over)
