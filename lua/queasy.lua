@@ -15,10 +15,13 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:waiting            zset    id -> run_at (ms) of waiting and delayed jobs (not blocked)
   B:job:<id>           hash    the waiting/delayed/blocked record of <id>:
                                id, data, run_at, retry_count, stall_count, timeout_count
-                               (+ u_data, u_run_at, u_reset: the update flags of a blocked job)
+                               (+ u_data, u_reset, u_run_at 'replace'|'clamp', u_lo, u_hi:
+                               the composed updates of a blocked job, see run_at_update)
   B:active:<id>        hash    the active record of <id>: same fields + client, token, leased_at
   B:blocked            set     ids whose record in B:job:<id> waits for the active one
   B:expiry             zset    client id -> expiry (ms) of each client holding leases here
+  B:fresh              zset    client id -> until when (ms) it is fresh: half its expiry window
+                               after its last dequeue or bump; pushes go to fresh clients only
   B:lease:<client>     hash    id -> lease token of each job this client has checked out
   B:swept              zset    client id -> time it was swept (tombstones, kept 24 h)
   B:parked             hash    client id -> free slots it has parked here: an idle client's
@@ -33,32 +36,146 @@ derive the keys below from it (same slot, so cluster routing holds).
                                "id\ntoken\nrun_at\nretry_count\nstall_count\ntimeout_count\ndata"
                                (ids hold no whitespace; data is last and may hold anything)
 
-Conventions: times are integer milliseconds since the epoch. ARGV[1] of every function is
-`now` in ms, or the empty string to use the server's clock (TIME). Entry points turn ARGV
-strings into typed locals; helpers never see the strings '0'/'1'/'false'.
+Conventions: times are integer milliseconds since the epoch, 0 ..= 253402300799999 (year
+9999), written in decimal digits (a fraction, exponent or sign is refused); every number the
+library writes (fields, scores, stream fields, messages) is an integer string. ARGV[1] of every
+function is `now` in ms, or the empty string to use the server's clock (TIME). Entry points
+check every argument before their first write and turn ARGV strings into typed locals; helpers
+never see the strings '0'/'1'/'false'. Id rules (job ids, client ids, nonces, marks, fail job
+ids): 1-256 characters, no whitespace or control character.
 
-Result codes (queasy_py/library.py maps them to an enum):
+Refused calls: an error reply 'INVALID <what is wrong>' (queasy_py raises InvalidInput), and
+nothing written.
+
+Result codes (queasy_py/store/library.py maps them to an enum):
   dispatch: 1 created, 2 updated (waiting job), 3 blocked (new), 4 blocked (updated)
   finish/retry/fail: 0 ok, 1 stale (this client no longer holds that lease)
   dequeue/bump: status 0 ok, 2 swept (this client was swept as dead; start over)
 ]]
 
-local VERSION = '1.1.1'
+local VERSION = '1.2.0'
+local OWNER = 'queasy_py' -- queasy_library returns OWNER .. ' ' .. VERSION: our marker
 local TOMBSTONE_MS = 86400000
+local MAX_MS = 253402300799999 -- 9999-12-31T23:59:59.999Z
+local MAX_COUNT = 999999999999 -- events maxlen, batch limit, expiry window, pid
+local MAX_ID_CHARS = 256
 local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count'}
 
--- ---------------------------------------------------------------- helpers
+-- ---------------------------------------------------------------- checks (before any write)
+
+-- Refuse the call: the reply is an error 'INVALID <what>' (queasy_py raises InvalidInput).
+-- Every entry point checks all its arguments before its first write, so nothing is half-done.
+local function invalid(what)
+  error({err = 'INVALID ' .. what})
+end
+
+local function shown(arg)
+  if arg == nil then
+    return 'nothing'
+  end
+  arg = tostring(arg)
+  if #arg > 40 then
+    arg = string.sub(arg, 1, 40) .. '...'
+  end
+  return "'" .. string.gsub(arg, '[%z\1-\31\127]', '?') .. "'"
+end
+
+-- `name` of an argument, of job `n` of a batch if given (built only for an error message).
+local function label(name, n)
+  if n == nil then
+    return name
+  end
+  return 'job ' .. n .. ' ' .. name
+end
+
+-- A whole number written in decimal digits only, at most `max`; `name` names the argument.
+local function whole(arg, name, max, n)
+  if type(arg) ~= 'string' or #arg > 15 or string.find(arg, '^%d+$') == nil
+      or tonumber(arg) > max then
+    invalid(label(name, n) .. ' must be a whole number 0..' .. string.format('%d', max)
+      .. ', got ' .. shown(arg))
+  end
+  return tonumber(arg)
+end
+
+-- A time: integer ms since the epoch, 0 ..= MAX_MS (year 9999). Fractions are refused.
+local function ms(arg, name, n)
+  return whole(arg, name .. ' (integer ms since the epoch)', MAX_MS, n)
+end
 
 local function clock(arg)
   if arg ~= nil and arg ~= '' then
-    return tonumber(arg)
+    return ms(arg, 'now')
   end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function to_bool(arg)
-  return arg == '1' or arg == 'true'
+local function flag(arg, name)
+  if arg == '1' or arg == 'true' then
+    return true
+  elseif arg == '0' or arg == 'false' then
+    return false
+  end
+  invalid(name .. " must be '1' or '0', got " .. shown(arg))
+end
+
+-- The id rules of queasy_py/validate.py, on bytes: 1-256 characters (UTF-8), no ASCII control
+-- or space, no C1 control, no Unicode space (so newline-separated messages cannot be shifted).
+local function check_id(arg, name, n)
+  if type(arg) ~= 'string' or arg == '' or #arg > 4 * MAX_ID_CHARS then
+    invalid(label(name, n) .. ' must be 1-256 characters, got ' .. shown(arg))
+  end
+  if string.find(arg, '[^!-~]') == nil then -- printable ASCII only: the usual id
+    if #arg > MAX_ID_CHARS then
+      invalid(label(name, n) .. ' must be 1-256 characters, got ' .. shown(arg))
+    end
+    return arg
+  end
+  local chars = #arg - select(2, string.gsub(arg, '[\128-\191]', ''))
+  if chars > MAX_ID_CHARS then
+    invalid(label(name, n) .. ' must be 1-256 characters, got ' .. shown(arg))
+  end
+  if string.find(arg, '[%z\1-\32\127]') or string.find(arg, '\194[\128-\160]')
+      or string.find(arg, '\225\154\128') or string.find(arg, '\226\128[\128-\138\168\169\175]')
+      or string.find(arg, '\226\129\159') or string.find(arg, '\227\128\128') then
+    invalid(label(name, n) .. ' contains whitespace or control characters: ' .. shown(arg))
+  end
+  return arg
+end
+
+-- JSON as the workers read it: cjson, made strict about numbers (no NaN, Infinity, hex) for
+-- the checks in `check`, and lenient again (as other libraries may expect) afterwards.
+local function strict_json(check)
+  local lenient = cjson.decode_invalid_numbers()
+  cjson.decode_invalid_numbers(false)
+  local ok, err = pcall(check)
+  cjson.decode_invalid_numbers(lenient)
+  if not ok then
+    error(err, 0)
+  end
+end
+
+local function check_json(arg, name, n)
+  if not pcall(cjson.decode, arg) then
+    local _, err = pcall(cjson.decode, arg)
+    invalid(label(name, n) .. ' is not JSON (' .. tostring(err) .. ')')
+  end
+end
+
+local function groups(args, from, width, name)
+  if (#args - from + 1) % width ~= 0 then
+    invalid(name .. ': ARGV from ' .. from .. ' must come in groups of ' .. width .. ', got '
+      .. (#args - from + 1) .. ' values')
+  end
+end
+
+-- ---------------------------------------------------------------- helpers
+
+-- Every number written to Redis (hash fields, scores, stream fields, messages) is an integer
+-- string: a Lua number would go as '%.14g' ('2.5340230079999e+14', '1e+20').
+local function int(n)
+  return string.format('%d', n)
 end
 
 local function read_job(key)
@@ -73,10 +190,12 @@ local function read_job(key)
 end
 
 local function write_job(key, job)
-  redis.call('HSET', key, 'id', job.id, 'data', job.data, 'run_at', job.run_at,
-    'retry_count', job.retry_count, 'stall_count', job.stall_count,
-    'timeout_count', job.timeout_count)
+  redis.call('HSET', key, 'id', job.id, 'data', job.data, 'run_at', int(job.run_at),
+    'retry_count', int(job.retry_count), 'stall_count', int(job.stall_count),
+    'timeout_count', int(job.timeout_count))
 end
+
+local RUN_AT_MODES = {replace = true, keep = true, if_later = true, if_earlier = true}
 
 -- mode: 'replace' | 'keep' | 'if_later' | 'if_earlier'
 local function merge_run_at(current, new, mode)
@@ -90,6 +209,50 @@ local function merge_run_at(current, new, mode)
   return current
 end
 
+--[[ The run_at updates of a blocked job, applied when the active job is requeued at time R:
+the composition of its dispatches' merges, so they act exactly as they would, one by one,
+on a waiting job at R. Each merge is R -> const (replace), R (keep), max(R, r) (if_later),
+min(R, r) (if_earlier); composed they are either a constant (u_run_at 'replace': the
+blocked record's own run_at, merged one by one) or a clamp of R into [u_lo, u_hi]
+(u_run_at 'clamp', '' for no bound). A record of library 1.1 holds a plain mode instead,
+whose bound is the record's run_at. ]]
+local function run_at_update(u_run_at, u_lo, u_hi, record_run_at)
+  if u_run_at == 'replace' then
+    return 'replace'
+  elseif u_run_at == 'if_later' then
+    return 'clamp', record_run_at, nil
+  elseif u_run_at == 'if_earlier' then
+    return 'clamp', nil, record_run_at
+  elseif u_run_at == 'clamp' then
+    return 'clamp', tonumber(u_lo), tonumber(u_hi) -- tonumber('') is nil: no bound
+  end
+  return 'clamp', nil, nil -- 'keep'
+end
+
+local function then_merge(kind, lo, hi, mode, r)
+  if kind == 'replace' or mode == 'replace' then
+    return 'replace'
+  elseif mode == 'if_later' then
+    return kind, math.max(lo or r, r), hi and math.max(hi, r)
+  elseif mode == 'if_earlier' then
+    return kind, lo and math.min(lo, r), math.min(hi or r, r)
+  end
+  return kind, lo, hi
+end
+
+local function apply_update(kind, lo, hi, record_run_at, requeue_at)
+  if kind == 'replace' then
+    return record_run_at
+  end
+  if lo ~= nil and requeue_at < lo then
+    requeue_at = lo
+  end
+  if hi ~= nil and requeue_at > hi then
+    requeue_at = hi
+  end
+  return requeue_at
+end
+
 local function emit(B, maxlen, fields)
   if maxlen > 0 then
     redis.call('XADD', B .. ':events', 'MAXLEN', '~', maxlen, '*', unpack(fields))
@@ -97,13 +260,14 @@ local function emit(B, maxlen, fields)
 end
 
 -- `job.client` is the client that held it ('' for a job that was not active).
+-- `pid` and `started_at` are strings ('' or checked digits).
 local function outcome_event(B, maxlen, now, outcome, job, pid, started_at, err_name, err_kind)
   emit(B, maxlen, {
-    'id', job.id, 'queue', string.match(B, '}:(.*)$'), 'outcome', outcome, 'run_at', job.run_at,
-    'started_at', started_at, 'ended_at', now,
+    'id', job.id, 'queue', string.match(B, '}:(.*)$'), 'outcome', outcome,
+    'run_at', int(job.run_at), 'started_at', started_at, 'ended_at', int(now),
     'client', job.client or '', 'pid', pid,
-    'retry_count', job.retry_count, 'stall_count', job.stall_count,
-    'timeout_count', job.timeout_count,
+    'retry_count', int(job.retry_count), 'stall_count', int(job.stall_count),
+    'timeout_count', int(job.timeout_count),
     'error_name', err_name, 'error_kind', err_kind,
   })
 end
@@ -113,12 +277,15 @@ end
 local function requeue(B, job, run_at)
   local id = job.id
   local bkey = B .. ':job:' .. id
-  local blocked = redis.call('HMGET', bkey, 'data', 'run_at', 'u_data', 'u_run_at', 'u_reset')
+  local blocked = redis.call('HMGET', bkey, 'data', 'run_at', 'u_data', 'u_run_at', 'u_reset',
+    'u_lo', 'u_hi')
   if blocked[1] ~= false then
     if blocked[3] == '1' then
       job.data = blocked[1]
     end
-    run_at = merge_run_at(run_at, tonumber(blocked[2]), blocked[4])
+    local record_run_at = tonumber(blocked[2])
+    local kind, lo, hi = run_at_update(blocked[4], blocked[6], blocked[7], record_run_at)
+    run_at = apply_update(kind, lo, hi, record_run_at, run_at)
     if blocked[5] == '1' then
       job.retry_count, job.stall_count, job.timeout_count = 0, 0, 0
     end
@@ -128,7 +295,7 @@ local function requeue(B, job, run_at)
   job.run_at = run_at
   redis.call('DEL', B .. ':active:' .. id)
   write_job(bkey, job)
-  redis.call('ZADD', B .. ':waiting', run_at, id)
+  redis.call('ZADD', B .. ':waiting', int(run_at), id)
 end
 
 -- The active job `id` has ended: drop it and promote a blocked job with its id, if any.
@@ -137,8 +304,8 @@ local function retire(B, id, any_blocked)
   redis.call('DEL', B .. ':active:' .. id)
   if any_blocked and redis.call('SREM', B .. ':blocked', id) == 1 then
     local bkey = B .. ':job:' .. id
-    redis.call('HDEL', bkey, 'u_data', 'u_run_at', 'u_reset')
-    local run_at = redis.call('HGET', bkey, 'run_at')
+    redis.call('HDEL', bkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
+    local run_at = int(tonumber(redis.call('HGET', bkey, 'run_at')))
     redis.call('ZADD', B .. ':waiting', run_at, id)
     redis.call('PUBLISH', B .. ':wake', run_at)
   end
@@ -180,10 +347,27 @@ local function each_leased(B, client, args, width, act, usable)
   return codes
 end
 
+-- Check the ack ARGV shared by finish, retry and fail: client, maxlen, whole groups of
+-- `width`, and a worker pid and started_at ('' or digits) at offsets `pid_at`, `pid_at + 1`.
+local function check_acks(args, width, pid_at, name)
+  check_id(args[2], 'client id')
+  local maxlen = whole(args[3], 'events maxlen', MAX_COUNT)
+  groups(args, 4, width, name)
+  for i = 4, #args, width do
+    if args[i + pid_at] ~= '' then
+      whole(args[i + pid_at], 'worker pid', MAX_COUNT)
+    end
+    if args[i + pid_at + 1] ~= '' then
+      ms(args[i + pid_at + 1], 'started_at')
+    end
+  end
+  return args[2], maxlen
+end
+
 -- Sweep one dead client (expiry passed), other than `self`: its active jobs go back to
 -- waiting with stall_count + 1. Bounded: at most one client per call.
 local function sweep_one(B, now, self, maxlen)
-  local dead = redis.call('ZRANGE', B .. ':expiry', '-inf', now, 'BYSCORE', 'LIMIT', 0, 2)
+  local dead = redis.call('ZRANGE', B .. ':expiry', '-inf', int(now), 'BYSCORE', 'LIMIT', 0, 2)
   for _, client in ipairs(dead) do
     if client ~= self then
       local lkey = B .. ':lease:' .. client
@@ -200,42 +384,44 @@ local function sweep_one(B, now, self, maxlen)
       redis.call('DEL', lkey)
       redis.call('HDEL', B .. ':parked', client)
       redis.call('ZREM', B .. ':expiry', client)
-      redis.call('ZADD', B .. ':swept', now, client)
-      redis.call('ZREMRANGEBYSCORE', B .. ':swept', '-inf', now - TOMBSTONE_MS)
+      redis.call('ZREM', B .. ':fresh', client)
+      redis.call('ZADD', B .. ':swept', int(now), client)
+      redis.call('ZREMRANGEBYSCORE', B .. ':swept', '-inf', int(now - TOMBSTONE_MS))
       return 1
     end
   end
   return 0
 end
 
--- Register `client` as alive until now + expiry_ms. Returns false when it was swept.
+-- Register `client` as alive until now + expiry_ms, and fresh (pushes go to it) for half of
+-- that. Returns false when it was swept.
 local function keep_alive(B, now, client, expiry_ms)
   if redis.call('ZSCORE', B .. ':swept', client) ~= false then
     return false
   end
-  redis.call('ZADD', B .. ':expiry', now + expiry_ms, client)
+  redis.call('ZADD', B .. ':expiry', int(now + expiry_ms), client)
+  redis.call('ZADD', B .. ':fresh', int(now + math.floor(expiry_ms / 2)), client)
   return true
 end
 
--- Check out the job `id` (its record in B:job:<id>, already removed from B:waiting) to
--- `client` under `token`. Returns its fields (JOB_FIELDS order).
+-- Check out the job `id` (its record in B:job:<id>, with no active record; the caller
+-- removes it from B:waiting) to `client` under `token`.
 local function lease(B, now, id, client, token)
   local akey = B .. ':active:' .. id
-  local v = redis.call('HMGET', B .. ':job:' .. id, unpack(JOB_FIELDS))
   redis.call('RENAME', B .. ':job:' .. id, akey)
-  redis.call('HSET', akey, 'client', client, 'token', token, 'leased_at', now)
-  return v
+  redis.call('HSET', akey, 'client', client, 'token', token, 'leased_at', int(now))
 end
 
--- The live clients parked on B, as a list of {client, slots}; dead ones are dropped from
--- B:parked (a client is live while its expiry is in the future).
+-- The fresh clients parked on B, as a list of {client, slots}: a client is fresh while at
+-- least half its expiry window is left (it bumped or dequeued lately); others are dropped
+-- from B:parked (a frozen client keeps its subscription, but not its heartbeat).
 local function live_parked(B, now)
   local pkey = B .. ':parked'
   local flat = redis.call('HGETALL', pkey)
   local out = {}
   for i = 1, #flat, 2 do
-    local expiry = redis.call('ZSCORE', B .. ':expiry', flat[i])
-    if expiry ~= false and tonumber(expiry) > now then
+    local fresh = redis.call('ZSCORE', B .. ':fresh', flat[i])
+    if fresh ~= false and tonumber(fresh) >= now then
       out[#out + 1] = {flat[i], tonumber(flat[i + 1])}
     else
       redis.call('HDEL', pkey, flat[i])
@@ -244,9 +430,10 @@ local function live_parked(B, now)
   return out
 end
 
--- Push the waiting job `id` to the parked client with the most slots, if any listens on
--- its push channel (PUBLISH counts the receivers; a client that does not listen is
--- unparked). Returns true when pushed (leased to that client), false to leave it waiting.
+-- Push the waiting job `id` to the parked client with the most slots, if one is subscribed
+-- to its exact push channel (PUBSUB NUMSUB: PUBLISH would also count pattern subscribers; a
+-- client that does not listen is unparked). Returns true when pushed (leased to that
+-- client), false to leave it waiting.
 local function push(B, now, id, parked)
   while true do
     local best = nil
@@ -259,16 +446,18 @@ local function push(B, now, id, parked)
       return false
     end
     local client = best[1]
-    local token = 'p' .. redis.call('INCR', B .. ':seq')
-    local v = redis.call('HMGET', B .. ':job:' .. id, unpack(JOB_FIELDS))
-    local message = table.concat({v[1], token, v[3], v[4], v[5], v[6], v[2]}, '\n')
-    if redis.call('PUBLISH', B .. ':push:' .. client, message) > 0 then
-      redis.call('ZREM', B .. ':waiting', id)
+    local channel = B .. ':push:' .. client
+    if redis.call('PUBSUB', 'NUMSUB', channel)[2] > 0 then
+      local token = 'p' .. redis.call('INCR', B .. ':seq')
+      local v = redis.call('HMGET', B .. ':job:' .. id, unpack(JOB_FIELDS))
+      redis.call('PUBLISH', channel, table.concat({v[1], token, v[3], v[4], v[5], v[6], v[2]},
+        '\n'))
       lease(B, now, id, client, token)
+      redis.call('ZREM', B .. ':waiting', id)
       redis.call('HSET', B .. ':lease:' .. client, id, token)
       best[2] = best[2] - 1
       if best[2] > 0 then
-        redis.call('HSET', B .. ':parked', client, best[2])
+        redis.call('HSET', B .. ':parked', client, int(best[2]))
       else
         redis.call('HDEL', B .. ':parked', client)
       end
@@ -284,18 +473,13 @@ local function next_run_at(B)
   if first[2] == nil then
     return ''
   end
-  return first[2]
+  return int(tonumber(first[2]))
 end
 
--- ---------------------------------------------------------------- entry points
+-- ================================================================ entry points, grouped by the
+-- state they change (helpers above; registration at the end)
 
---[[ queasy_version
-KEYS: none.  ARGV: none.
-Returns: the library version string, "major.minor.patch".
-]]
-local function version()
-  return VERSION
-end
+-- ---------------------------------------------------------------- producers: dispatch, cancel
 
 --[[ queasy_dispatch: add or update jobs (one or many).
 KEYS[1]  B
@@ -305,25 +489,38 @@ ARGV[3]  update_run_at 'replace'|'keep'|'if_later'|'if_earlier'
 ARGV[4]  reset_counts '1'|'0': zero retry/stall/timeout counts of an existing job
 ARGV[5..] triples: id, data (JSON), run_at (ms, or '' for now)
 Returns: one code per job: 1 created, 2 updated, 3 blocked (new), 4 blocked (updated).
-Emits:   a job ready now (code 1 or 2) is pushed to a live parked client while one has slots
-         (leased to it and PUBLISHed on B:push:<client>); otherwise PUBLISH B:wake <earliest
-         run_at> when any job was created or updated and left waiting.
+Refuses: (INVALID, nothing written) a flag or mode not listed, a partial triple, an id that
+         breaks the id rules, data that is not JSON, a run_at not integer ms in 0..MAX_MS.
+Emits:   a job ready now (code 1 or 2) is pushed to a fresh parked client subscribed to its
+         push channel while one has slots (leased to it and PUBLISHed on B:push:<client>);
+         otherwise PUBLISH B:wake <earliest run_at> when any job was created or updated and
+         left waiting.
 ]]
 local function dispatch(keys, args)
   local B = keys[1]
   local now = clock(args[1])
-  local update_data = to_bool(args[2])
+  local update_data = flag(args[2], 'update_data')
   local mode = args[3]
-  local reset = to_bool(args[4])
+  if not RUN_AT_MODES[mode] then
+    invalid("update_run_at must be 'replace', 'keep', 'if_later' or 'if_earlier', got "
+      .. shown(mode))
+  end
+  local reset = flag(args[4], 'reset_counts')
+  groups(args, 5, 3, 'queasy_dispatch')
+  local run_ats = {}
+  strict_json(function()
+    for i = 5, #args, 3 do
+      local n = (i - 2) / 3
+      check_id(args[i], 'id', n)
+      check_json(args[i + 1], 'data', n)
+      run_ats[n] = args[i + 2] == '' and now or ms(args[i + 2], 'run_at', n)
+    end
+  end)
   local codes = {}
   local earliest = nil
   local parked = nil -- read once, when the first job ready now is met
   for i = 5, #args, 3 do
-    local id, data = args[i], args[i + 1]
-    local run_at = now
-    if args[i + 2] ~= '' then
-      run_at = tonumber(args[i + 2])
-    end
+    local id, data, run_at = args[i], args[i + 1], run_ats[(i - 2) / 3]
     local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
     local existing, is_active = nil, false
     if redis.call('EXISTS', jkey, akey) > 0 then -- one call for the usual new id
@@ -331,18 +528,21 @@ local function dispatch(keys, args)
       is_active = redis.call('EXISTS', akey) == 1
     end
     if existing == nil then
-      redis.call('HSET', jkey, 'id', id, 'data', data, 'run_at', run_at,
+      redis.call('HSET', jkey, 'id', id, 'data', data, 'run_at', int(run_at),
         'retry_count', 0, 'stall_count', 0, 'timeout_count', 0)
       if is_active then
-        redis.call('HSET', jkey, 'u_data', update_data and '1' or '0',
-          'u_run_at', mode, 'u_reset', reset and '1' or '0')
+        local kind, lo, hi = then_merge('clamp', nil, nil, mode, run_at)
+        redis.call('HSET', jkey, 'u_data', update_data and '1' or '0', 'u_run_at', kind,
+          'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
+          'u_reset', reset and '1' or '0')
         redis.call('SADD', B .. ':blocked', id)
         codes[#codes + 1] = 3
       else
-        redis.call('ZADD', B .. ':waiting', run_at, id)
+        redis.call('ZADD', B .. ':waiting', int(run_at), id)
         codes[#codes + 1] = 1
       end
     else
+      local old_run_at = existing.run_at
       if update_data then
         existing.data = data
       end
@@ -352,15 +552,18 @@ local function dispatch(keys, args)
       end
       write_job(jkey, existing)
       if is_active then
-        -- merge the flags so the union of the updates applies when the active job retries
-        local flags = redis.call('HMGET', jkey, 'u_data', 'u_run_at', 'u_reset')
+        -- compose the run_at updates, and take the union of the other flags, so the
+        -- updates apply to the active job, if it is requeued, as to a waiting job
+        local f = redis.call('HMGET', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
+        local kind, lo, hi = run_at_update(f[2], f[4], f[5], old_run_at)
+        kind, lo, hi = then_merge(kind, lo, hi, mode, run_at)
         redis.call('HSET', jkey,
-          'u_data', (update_data or flags[1] == '1') and '1' or '0',
-          'u_run_at', (flags[2] == 'replace' or mode == 'keep') and flags[2] or mode,
-          'u_reset', (reset or flags[3] == '1') and '1' or '0')
+          'u_data', (update_data or f[1] == '1') and '1' or '0', 'u_run_at', kind,
+          'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
+          'u_reset', (reset or f[3] == '1') and '1' or '0')
         codes[#codes + 1] = 4
       else
-        redis.call('ZADD', B .. ':waiting', existing.run_at, id)
+        redis.call('ZADD', B .. ':waiting', int(existing.run_at), id)
         codes[#codes + 1] = 2
       end
       run_at = existing.run_at
@@ -378,7 +581,7 @@ local function dispatch(keys, args)
     end
   end
   if earliest ~= nil then
-    redis.call('PUBLISH', B .. ':wake', earliest)
+    redis.call('PUBLISH', B .. ':wake', int(earliest))
   end
   return codes
 end
@@ -394,7 +597,7 @@ Emits:   event outcome=cancelled.
 local function cancel(keys, args)
   local B = keys[1]
   local now = clock(args[1])
-  local maxlen = tonumber(args[2])
+  local maxlen = whole(args[2], 'events maxlen', MAX_COUNT)
   local id = args[3]
   local jkey = B .. ':job:' .. id
   local job = read_job(jkey)
@@ -408,13 +611,15 @@ local function cancel(keys, args)
   return 1
 end
 
+-- ---------------------------------------------------------------- lease cycle: dequeue ... fail
+
 --[[ queasy_dequeue: check out up to `limit` ready jobs (run_at <= now) for a client.
 KEYS[1]  B
 ARGV[1]  now (ms or '')
-ARGV[2]  client id
-ARGV[3]  nonce: lease tokens are <nonce>.<n>
+ARGV[2]  client id (the id rules)
+ARGV[3]  nonce: lease tokens are <nonce>.<n> (the id rules)
 ARGV[4]  limit (>= 0; 0 only bumps and sweeps)
-ARGV[5]  expiry ms: the client is alive until now + expiry
+ARGV[5]  expiry ms (>= 1): the client is alive until now + expiry, fresh for half of it
 ARGV[6]  events maxlen (for events of a sweep)
 ARGV[7]  park '1'|'0' (optional): with '1', when fewer than `limit` jobs are ready the
          client parks the slots left (B:parked), so dispatch pushes jobs straight to it;
@@ -422,26 +627,40 @@ ARGV[7]  park '1'|'0' (optional): with '1', when fewer than `limit` jobs are rea
 Returns: {status, next_run_at, id, token, data, run_at, retry_count, stall_count,
           timeout_count, id, ...}: status 0 ok or 2 swept (then no jobs); next_run_at is
           the earliest run_at still waiting ('' if none), so the caller can sleep until then.
-Sweeps at most one dead client first.
+Sweeps at most one dead client first. An id in B:waiting without a record (or with an
+active one) is dropped from B:waiting and skipped; an id leaves B:waiting only as its
+record is leased.
 ]]
 local function dequeue(keys, args)
   local B = keys[1]
   local now = clock(args[1])
-  local client, nonce = args[2], args[3]
-  local limit, expiry_ms, maxlen = tonumber(args[4]), tonumber(args[5]), tonumber(args[6])
+  local client = check_id(args[2], 'client id')
+  local nonce = check_id(args[3], 'nonce')
+  local limit = whole(args[4], 'limit', MAX_COUNT)
+  local expiry_ms = whole(args[5], 'expiry ms', MAX_COUNT)
+  local maxlen = whole(args[6], 'events maxlen', MAX_COUNT)
+  local park = args[7] ~= nil and args[7] ~= '' and flag(args[7], 'park')
+  if expiry_ms < 1 then
+    invalid('expiry ms must be >= 1, got 0')
+  end
   sweep_one(B, now, client, maxlen)
   if not keep_alive(B, now, client, expiry_ms) then
     return {2, ''}
   end
   local out = {0, ''}
   if limit > 0 then
-    local ids = redis.call('ZRANGE', B .. ':waiting', '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
-    if #ids > 0 then
-      local leases = {}
-      redis.call('ZREM', B .. ':waiting', unpack(ids))
-      for n, id in ipairs(ids) do
-        local token = nonce .. '.' .. n
-        local v = lease(B, now, id, client, token)
+    local ids = redis.call('ZRANGE', B .. ':waiting', '-inf', int(now), 'BYSCORE', 'LIMIT', 0,
+      limit)
+    local leases = {}
+    for _, id in ipairs(ids) do
+      local v = redis.call('HMGET', B .. ':job:' .. id, unpack(JOB_FIELDS))
+      if v[1] == false then
+        -- a stray id without a record: only dropped from B:waiting (below)
+      elseif redis.call('EXISTS', B .. ':active:' .. id) == 1 then
+        redis.call('SADD', B .. ':blocked', id) -- its record waits for the active one
+      else
+        local token = nonce .. '.' .. (#leases / 2 + 1)
+        lease(B, now, id, client, token)
         leases[#leases + 1] = id
         leases[#leases + 1] = token
         out[#out + 1] = id
@@ -450,10 +669,15 @@ local function dequeue(keys, args)
           out[#out + 1] = v[f]
         end
       end
+    end
+    if #ids > 0 then -- every record selected has moved: they leave B:waiting together
+      redis.call('ZREM', B .. ':waiting', unpack(ids))
+    end
+    if #leases > 0 then
       redis.call('HSET', B .. ':lease:' .. client, unpack(leases))
     end
-    if to_bool(args[7]) and #ids < limit then
-      redis.call('HSET', B .. ':parked', client, limit - #ids)
+    if park and #leases / 2 < limit then
+      redis.call('HSET', B .. ':parked', client, int(limit - #leases / 2))
     else
       redis.call('HDEL', B .. ':parked', client)
     end
@@ -462,72 +686,19 @@ local function dequeue(keys, args)
   return out
 end
 
---[[ queasy_bump: heartbeat of a client.
-KEYS[1]  B
-ARGV[1]  now (ms or '')
-ARGV[2]  client id
-ARGV[3]  expiry ms
-ARGV[4]  events maxlen (for events of a sweep)
-Returns: 0 ok, 2 when this client was already swept (it must drop its jobs and start over).
-Sweeps at most one dead client.
-]]
-local function bump(keys, args)
-  local B = keys[1]
-  local now = clock(args[1])
-  local client = args[2]
-  sweep_one(B, now, client, tonumber(args[4]))
-  if not keep_alive(B, now, client, tonumber(args[3])) then
-    return 2
-  end
-  return 0
-end
-
---[[ queasy_leave: a client stops listening (after it released its jobs).
-KEYS[1]  B
-ARGV[1]  now (ms or '')
-ARGV[2]  client id
-Returns: the number of leases it still held (they are kept, and swept at expiry).
-Its parked slots are cleared.
-]]
-local function leave(keys, args)
-  local B = keys[1]
-  local client = args[2]
-  redis.call('HDEL', B .. ':parked', client)
-  local held = redis.call('HLEN', B .. ':lease:' .. client)
-  if held == 0 then
-    redis.call('ZREM', B .. ':expiry', client)
-  end
-  return held
-end
-
---[[ queasy_unpark: a client stops taking pushed jobs (it shuts down, or reconciles).
-KEYS[1]  B
-ARGV[1]  now (ms or '')
-ARGV[2]  client id
-ARGV[3]  mark: a string without a newline, PUBLISHed on B:push:<client> after clearing, so
-         the client knows every job pushed to it before has arrived once the mark has
-Returns: {1 if it had parked slots else 0, receivers of the mark}. No job is pushed to it
-         after this (until it parks again).
-]]
-local function unpark(keys, args)
-  local B, client = keys[1], args[2]
-  local had = redis.call('HDEL', B .. ':parked', client)
-  return {had, redis.call('PUBLISH', B .. ':push:' .. client, args[3])}
-end
-
 --[[ queasy_finish: jobs completed successfully.
 KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  client id
 ARGV[3]  events maxlen
-ARGV[4..] quadruples: id, token, worker pid, started_at (ms)
+ARGV[4..] quadruples: id, token, worker pid ('' or digits), started_at ('' or ms)
 Returns: one code per job: 0 ok, 1 stale (lease lost; nothing changed).
 Emits:   event outcome=finished. A blocked job with the same id becomes waiting.
 ]]
 local function finish(keys, args)
   local B = keys[1]
   local now = clock(args[1])
-  local client, maxlen = args[2], tonumber(args[3])
+  local client, maxlen = check_acks(args, 4, 2, 'queasy_finish')
   local any_blocked = redis.call('EXISTS', B .. ':blocked') == 1
   return each_leased(B, client, args, 4, function(job, i)
     outcome_event(B, maxlen, now, 'finished', job, args[i + 2], args[i + 3], '', '')
@@ -545,7 +716,8 @@ ARGV[4..] groups of 7: id, token, run_at (ms), kind, worker pid, started_at, err
                 'stall' (stall_count + 1), 'release' (no count: shutdown hand-back),
                 'return' (no count, no event: a pushed job the client had no room for;
                 its parked slots are cleared and B:wake is PUBLISHed)
-Returns: one code per job: 0 ok, 1 stale.
+Returns: one code per job: 0 ok, 1 stale (also for an unknown kind: the lease is kept).
+Refuses: a run_at not integer ms in 0..MAX_MS (INVALID, nothing written).
 Emits:   event outcome=retried|timed_out|stalled|released (none for 'return'). A blocked
          job's update is applied to the retried job (data, run_at, counts per its flags).
 ]]
@@ -559,7 +731,10 @@ local RETRY_KINDS = {
 local function retry(keys, args)
   local B = keys[1]
   local now = clock(args[1])
-  local client, maxlen = args[2], tonumber(args[3])
+  local client, maxlen = check_acks(args, 7, 4, 'queasy_retry')
+  for i = 4, #args, 7 do
+    ms(args[i + 2], 'retry run_at')
+  end
   return each_leased(B, client, args, 7, function(job, i)
     local kind = RETRY_KINDS[args[i + 3]]
     if kind[1] ~= nil then
@@ -572,7 +747,7 @@ local function retry(keys, args)
     requeue(B, job, tonumber(args[i + 2]))
     if kind[2] == nil then
       redis.call('HDEL', B .. ':parked', client)
-      redis.call('PUBLISH', B .. ':wake', job.run_at)
+      redis.call('PUBLISH', B .. ':wake', int(job.run_at))
     end
   end, function(i)
     return RETRY_KINDS[args[i + 3]] ~= nil -- an unknown kind must not consume the lease
@@ -585,15 +760,22 @@ KEYS[2]  F: base key of the fail queue (same hash tag), or absent when there is 
 ARGV[1]  now (ms or '')
 ARGV[2]  client id
 ARGV[3]  events maxlen (of B)
-ARGV[4..] groups of 8: id, token, fail job id, fail job data (JSON; '' without F),
-          worker pid, started_at, error name, error kind
+ARGV[4..] groups of 8: id, token, fail job id (the id rules; '' without F), fail job data
+          (JSON built by the supervisor from the job's record; '' without F), worker pid,
+          started_at, error name, error kind
 Returns: one code per job: 0 ok, 1 stale (nothing changed, no fail job).
+Refuses: with F, a fail job id that breaks the id rules (INVALID, nothing written).
 Emits:   event outcome=failed on B; PUBLISH F:wake.
 ]]
 local function fail(keys, args)
   local B, F = keys[1], keys[2]
   local now = clock(args[1])
-  local client, maxlen = args[2], tonumber(args[3])
+  local client, maxlen = check_acks(args, 8, 4, 'queasy_fail')
+  if F ~= nil then
+    for i = 4, #args, 8 do
+      check_id(args[i + 2], 'fail job id')
+    end
+  end
   local any_blocked = redis.call('EXISTS', B .. ':blocked') == 1
   local dispatched = false
   local codes = each_leased(B, client, args, 8, function(job, i)
@@ -604,15 +786,81 @@ local function fail(keys, args)
       local fid = args[i + 2]
       write_job(F .. ':job:' .. fid, {id = fid, data = args[i + 3], run_at = now,
         retry_count = 0, stall_count = 0, timeout_count = 0})
-      redis.call('ZADD', F .. ':waiting', now, fid)
+      redis.call('ZADD', F .. ':waiting', int(now), fid)
       dispatched = true
     end
   end)
   if dispatched then
-    redis.call('PUBLISH', F .. ':wake', now)
+    redis.call('PUBLISH', F .. ':wake', int(now))
   end
   return codes
 end
+
+-- ---------------------------------------------------------------- clients: bump, leave, unpark
+-- (a sweep of one dead client runs inside dequeue and bump: sweep_one above)
+
+--[[ queasy_bump: heartbeat of a client.
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2]  client id (the id rules)
+ARGV[3]  expiry ms (>= 1)
+ARGV[4]  events maxlen (for events of a sweep)
+Returns: 0 ok, 2 when this client was already swept (it must drop its jobs and start over).
+Sweeps at most one dead client.
+]]
+local function bump(keys, args)
+  local B = keys[1]
+  local now = clock(args[1])
+  local client = check_id(args[2], 'client id')
+  local expiry_ms = whole(args[3], 'expiry ms', MAX_COUNT)
+  local maxlen = whole(args[4], 'events maxlen', MAX_COUNT)
+  if expiry_ms < 1 then
+    invalid('expiry ms must be >= 1, got 0')
+  end
+  sweep_one(B, now, client, maxlen)
+  if not keep_alive(B, now, client, expiry_ms) then
+    return 2
+  end
+  return 0
+end
+
+--[[ queasy_leave: a client stops listening (after it released its jobs).
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2]  client id
+Returns: the number of leases it still held (they are kept, and swept at expiry).
+Its parked slots are cleared.
+]]
+local function leave(keys, args)
+  local B = keys[1]
+  local client = check_id(args[2], 'client id')
+  redis.call('HDEL', B .. ':parked', client)
+  local held = redis.call('HLEN', B .. ':lease:' .. client)
+  if held == 0 then
+    redis.call('ZREM', B .. ':expiry', client)
+    redis.call('ZREM', B .. ':fresh', client)
+  end
+  return held
+end
+
+--[[ queasy_unpark: a client stops taking pushed jobs (it shuts down, or reconciles).
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2]  client id (the id rules)
+ARGV[3]  mark (the id rules: no newline), PUBLISHed on B:push:<client> after clearing, so
+         the client knows every job pushed to it before has arrived once the mark has
+Returns: {1 if it had parked slots else 0, receivers of the mark}. No job is pushed to it
+         after this (until it parks again).
+]]
+local function unpark(keys, args)
+  local B = keys[1]
+  local client = check_id(args[2], 'client id')
+  local mark = check_id(args[3], 'mark')
+  local had = redis.call('HDEL', B .. ':parked', client)
+  return {had, redis.call('PUBLISH', B .. ':push:' .. client, mark)}
+end
+
+-- ---------------------------------------------------------------- reads: no writes
 
 --[[ queasy_get_job: one job's record and state (read-only).
 KEYS[1]  B
@@ -641,7 +889,7 @@ local function get_job(keys, args)
       state = 'waiting'
     end
   end
-  return {state, job.id, job.data, tostring(job.run_at), job.retry_count, job.stall_count,
+  return {state, job.id, job.data, int(job.run_at), job.retry_count, job.stall_count,
     job.timeout_count}
 end
 
@@ -652,7 +900,7 @@ Returns: {waiting, delayed, blocked, active}
 ]]
 local function counts(keys, args)
   local B = keys[1]
-  local now = clock(args[1])
+  local now = int(clock(args[1]))
   -- every lease holder is in B:expiry (a swept client's leases are gone with it)
   local active = 0
   for _, client in ipairs(redis.call('ZRANGE', B .. ':expiry', 0, -1)) do
@@ -676,20 +924,41 @@ local function leases(keys, args)
   return redis.call('HGETALL', keys[1] .. ':lease:' .. args[2])
 end
 
-redis.register_function{function_name = 'queasy_version', callback = version,
-  flags = {'no-writes'}}
+--[[ queasy_version
+KEYS: none.  ARGV: none.
+Returns: the library version string, "major.minor.patch" (the shape every queasy_py expects).
+]]
+local function version()
+  return VERSION
+end
+
+--[[ queasy_library: the marker of queasy_py's library (since 1.2.0; another library named
+`queasy`, such as the Node.js original's, has none).
+KEYS: none.  ARGV: none.
+Returns: "queasy_py <major.minor.patch>".
+]]
+local function library()
+  return OWNER .. ' ' .. VERSION
+end
+
+-- ---------------------------------------------------------------- registration
+
 redis.register_function('queasy_dispatch', dispatch)
 redis.register_function('queasy_cancel', cancel)
 redis.register_function('queasy_dequeue', dequeue)
-redis.register_function('queasy_bump', bump)
-redis.register_function('queasy_leave', leave)
-redis.register_function('queasy_unpark', unpark)
 redis.register_function('queasy_finish', finish)
 redis.register_function('queasy_retry', retry)
 redis.register_function('queasy_fail', fail)
+redis.register_function('queasy_bump', bump)
+redis.register_function('queasy_leave', leave)
+redis.register_function('queasy_unpark', unpark)
 redis.register_function{function_name = 'queasy_get_job', callback = get_job,
   flags = {'no-writes'}}
 redis.register_function{function_name = 'queasy_counts', callback = counts,
   flags = {'no-writes'}}
 redis.register_function{function_name = 'queasy_leases', callback = leases,
+  flags = {'no-writes'}}
+redis.register_function{function_name = 'queasy_version', callback = version,
+  flags = {'no-writes'}}
+redis.register_function{function_name = 'queasy_library', callback = library,
   flags = {'no-writes'}}

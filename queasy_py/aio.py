@@ -22,14 +22,7 @@ from .errors import ConnectionFailed, InvalidInput
 from .job import JobInfo
 from .queue import QueueBase
 from .store.connection import mask_url
-from .store.library import (
-    bundled_version,
-    decode_version,
-    missing_library,
-    needs_load,
-    no_functions,
-)
-from .store.library import source as library_source
+from .store.library import handshake, lua_error, run_handshake_async
 
 
 class AsyncClient:
@@ -63,18 +56,7 @@ class AsyncClient:
         if self.library_version is not None:
             return self
         try:
-            try:
-                installed = decode_version(await self.redis.fcall_ro("queasy_version", 0))
-            except redis.ResponseError as exc:
-                if not missing_library(exc):
-                    raise
-                installed = None
-            if needs_load(installed):
-                try:
-                    await self.redis.function_load(library_source(), replace=True)
-                except redis.ResponseError as exc:
-                    raise (no_functions(exc) or exc) from exc
-                installed = bundled_version()
+            installed = await run_handshake_async(self.redis, handshake())
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             raise ConnectionFailed(
                 f"cannot connect to Redis at {mask_url(self.url)}: {exc}"
@@ -106,7 +88,10 @@ class AsyncQueue(QueueBase):
 
     async def _fcall(self, name: str, args: list) -> Any:
         await self.client.ready()
-        return await self.client.redis.fcall(name, 1, self.keys.base, *args)
+        try:
+            return await self.client.redis.fcall(name, 1, self.keys.base, *args)
+        except redis.ResponseError as exc:
+            raise lua_error(exc) from None
 
     async def dispatch(
         self,
@@ -137,7 +122,10 @@ class AsyncQueue(QueueBase):
             async with self.client.redis.pipeline(transaction=False) as pipe:
                 for args in chunks:
                     pipe.fcall("queasy_dispatch", 1, self.keys.base, *args)
-                await pipe.execute()
+                try:
+                    await pipe.execute()
+                except redis.ResponseError as exc:
+                    raise lua_error(exc) from None
         return ids
 
     async def cancel(self, job_id: str) -> bool:

@@ -8,12 +8,13 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import redis
 
 from . import defaults, validate
 from .errors import InvalidInput
 from .job import JobInfo
 from .store.keys import QueueKeys
-from .store.library import fcall
+from .store.library import fcall, lua_error
 
 if TYPE_CHECKING:
     from .client import Client
@@ -144,7 +145,10 @@ class Queue(QueueBase):
         args = self._dispatch_args(
             data, id, run_at, delay, update_data, update_run_at, reset_counts
         )
-        self.client.fastcall("queasy_dispatch", [self.keys.base], args)
+        try:
+            self.client.fastcall("queasy_dispatch", [self.keys.base], args)
+        except redis.ResponseError as exc:
+            raise lua_error(exc) from None
         return args[4]
 
     def dispatch_many(
@@ -160,7 +164,10 @@ class Queue(QueueBase):
             with self.client.redis.pipeline(transaction=False) as pipe:
                 for args in chunks:
                     fcall(pipe, "queasy_dispatch", [self.keys.base], args)
-                pipe.execute()
+                try:
+                    pipe.execute()
+                except redis.ResponseError as exc:
+                    raise lua_error(exc) from None
         return ids
 
     # ------------------------------------------------------------------ inspect
@@ -168,7 +175,10 @@ class Queue(QueueBase):
     def cancel(self, job_id: str) -> bool:
         """Remove a waiting, delayed or blocked job. An active job is never touched."""
         args = self._cancel_args(job_id)
-        return bool(fcall(self.client.redis, "queasy_cancel", [self.keys.base], args))
+        try:
+            return bool(fcall(self.client.redis, "queasy_cancel", [self.keys.base], args))
+        except redis.ResponseError as exc:
+            raise lua_error(exc) from None
 
     def get_job(self, job_id: str) -> JobInfo | None:
         """The active job with this id, else the waiting (or delayed/blocked) one, else None."""

@@ -196,6 +196,30 @@ def test_a_keep_update_does_not_undo_an_earlier_run_at_update(lua: Lua) -> None:
     assert lua.get_job("a")["run_at"] == LATEST
 
 
+UPDATES = [(mode, at) for mode in RUN_AT_MODES for at in (SOON, LATEST)]
+
+
+@pytest.mark.parametrize("second", UPDATES, ids=[f"{m}@{a - NOW}" for m, a in UPDATES])
+@pytest.mark.parametrize("first", UPDATES, ids=[f"{m}@{a - NOW}" for m, a in UPDATES])
+def test_two_blocked_updates_merge_as_on_a_waiting_job(
+    lua: Lua, first: tuple[str, int], second: tuple[str, int]
+) -> None:
+    """Every ordered pair of updates (so both orders of each pair), to a job requeued at LATER:
+    blocked while it is active, then retried at LATER; or applied to it waiting at LATER."""
+    retried_once(lua, "w", run_at=LATER)
+    active = active_retried_once(lua, "b")
+    for n, (mode, at) in enumerate((first, second)):
+        flags = {"run_at_mode": mode, "update_data": n == 0, "reset": n == 1}
+        lua.add("w", f'"{n}"', at, **flags)
+        lua.add("b", f'"{n}"', at, **flags)
+    assert lua.retry("c1", active, run_at=LATER) == Ack.OK
+    waiting, blocked = lua.get_job("w", now=LATEST), lua.get_job("b", now=LATEST)
+    assert {**blocked, "id": "w"} == waiting
+    assert waiting["run_at"] == RUN_AT_MODES[second[0]](
+        RUN_AT_MODES[first[0]](LATER, first[1]), second[1]
+    )
+
+
 @pytest.mark.parametrize("end", ["finish", "fail"])
 def test_blocked_job_becomes_waiting_when_the_active_one_ends(lua: Lua, end: str) -> None:
     active = lua.take("a")
@@ -742,3 +766,79 @@ def test_every_key_a_function_touches_shares_the_queue_hash_tag(
     assert any(key.startswith(lua.B + ":") for key in keys)
     assert any(key.startswith(lua.F + ":") for key in keys)
     assert {key: hash_tag(key) for key in keys} == {key: "q" for key in keys}
+
+
+FOREIGN_QUEASY = """#!lua name=queasy
+redis.register_function{function_name = 'queasy_version', callback = function() return 1 end,
+  flags = {'no-writes'}}
+redis.register_function('queasy_dispatch', function() return 'node' end)
+"""
+FOREIGN_WITHOUT_VERSION = """#!lua name=queasy
+redis.register_function('queasy_add', function() return 'other' end)
+"""
+
+
+def function_names(conn: redis.Redis) -> set[str]:
+    (library,) = conn.function_list(library="queasy")
+    return {
+        f[b"name"].decode()
+        for f in dict(zip(*[iter(library)] * 2, strict=True))[b"functions"]
+        for f in [dict(zip(*[iter(f)] * 2, strict=True))]
+    }
+
+
+@pytest.mark.parametrize(
+    "foreign", [FOREIGN_QUEASY, FOREIGN_WITHOUT_VERSION], ids=["version_1", "no_version"]
+)
+def test_a_foreign_library_named_queasy_is_refused_and_kept(raw: redis.Redis, foreign) -> None:
+    raw.function_load(foreign, replace=True)
+    kept = function_names(raw)
+    with pytest.raises(VersionMismatch, match="not queasy_py's"):
+        ensure_loaded(raw)
+    assert function_names(raw) == kept
+
+
+def test_a_foreign_library_is_refused_by_the_async_client(raw: redis.Redis, redis_url) -> None:
+    from queasy_py.aio import AsyncClient
+
+    raw.function_load(FOREIGN_QUEASY, replace=True)
+
+    async def main() -> None:
+        client = AsyncClient(redis_url)
+        try:
+            with pytest.raises(VersionMismatch, match="returned 1"):
+                await client.ready()
+        finally:
+            await client.close()
+
+    import asyncio
+
+    asyncio.run(main())
+    assert "queasy_dispatch" in function_names(raw) and "queasy_library" not in function_names(raw)
+
+
+def legacy_source(version: str = "1.1.1", no_writes: bool = True) -> str:
+    """The bundled library as a queasy_py 1.1 would be: no queasy_library marker, and (with
+    no_writes False) queasy_version registered without the no-writes flag."""
+    text = source().replace(
+        f"local VERSION = '{bundled_version()}'", f"local VERSION = '{version}'"
+    )
+    text = re.sub(
+        r"(?m)^redis\.register_function\{function_name = 'queasy_library'.*\n.*\n", "", text
+    )
+    if not no_writes:
+        text = re.sub(
+            r"redis\.register_function\{function_name = 'queasy_version', callback = version,\n"
+            r"  flags = \{'no-writes'\}\}",
+            "redis.register_function('queasy_version', version)",
+            text,
+        )
+    return text
+
+
+@pytest.mark.parametrize("no_writes", [True, False], ids=["ro_version", "rw_version"])
+def test_an_older_own_library_of_any_shape_is_upgraded(raw: redis.Redis, no_writes: bool) -> None:
+    raw.function_load(legacy_source(no_writes=no_writes), replace=True)
+    assert ensure_loaded(raw) == bundled_version()
+    assert installed_version(raw) == bundled_version()
+    assert raw.fcall_ro("queasy_library", 0) == f"queasy_py {bundled_version()}".encode()

@@ -232,3 +232,37 @@ def test_unpark_publishes_a_mark_after_every_push_before_it(lua: Lua, listen) ->
     assert pushed(messages[0][1]).id == "a"
     assert messages[1][1] == "m7"  # a mark has no newline; a pushed job always has six
     assert lua.get_job("b")["state"] == "waiting"
+
+
+def test_a_pattern_subscriber_is_not_a_listening_client(lua: Lua, redis_url: str) -> None:
+    """PUBLISH counts PSUBSCRIBE listeners; a push needs a subscription to the exact channel."""
+    with redis.Redis.from_url(redis_url) as conn, conn.pubsub() as pattern:
+        pattern.psubscribe(lua.B + ":push:*")
+        pattern.get_message(timeout=1.0)  # the psubscribe confirmation
+        lua.dequeue("c1", limit=2, park=True)
+        assert lua.add("a") == Dispatched.CREATED
+        assert lua.get_job("a")["state"] == "waiting"
+        assert lua.parked() == {}
+
+
+@pytest.mark.parametrize(
+    "late, pushed_to_it", [(EXPIRY // 2, True), (EXPIRY // 2 + 1, False)], ids=["half", "less"]
+)
+def test_a_push_goes_only_to_a_client_with_half_its_expiry_left(
+    lua: Lua, listen, late: int, pushed_to_it: bool
+) -> None:
+    """A frozen client keeps its subscription but stops its heartbeat: once less than half of
+    its expiry window is left, jobs wait for a client that is really there."""
+    listen("c1")
+    lua.dequeue("c1", limit=2, park=True)  # alive until NOW + EXPIRY
+    lua.dispatch(("a", '"x"', NOW), now=NOW + late)
+    assert lua.get_job("a", now=NOW + late)["state"] == ("active" if pushed_to_it else "waiting")
+    assert lua.parked() == ({"c1": 1} if pushed_to_it else {})
+
+
+def test_a_bump_keeps_a_parked_client_fresh(lua: Lua, listen) -> None:
+    listen("c1")
+    lua.dequeue("c1", limit=2, park=True)
+    lua.bump("c1", now=NOW + EXPIRY // 2)
+    lua.dispatch(("a", '"x"', NOW), now=NOW + EXPIRY - 1)
+    assert lua.get_job("a", now=NOW + EXPIRY - 1)["state"] == "active"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import re
+from collections.abc import Generator
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -10,7 +12,7 @@ from typing import Any
 
 import redis
 
-from ..errors import QueasyError, VersionMismatch
+from ..errors import InvalidInput, QueasyError, VersionMismatch
 
 
 class Dispatched(enum.IntEnum):
@@ -66,8 +68,8 @@ def decode_version(value: Any) -> str:
 
 
 def missing_library(exc: redis.ResponseError) -> bool:
-    """True when `exc` says the library is not loaded; raises for a server without Functions
-    and for a user not allowed to call them."""
+    """True when `exc` says the function called is not loaded; raises for a server without
+    Functions and for a user not allowed to call them."""
     if "function not found" in str(exc).lower():
         return True
     if isinstance(exc, redis.exceptions.NoPermissionError):
@@ -79,6 +81,86 @@ def missing_library(exc: redis.ResponseError) -> bool:
     if error is not None:
         raise error from exc
     return False
+
+
+#: the versions of queasy_py's library before it had the queasy_library marker
+LEGACY_VERSION = re.compile(r"1\.[01]\.\d+")
+
+
+def foreign(detail: str) -> VersionMismatch:
+    return VersionMismatch(
+        f"the server holds a function library named 'queasy' that is not queasy_py's "
+        f"({detail}; the Node.js Queasy uses that name); queasy_py never replaces it: use "
+        "another Redis server, or remove it with FUNCTION DELETE queasy if it is unused"
+    )
+
+
+def marked_version(reply: Any) -> str:
+    """The version in the reply of queasy_library ('queasy_py 1.2.0'); raises for another."""
+    text = decode_version(reply)
+    owner, _, version = text.partition(" ")
+    if owner != "queasy_py" or not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        raise foreign(f"its queasy_library returned {text!r}")
+    return version
+
+
+def legacy_version(reply: Any) -> str:
+    """The version in the reply of queasy_version of a library without the marker: one of
+    queasy_py 1.0/1.1 (a string), else a foreign library (the Node.js one returns 1)."""
+    if isinstance(reply, bytes | str) and LEGACY_VERSION.fullmatch(decode_version(reply)):
+        return decode_version(reply)
+    raise foreign(f"its queasy_version returned {reply!r}")
+
+
+def write_flagged(exc: Exception) -> bool:
+    """True when FCALL_RO was refused because the function lacks the no-writes flag."""
+    return "write flag" in str(exc).lower()
+
+
+#: one step of the handshake: (method of redis.Redis, args); answered with (ok, reply or exc)
+Step = tuple[str, tuple[Any, ...]]
+Handshake = Generator[Step, tuple[bool, Any], str]
+
+
+def probe() -> Handshake:
+    """Steps that find the version of queasy_py's library on the server (None: no library
+    named 'queasy' answers): queasy_library (since 1.2.0), else the queasy_version string of
+    1.0/1.1; VersionMismatch for a foreign library named 'queasy'."""
+    ok, reply = yield ("fcall_ro", ("queasy_library", 0))
+    if ok:
+        return marked_version(reply)
+    if not missing_library(reply):
+        raise reply
+    ok, reply = yield ("fcall_ro", ("queasy_version", 0))
+    if not ok and write_flagged(reply):  # an old one registered without no-writes
+        ok, reply = yield ("fcall", ("queasy_version", 0))
+    if ok:
+        return legacy_version(reply)
+    if not missing_library(reply):
+        raise reply
+    return None  # type: ignore[return-value]
+
+
+def handshake() -> Handshake:
+    """The version handshake, as steps that a sync or an async driver runs; returns the
+    version in use. An older library of ours is replaced; a newer major one, or a foreign
+    library named 'queasy', is refused (VersionMismatch), never replaced."""
+    for _ in range(2):
+        installed = yield from probe()
+        if not needs_load(installed):
+            return installed
+        ok, reply = yield ("function_load", (source(), installed is not None))
+        if ok:
+            return bundled_version()
+        if isinstance(reply, redis.exceptions.NoPermissionError):
+            raise QueasyError(
+                f"the Redis user may not load the queasy library {bundled_version()} ({reply}); "
+                "load it once as an admin, or grant FUNCTION|LOAD (README, Security)"
+            ) from reply
+        if "already exists" not in str(reply).lower():
+            raise (no_functions(reply) or reply) from reply
+        # a library named 'queasy' without our functions, or ours loaded meanwhile: look again
+    raise foreign("it has neither queasy_library nor queasy_version")
 
 
 def needs_load(installed: str | None) -> bool:
@@ -98,33 +180,54 @@ def needs_load(installed: str | None) -> bool:
     return have < want
 
 
+def run_handshake(r: redis.Redis, steps: Handshake) -> str:
+    answer: tuple[bool, Any] | None = None
+    while True:
+        try:
+            method, args = steps.send(answer)  # type: ignore[arg-type]
+        except StopIteration as stop:
+            return stop.value
+        try:
+            answer = (True, getattr(r, method)(*args))
+        except redis.ResponseError as exc:
+            answer = (False, exc)
+
+
+async def run_handshake_async(r: Any, steps: Handshake) -> str:
+    answer: tuple[bool, Any] | None = None
+    while True:
+        try:
+            method, args = steps.send(answer)  # type: ignore[arg-type]
+        except StopIteration as stop:
+            return stop.value
+        try:
+            answer = (True, await getattr(r, method)(*args))
+        except redis.ResponseError as exc:
+            answer = (False, exc)
+
+
 def installed_version(r: redis.Redis) -> str | None:
-    try:
-        return decode_version(r.fcall_ro("queasy_version", 0))
-    except redis.ResponseError as exc:
-        if missing_library(exc):
-            return None
-        raise
+    """The version of queasy_py's library on the server, None when there is none; raises
+    VersionMismatch for a foreign library named 'queasy'."""
+    return run_handshake(r, probe())  # type: ignore[arg-type]
 
 
 def ensure_loaded(r: redis.Redis) -> str:
     """Load the bundled library when the server's is missing or older; return the version used.
 
-    Raises VersionMismatch when the server holds a newer major version.
+    Raises VersionMismatch when the server holds a newer major version or a foreign library
+    named 'queasy'.
     """
-    installed = installed_version(r)
-    if not needs_load(installed):
-        return installed  # type: ignore[return-value]
-    try:
-        r.function_load(source(), replace=True)
-    except redis.exceptions.NoPermissionError as exc:
-        raise QueasyError(
-            f"the Redis user may not load the queasy library {bundled_version()} ({exc}); "
-            "load it once as an admin, or grant FUNCTION|LOAD (README, Security)"
-        ) from exc
-    except redis.ResponseError as exc:
-        raise (no_functions(exc) or exc) from exc
-    return bundled_version()
+    return run_handshake(r, handshake())
+
+
+def lua_error(exc: redis.ResponseError) -> Exception:
+    """The library refuses bad arguments with an error reply 'INVALID <what>' (nothing
+    written): that is InvalidInput; any other error is returned as it is."""
+    text = str(exc)
+    if text.startswith("INVALID "):
+        return InvalidInput(f"the queasy library refused the call: {text[8:]}")
+    return exc
 
 
 def fcall(r: Any, name: str, keys: list[str], args: list[Any]) -> Any:

@@ -1,0 +1,273 @@
+"""A seeded random walk over the Lua library: every function, with random and hostile arguments
+(bad times, non-JSON data, ids with newlines, unknown kinds and tokens, stale and swept
+clients, clocks jumping past expiries), and after EACH step a check that every key agrees.
+
+QUEASY_WALK_STEPS (default 2500) sets the length, QUEASY_WALK_SEED replays a run; the seed is
+printed in the failure message. A nightly-sized run: QUEASY_WALK_STEPS=200000.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from typing import Any
+
+import pytest
+import redis
+from lua_calls import NOW, Lua
+
+from queasy_py.store.library import ensure_loaded
+
+STEPS = int(os.environ.get("QUEASY_WALK_STEPS", "2500"))
+MAX_MS = 253_402_300_799_999
+INT = re.compile(r"\d+")
+IDS = ["a", "b", "c", "d", "e"]
+HOSTILE_IDS = ["", "x\ny", "x y", "é" * 257, "tab\t", "nul\x00"]
+CLIENTS = ["c1", "c2", "c3"]
+DATA = ['"x"', '{"k": [1, 2.5, null]}', "0", '"line\\nbreak"']
+BAD_DATA = ["", "{", "nan", "0x10", "[1,]", "{'a': 1}"]
+BAD_TIMES = ["1e17", "-1", "1.5", str(MAX_MS + 1), "soon", " 7"]
+MODES = ["replace", "keep", "if_later", "if_earlier"]
+KINDS = ["retry", "timeout", "stall", "release", "return", "sometimes"]
+
+
+class Walk:
+    def __init__(self, r: redis.Redis, prefix: str, seed: int) -> None:
+        self.r = r
+        self.prefix = prefix
+        self.rng = random.Random(seed)
+        self.lua = Lua(r, prefix)
+        self.now = NOW
+        self.nonce = 0
+        self.log: list[str] = []
+
+    # ------------------------------------------------------------ random arguments
+
+    def pick(self, good: list, bad: list, p_bad: float = 0.05) -> Any:
+        return self.rng.choice(bad) if self.rng.random() < p_bad else self.rng.choice(good)
+
+    def time(self) -> Any:
+        roll = self.rng.random()
+        if roll < 0.04:
+            return self.rng.choice(BAD_TIMES)
+        if roll < 0.3:
+            return ""
+        if roll < 0.33:
+            return self.rng.choice([0, MAX_MS])
+        return self.now + self.rng.randint(-3_000, 8_000)
+
+    def now_arg(self) -> Any:
+        roll = self.rng.random()
+        if roll < 0.02:
+            return self.rng.choice(BAD_TIMES)
+        if roll < 0.06:
+            self.now += self.rng.choice([6_000, 11_000, 25_000])  # past half or all an expiry
+        else:
+            self.now += self.rng.randint(0, 700)
+        return self.now
+
+    def lease(self, state: dict) -> tuple[str, str, str]:
+        """(client, id, token) of a lease held now, else a made-up one; sometimes spoiled."""
+        held = [(c, i, t) for c, leases in state["leases"].items() for i, t in leases.items()]
+        if held and self.rng.random() < 0.85:
+            client, id, token = self.rng.choice(held)
+        else:
+            client, id, token = self.rng.choice(CLIENTS), self.rng.choice(IDS), "n0.1"
+        if self.rng.random() < 0.1:
+            token += "x"
+        if self.rng.random() < 0.05:
+            client = self.rng.choice(CLIENTS)
+        return client, id, token
+
+    # ------------------------------------------------------------ one step
+
+    def step(self, state: dict) -> tuple[str, list, list]:
+        """A random call: (function, keys, args)."""
+        lua, rng = self.lua, self.rng
+        B, F = lua.B, lua.F
+        op = rng.choice(
+            ["dispatch"] * 5
+            + ["dequeue"] * 4
+            + ["finish", "retry", "retry", "fail", "cancel", "bump", "leave", "unpark"]
+            + ["get_job", "counts", "leases"]
+        )
+        now = self.now_arg()
+        client = self.pick(CLIENTS, ["c\n1", ""])
+        if op == "dispatch":
+            args = [now, self.pick(["0", "1"], ["2"]), self.pick(MODES, ["later"])]
+            args.append(self.pick(["0", "1"], ["yes"]))
+            for _ in range(rng.randint(1, 4)):
+                args += [self.pick(IDS, HOSTILE_IDS), self.pick(DATA, BAD_DATA), self.time()]
+            if rng.random() < 0.02:
+                args.append("partial")
+            return "queasy_dispatch", [B], args
+        if op == "dequeue":
+            self.nonce += 1
+            limit = self.pick([0, 1, 2, 4], ["-1", "2.5"])
+            park = rng.choice(["0", "1", "1"])
+            return "queasy_dequeue", [B], [now, client, f"n{self.nonce}", limit, 10_000, 50, park]
+        if op in ("finish", "retry", "fail"):
+            groups: list = []
+            for _ in range(rng.randint(1, 3)):
+                holder, id, token = self.lease(state)
+                pid, started = self.pick(["42", ""], ["4.2"]), self.pick([self.now, ""], ["1e12"])
+                if op == "finish":
+                    groups += [id, token, pid, started]
+                elif op == "retry":
+                    kind = rng.choice(KINDS)
+                    groups += [id, token, self.pick([self.now, self.now + 3_000], BAD_TIMES), kind]
+                    groups += [pid, started, "ValueError"]
+                else:
+                    fid = self.pick([f"f{rng.randint(1, 9)}"], ["f\n1"])
+                    groups += [id, token, fid, '["x"]', pid, started, "KeyError", "permanent"]
+            keys = [B, F] if op != "fail" or rng.random() < 0.8 else [B]
+            if op == "fail" and len(keys) == 1:
+                groups = [g if n % 8 not in (2, 3) else "" for n, g in enumerate(groups)]
+            return f"queasy_{op}", keys, [now, holder, 50, *groups]
+        if op == "cancel":
+            return "queasy_cancel", [B], [now, 50, self.pick(IDS, HOSTILE_IDS)]
+        if op == "bump":
+            return "queasy_bump", [B], [now, client, self.pick([10_000], ["0"]), 50]
+        if op == "leave":
+            return "queasy_leave", [B], [now, client]
+        if op == "unpark":
+            return "queasy_unpark", [B], [now, client, self.pick(["mark-1"], ["mark\n2"])]
+        if op == "get_job":
+            return "queasy_get_job", [rng.choice([B, F])], [now, self.pick(IDS, HOSTILE_IDS)]
+        if op == "counts":
+            return "queasy_counts", [rng.choice([B, F])], [now]
+        return "queasy_leases", [B], [now, client]
+
+    # ------------------------------------------------------------ every key, read back
+
+    def read(self) -> dict:
+        r = self.r
+        raw: dict[str, Any] = {}
+        keys = sorted(r.scan_iter(match=f"{self.prefix}:*", count=1000))
+        with r.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.type(key)
+            kinds = pipe.execute()
+        readers = {
+            "hash": lambda p, k: p.hgetall(k),
+            "zset": lambda p, k: p.zrange(k, 0, -1, withscores=True),
+            "set": lambda p, k: p.smembers(k),
+            "stream": lambda p, k: p.xrange(k),
+            "string": lambda p, k: p.get(k),
+        }
+        with r.pipeline(transaction=False) as pipe:
+            for key, kind in zip(keys, kinds, strict=True):
+                readers[kind](pipe, key)
+            values = pipe.execute()
+        for key, kind, value in zip(keys, kinds, values, strict=True):
+            raw[key] = (kind, value)
+        B = self.lua.B
+        state = {"raw": raw, "leases": {}}
+        for key, (_, value) in raw.items():
+            if key.startswith(B + ":lease:"):
+                state["leases"][key[len(B) + 7 :]] = value
+        return state
+
+    def check(self, state: dict) -> None:
+        raw = state["raw"]
+        for base in (self.lua.B, self.lua.F):
+            check_queue(base, raw)
+        for row, base in ((self.lua.counts(now=self.now), self.lua.B),):
+            waiting = dict(raw.get(base + ":waiting", ("zset", []))[1])
+            active = [k for k in raw if k.startswith(base + ":active:")]
+            assert row["waiting"] + row["delayed"] == len(waiting)
+            assert row["blocked"] == len(raw.get(base + ":blocked", ("set", set()))[1])
+            assert row["active"] == len(active)
+
+
+def is_int(text: Any, empty_ok: bool = False) -> bool:
+    return (empty_ok and text == "") or (isinstance(text, str) and bool(INT.fullmatch(text)))
+
+
+def check_queue(B: str, raw: dict) -> None:
+    """The invariants of one queue's keys (lua/queasy.lua, key layout)."""
+
+    def get(suffix: str, empty: Any) -> Any:
+        return raw.get(B + suffix, (None, empty))[1]
+
+    waiting = dict(get(":waiting", []))
+    blocked = set(get(":blocked", set()))
+    expiry, fresh = dict(get(":expiry", [])), dict(get(":fresh", []))
+    records = {k[len(B) + 5 :]: v for k, (_, v) in raw.items() if k.startswith(B + ":job:")}
+    actives = {k[len(B) + 8 :]: v for k, (_, v) in raw.items() if k.startswith(B + ":active:")}
+    leases = {k[len(B) + 7 :]: v for k, (_, v) in raw.items() if k.startswith(B + ":lease:")}
+    for zset in (waiting, expiry, fresh, dict(get(":swept", []))):
+        for member, score in zset.items():
+            assert score == int(score) and 0 <= score, (member, score)
+    assert set(expiry) == set(fresh), "every live client has an expiry and a freshness"
+    assert not set(waiting) & blocked, "no id both waiting and blocked"
+    for id in waiting:
+        assert id in records and id not in actives, f"waiting {id!r} has its record only"
+        assert waiting[id] == int(records[id]["run_at"]), f"score of {id!r} is its run_at"
+    for id in blocked:
+        assert id in records and id in actives, f"blocked {id!r} waits for an active one"
+    for id, record in records.items():
+        assert id in waiting or id in blocked, f"orphan record {id!r}"
+        assert record["id"] == id
+        for field in ("run_at", "retry_count", "stall_count", "timeout_count"):
+            assert is_int(record[field]), (id, field, record[field])
+        assert int(record["run_at"]) <= MAX_MS
+        if id in blocked:
+            assert record["u_run_at"] in ("replace", "clamp"), record
+            assert is_int(record["u_lo"], True) and is_int(record["u_hi"], True), record
+        else:
+            assert "u_run_at" not in record, record
+    for id, record in actives.items():
+        for field in ("run_at", "retry_count", "stall_count", "timeout_count", "leased_at"):
+            assert is_int(record[field]), (id, field, record[field])
+        assert leases.get(record["client"], {}).get(id) == record["token"], f"lease of {id!r}"
+    for client, held in leases.items():
+        assert client in expiry, f"lease holder {client!r} has an expiry"
+        for id, token in held.items():
+            assert actives.get(id, {}).get("token") == token, f"{client!r} holds {id!r}"
+    for client, slots in get(":parked", {}).items():
+        assert client in expiry and is_int(slots) and int(slots) > 0, (client, slots)
+    for _, event in get(":events", []):
+        for field in ("run_at", "ended_at", "retry_count", "stall_count", "timeout_count"):
+            assert is_int(event[field]), (field, event)
+        assert is_int(event["started_at"], True) and is_int(event["pid"], True), event
+
+
+@pytest.fixture
+def walk(r: redis.Redis, redis_url: str, prefix: str) -> Walk:
+    with redis.Redis.from_url(redis_url) as conn:
+        ensure_loaded(conn)
+    seed = int(os.environ.get("QUEASY_WALK_SEED") or random.randrange(2**32))
+    return Walk(r, prefix, seed), seed  # type: ignore[return-value]
+
+
+def test_random_walk_keeps_every_key_consistent(walk, r: redis.Redis) -> None:
+    walk, seed = walk
+    listener = r.pubsub()
+    listener.subscribe(f"{walk.lua.B}:push:c1", f"{walk.lua.B}:push:c2")  # c3 never listens
+    try:
+        state = walk.read()
+        for n in range(STEPS):
+            name, keys, args = walk.step(state)
+            try:
+                walk.lua.call(name, keys, *args)
+                error = None
+            except redis.ResponseError as exc:
+                error = str(exc)
+            after = walk.read()
+            context = f"seed {seed} (QUEASY_WALK_SEED={seed}), step {n}: {name} {keys} {args!r}"
+            if error is not None:
+                assert error.startswith("INVALID "), f"{context}: {error}"
+                assert after["raw"] == state["raw"], f"{context}: refused, yet wrote"
+            try:
+                walk.check(after)
+            except AssertionError as exc:
+                raise AssertionError(f"{context}: {exc}") from None
+            state = after
+            if n % 200 == 0:
+                listener.get_message(timeout=0)  # drain the push messages now and then
+                while listener.get_message(timeout=0) is not None:
+                    pass
+    finally:
+        listener.close()
