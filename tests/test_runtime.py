@@ -222,6 +222,30 @@ def test_a_higher_priority_queue_is_served_first_under_contention(rt: Runtime) -
     assert [s["tag"] for s in rt.records("start")] == ["high"] * 5 + ["low"] * 5
 
 
+def test_a_big_high_priority_job_is_not_starved_by_small_lower_priority_ones(rt: Runtime) -> None:
+    # one worker of 100 units: while small jobs (10 units) keep arriving, it never has 100
+    # free unless the scheduler keeps it for the big queue (a reservation) and lets it drain
+    rt.start(
+        {
+            "big": queue_spec(size=100, priority=200),
+            "small": queue_spec(size=10, priority=100),
+        },
+        workers=1,
+    )
+    small = [{"data": {"tag": "small", "units": 10, "sleep": 0.02}} for _ in range(200)]
+    rt.queue("small").dispatch_many(small)
+    rt.wait_records(1, "start", tag="small")  # the worker is full of small jobs
+    rt.queue("big").dispatch({"tag": "big", "units": 100})
+
+    rt.wait_records(1, "end", tag="big", timeout=30)
+    rt.wait_records(200, "end", tag="small", timeout=30)  # both queues finish
+    starts = [s["tag"] for s in rt.records("start")]
+    assert starts.count("small") == 200 and starts.count("big") == 1
+    # the big job started while small ones were still waiting, not after they all ran
+    assert starts.index("big") < len(starts) - 1
+    assert max_units_in_flight(rt.records()) <= 100
+
+
 # ---------------------------------------------------------------- handlers
 
 

@@ -1,5 +1,10 @@
 """Which queue is dequeued next, and how many jobs: priority first, then longest unserved,
-bounded by the free capacity units of the workers (nothing is prefetched)."""
+bounded by the free capacity units of the workers (nothing is prefetched).
+
+Priority holds across sizes: a ready queue that fits on no worker keeps the worker with the
+most free units for itself (a reservation), so lower priorities cannot refill it while it
+drains to that queue's size.
+"""
 
 from __future__ import annotations
 
@@ -37,12 +42,28 @@ class QueueState:
             return False
         return self.inflight == 0 or (self.inflight < MAX_INFLIGHT and self.ready_at == 0.0)
 
+    def known_ready(self, now: float) -> bool:
+        """Wants, and a job is known to be ready: its last dequeue came back full (ready_at
+        0, as at start and after a reconcile), or a wake-up for a job ready by now (a
+        dispatch, a pushed job returned, a blocked job promoted) came since its last dequeue
+        was sent. The polling fallback alone (ready_at reached) is no such evidence."""
+        return self.wants(now) and (self.ready_at == 0.0 or self.woken <= now)
+
 
 def place(free: list[int], size: int) -> int | None:
     """Index of the worker with the most free units that fits `size`, or None."""
     best = None
     for index, units in enumerate(free):
         if units >= size and (best is None or units > free[best]):
+            best = index
+    return best
+
+
+def _most_free(free: list[int], taken: set[int]) -> int | None:
+    """Index of the worker with the most free units not in `taken` (ties: the first)."""
+    best = None
+    for index, units in enumerate(free):
+        if index not in taken and (best is None or units > free[best]):
             best = index
     return best
 
@@ -54,16 +75,22 @@ def plan(
     whose units the jobs will take, given each accepting worker's free units.
 
     Higher priority first; equal priorities share the capacity round-robin, the queue served
-    longest ago first. `free` is not modified.
+    longest ago first. A queue known to have a ready job (`known_ready`) that is given no
+    units reserves the worker with the most free units left that no higher priority reserved:
+    lower priorities get no units of it, so it drains until that queue fits (equal priorities
+    still share it). A reservation yields no dequeue; it lasts while the evidence does.
+    `free` is not modified.
     """
     free = list(free)
     ready = sorted(
         (s for s in states if s.wants(now)),
         key=lambda s: (-s.spec.priority, s.last_served),
     )
+    reserved: set[int] = set()  # workers kept for a higher priority
     out: list[tuple[QueueState, list[int]]] = []
     for _, group in groupby(ready, key=lambda s: s.spec.priority):
         members = list(group)
+        usable = [0 if i in reserved else units for i, units in enumerate(free)]
         slots: dict[QueueState, list[int]] = {s: [] for s in members}
         progress = True
         while progress:
@@ -71,10 +98,16 @@ def plan(
             for state in members:
                 if len(slots[state]) >= MAX_BATCH:
                     continue
-                index = place(free, state.spec.size)
+                index = place(usable, state.spec.size)
                 if index is not None:
+                    usable[index] -= state.spec.size
                     free[index] -= state.spec.size
                     slots[state].append(index)
                     progress = True
         out.extend((s, indexes) for s, indexes in slots.items() if indexes)
+        for state in members:
+            if not slots[state] and state.known_ready(now):
+                index = _most_free(free, reserved)
+                if index is not None:
+                    reserved.add(index)
     return out
