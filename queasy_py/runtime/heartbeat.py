@@ -41,6 +41,7 @@ class Heartbeat(threading.Thread):
         self.interval = interval
         self.wake = wake
         self.swept = threading.Event()
+        self.swept_id = ""  # the client id a beat found swept
         self.failed = threading.Event()  # set on a failed beat: the supervisor reconciles
         self.stopped = threading.Event()
         self._kick = threading.Event()
@@ -84,6 +85,7 @@ class Heartbeat(threading.Thread):
                 if self.beat_or_reload(self._redis, client_id):
                     self.last_ok = time.monotonic()
                 else:
+                    self.swept_id = client_id  # the id swept: the loop may have a new one
                     self.swept.set()
                 if self.failing:
                     log.warning("heartbeat works again")

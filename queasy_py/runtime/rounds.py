@@ -109,6 +109,7 @@ class Rounds:
         self.backoff = 0.1
         self.outage: str | None = None  # the kind of the current outage, logged once
         self.reload = False  # the library is gone (FUNCTION FLUSH, a restart): load it again
+        self.unserved: set[QueueState] = set()  # ready queues the last plan gave no units
         self.seq = 0
 
     # ------------------------------------------------------------------ sending
@@ -146,6 +147,10 @@ class Rounds:
                 state.inflight += 1
                 state.woken = float("inf")
                 asks.append((state, procs))
+        asked = {state for state, _ in asks}
+        # ready, but no units for them now (or a reserved worker drains): a worker's result
+        # or exit wakes the loop to plan again, so it does not spin on them meanwhile
+        self.unserved = {s for s in self.states.values() if s.wants(now) and s not in asked}
         if not self.acks and not asks:
             return
         acks = self.acks[:]

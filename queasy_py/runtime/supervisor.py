@@ -153,7 +153,6 @@ class Supervisor:
         self.held.clear()  # pushed to the old id: the sweep requeued them
         self.client.id = new_client_id()
         self.wakeup.set_channels(self._channels())
-        self.heartbeat.swept.clear()
         self.heartbeat.last_ok = time.monotonic()
         for state in self.states.values():
             state.ready_at = 0.0
@@ -197,7 +196,8 @@ class Supervisor:
         retry_at = self.rounds.retry_at
         if not self.stopping and any(w.accepts and w.free for w in self.workers):
             for state in self.states.values():
-                wait = min(wait, max(state.ready_at, retry_at) - now)
+                if state not in self.rounds.unserved:  # those wait for a worker's event
+                    wait = min(wait, max(state.ready_at, retry_at) - now)
         if self.acks:
             wait = min(wait, max(0.0, retry_at - now))
         return max(0.0, wait)
@@ -224,7 +224,9 @@ class Supervisor:
         # after a freeze, learn that this client was swept before acting on what arrived
         # meanwhile (jobs pushed to it then were requeued by the sweep)
         if self.heartbeat.swept.is_set():
-            self._swept()
+            self.heartbeat.swept.clear()
+            if self.heartbeat.swept_id == self.client.id:  # not an id already replaced
+                self._swept()
         alive = self._alive()
         if alive and self.held:
             held, self.held = self.held, []

@@ -301,8 +301,11 @@ class Workers:
                     kill_tree(proc.pid)
 
     def hand_back_all(self) -> None:
-        """Shutdown: kill every worker and hand back the jobs they still held."""
+        """Shutdown: kill every worker and hand back the jobs they still held. Results a
+        worker wrote before it died are read first: those jobs are acked, not run again."""
         for proc in list(self.procs):
+            kill_tree(proc.pid)
+            self.receive(proc)
             self.kill(proc)
             for job in proc.jobs.values():
                 self.acks.append(self.retry_ack(job, "release", proc.pid, "", "Shutdown"))
