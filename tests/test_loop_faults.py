@@ -173,3 +173,24 @@ def test_a_worker_stuck_in_c_does_not_block_the_loop(rt: Runtime) -> None:
     (big,) = rt.wait_records(1, "end", tag="big", timeout=20)
     assert big["pid"] != start["pid"]
     assert sup.proc.poll() is None
+
+
+def test_garbage_on_the_wake_and_push_channels_is_dropped(rt: Runtime, own: Own) -> None:
+    """Anyone who may PUBLISH can send anything on a queue's wake channel or a supervisor's
+    push channel: it is logged (throttled) and dropped; the supervisor keeps serving."""
+    q = rt.queue("q")
+    q.dispatch({"tag": "first"})
+    sup = rt.start({"q": queue_spec()}, workers=1)
+    rt.wait_records(1, "end", tag="first")
+    base = q.keys.base
+    client = wait_for(lambda: own.r.hkeys(f"{base}:parked"), what="parked slots")[0]
+    for _ in range(50):
+        own.r.publish(q.keys.wake, "not-a-number")
+        own.r.publish(q.keys.wake, "1e+20")
+        own.r.publish(q.keys.push(client), "id\ntoken\nrun_at\nx\ny\nz\n{}")
+    q.dispatch({"tag": "canary"})
+    rt.wait_records(1, "end", tag="canary")
+    assert sup.proc.poll() is None, sup.log()
+    log = sup.log()
+    assert log.count("dropped a malformed wake-up") == 1, log
+    assert log.count("dropped a malformed job record") == 1, log

@@ -53,6 +53,30 @@ TRANSIENT_CODES = ("BUSY", "MISCONF", "NOREPLICAS", "LOADING", "READONLY", "OOM"
 
 Asks = list[tuple[QueueState, list[WorkerProc]]]
 
+#: seconds between two log lines about malformed messages or records of one kind
+MALFORMED_LOG_INTERVAL = 60.0
+
+
+class Throttled:
+    """Logs a malformed message or record once per MALFORMED_LOG_INTERVAL per kind (a
+    hostile publisher must not flood the log), and drops it."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, float] = {}
+
+    def __call__(self, kind: str, what: object) -> None:
+        now = time.monotonic()
+        if now - self.last.get(kind, -MALFORMED_LOG_INTERVAL) >= MALFORMED_LOG_INTERVAL:
+            self.last[kind] = now
+            log.error("dropped a malformed %s: %.200r (more are dropped silently)", kind, what)
+
+
+def _int(raw: bytes) -> int:
+    """A non-negative integer field; ValueError for anything else (b'1e+20', b'x', b'-1')."""
+    if not raw.isdigit() or len(raw) > 18:
+        raise ValueError(raw)
+    return int(raw)
+
 
 def _text(exc: BaseException) -> str:
     """The error's own text (a pipeline's error names its command first)."""
@@ -110,6 +134,7 @@ class Rounds:
         self.outage: str | None = None  # the kind of the current outage, logged once
         self.reload = False  # the library is gone (FUNCTION FLUSH, a restart): load it again
         self.unserved: set[QueueState] = set()  # ready queues the last plan gave no units
+        self.malformed = Throttled()
         self.seq = 0
 
     # ------------------------------------------------------------------ sending
@@ -258,8 +283,8 @@ class Rounds:
             if isinstance(codes, redis.ResponseError):
                 refused = self._ack_refused(group, codes) or refused
                 continue
-            for ack, code in zip(group, codes, strict=True):
-                if int(code) == AckCode.STALE:
+            for ack, code in zip(group, codes, strict=False):
+                if code == AckCode.STALE:
                     log.warning(
                         "stale %s of job %s (this client lost its lease; it was swept)",
                         ack.op,
@@ -279,7 +304,11 @@ class Rounds:
                     state.ready_at = now + self.poll_interval
                     log.error("dequeue of %s failed: %s", state.name, reply)
                 continue
-            self._take(state, procs, reply, now)
+            try:
+                self._take(state, procs, reply, now)
+            except (ValueError, TypeError, IndexError, AttributeError):
+                self.malformed("dequeue reply", reply)
+                self.workers.release(state.spec.size, procs)
         if refused is not None:
             self._redis_down(refused)
         else:
@@ -325,6 +354,9 @@ class Rounds:
             job = self._running(
                 state, job_id, token, run_at, retries, stalls, timeouts, data, deadline
             )
+            if job is None:  # its lease goes back with the next reconcile
+                self.workers.release(spec.size, [proc])
+                continue
             early = outcomes.on_dequeue(job, spec, state.base, state.fail_base)
             if early is not None:
                 self.acks.append(early)
@@ -357,35 +389,47 @@ class Rounds:
         timeouts: bytes,
         data: bytes,
         deadline: float,
-    ) -> Running:
-        """A checked-out job, from the fields of a dequeue reply or a push message."""
+    ) -> Running | None:
+        """A checked-out job, from the fields of a dequeue reply or a push message; None
+        (logged, throttled) when a field does not parse."""
+        try:
+            job = Running(
+                self.seq + 1,
+                state.name,
+                job_id.decode(),
+                token.decode(),
+                data,
+                _int(run_at),
+                _int(retries),
+                _int(stalls),
+                _int(timeouts),
+                state.spec.size,
+                deadline,
+            )
+        except (ValueError, TypeError, AttributeError) as exc:
+            self.malformed("job record", (job_id, token, run_at, retries, stalls, timeouts, exc))
+            return None
         self.seq += 1
-        return Running(
-            self.seq,
-            state.name,
-            job_id.decode(),
-            token.decode(),
-            data,
-            int(run_at),
-            int(retries),
-            int(stalls),
-            int(timeouts),
-            state.spec.size,
-            deadline,
-        )
+        return job
 
     # ------------------------------------------------------------------ pub/sub
 
     def on_messages(self, messages: list[Message]) -> None:
         """Wake-ups (a job may be ready at the time they carry) and pushed jobs."""
         for kind, name, data in messages:
-            state = self.states[name]
+            state = self.states.get(name)
+            if state is None:
+                continue
             if kind == "push":
                 self._pushed(state, data)
-            else:
-                at = int(data) / 1000.0
-                state.ready_at = min(state.ready_at, at)
-                state.woken = min(state.woken, at)
+                continue
+            try:
+                at = _int(data) / 1000.0
+            except (ValueError, TypeError, AttributeError):
+                self.malformed("wake-up", data)
+                continue
+            state.ready_at = min(state.ready_at, at)
+            state.woken = min(state.woken, at)
 
     def _pushed(self, state: QueueState, message: bytes) -> None:
         """A job dispatch leased straight to this client (or an unpark mark: no newline).
@@ -406,6 +450,8 @@ class Rounds:
             data,
             time.monotonic() + state.spec.timeout,
         )
+        if job is None:  # a real push's lease goes back with the next reconcile
+            return
         job.pushed = True
         early = outcomes.on_dequeue(job, state.spec, state.base, state.fail_base)
         if early is not None:
