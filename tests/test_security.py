@@ -9,6 +9,7 @@ without TLS (`--tls-port` fails with "Failed finding TLS support").
 from __future__ import annotations
 
 import ast
+import asyncio
 import os
 import signal
 import subprocess
@@ -22,7 +23,9 @@ import pytest
 import redis
 from runtime_helpers import ACT, ROOT, Runtime, queue_spec, wait_for
 
-from queasy_py import Client, QueasyError
+from queasy_py import Client, ConfigError, QueasyError
+from queasy_py.aio import AsyncClient
+from queasy_py.cli import exitcodes
 from queasy_py.store.connection import mask_url
 from queasy_py.store.embedded import EmbeddedServer, free_port
 
@@ -229,6 +232,82 @@ def test_mask_url_hides_every_form_of_password() -> None:
     assert mask_url("redis://h:1/0?db=1&password=pw") == "redis://h:1/0?db=1&password=***"
     assert mask_url("redis://u:pw@[::1]:6379/0") == "redis://u:***@[::1]:6379/0"
     assert mask_url("redis://h:6379/0") == "redis://h:6379/0"
+
+
+@pytest.mark.parametrize(
+    "url, masked",
+    [
+        ("redis://u:p#w@h:6379/0", "redis://u:***@h:6379/0"),
+        ("redis://u:p/w@h:6379/0", "redis://u:***@h:6379/0"),
+        ("redis://u:p?w@h:6379/0", "redis://u:***@h:6379/0"),
+        ("redis://u:p@w@h:6379/0", "redis://u:***@h:6379/0"),
+        ("redis://u:a#b/c?d@e@h/0?db=1", "redis://u:***@h/0?db=1"),
+        ("redis://:p#w@[::1]:6379/0", "redis://:***@[::1]:6379/0"),
+        ("redis://tok3n@h/0", "redis://***@h/0"),
+        ("u:pw@h:6379", "u:***@h:6379"),  # no scheme: malformed, masked all the same
+        ("unix://u:pw@/run/redis.sock?db=0", "unix://u:***@/run/redis.sock?db=0"),
+        (
+            "rediss://h/0?ssl_password=pw&ssl_keyfile=k",
+            "rediss://h/0?ssl_password=***&ssl_keyfile=k",
+        ),
+        ("redis://h/0?PASSWORD=pw", "redis://h/0?PASSWORD=***"),
+        (
+            "redis://h/0?db=0&client_secret=s;auth_token=t",
+            "redis://h/0?db=0&client_secret=***;auth_token=***",
+        ),
+    ],
+)
+def test_mask_url_hides_passwords_with_special_characters_and_secret_query_keys(
+    url: str, masked: str
+) -> None:
+    assert mask_url(url) == masked
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"redis://u:{SECRET}#x@127.0.0.1:1/0",
+        f"redis://u:{SECRET}/x@127.0.0.1:1/0",
+        f"redis://u:{SECRET}?x@127.0.0.1:1/0",
+        f"redis://u:{SECRET}@127.0.0.1:port/0",  # redis-py: ValueError (the port)
+        f"u:{SECRET}@127.0.0.1:1/0",  # redis-py: ValueError (no scheme)
+    ],
+    ids=["hash", "slash", "question_mark", "port", "no_scheme"],
+)
+def test_an_unparseable_url_is_a_config_error_that_never_echoes_it(url: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="invalid Redis URL") as caught:
+        Client(url, workers=0)
+    assert SECRET not in str(caught.value)
+    assert time.monotonic() - started < 2  # not retried
+
+    async def open_async() -> None:
+        async with AsyncClient(url):
+            pass
+
+    with pytest.raises(ConfigError, match="invalid Redis URL") as caught:
+        asyncio.run(open_async())
+    assert SECRET not in str(caught.value)
+
+
+def test_queasy_run_with_an_unparseable_url_exits_config_at_once(tmp_path: Path) -> None:
+    url = f"redis://queasy:{SECRET}#1@127.0.0.1:{free_port()}/0"
+    config = tmp_path / "run.toml"
+    config.write_text(f'redis = "{url}"\n[queues.q]\nhandler = "{QUIET}"\n')
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("queasy")), "--log-level", "DEBUG", "run"]
+        + [str(config)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == exitcodes.CONFIG, out
+    assert "invalid Redis URL redis://queasy:***@127.0.0.1" in out
+    assert SECRET not in out and "retrying" not in out
 
 
 def test_the_password_never_appears_in_logs_or_command_lines(

@@ -16,6 +16,8 @@ from typing import Any
 import hiredis
 import redis
 
+from .connection import from_url
+
 log = logging.getLogger("queasy_py")
 
 Reply = Any  # a decoded reply, or the redis.ResponseError it was
@@ -31,8 +33,8 @@ class Batch:
 
 class RedisPipe:
     def __init__(self, url: str) -> None:
-        self._client = redis.Redis.from_url(
-            url, socket_connect_timeout=5.0, socket_timeout=30.0, socket_keepalive=True
+        self._client = from_url(
+            redis.Redis, url, socket_connect_timeout=5.0, socket_timeout=30.0, socket_keepalive=True
         )
         self._conn: Any = None
         self.inflight: deque[Batch] = deque()
