@@ -138,6 +138,18 @@ def test_an_untrusted_certificate_is_refused(tls_server: tuple, tmp_path: Path) 
         Client(tls_url(port, other_ca), prefix=PREFIX)
 
 
+def test_a_certificate_for_another_name_is_refused(tls_server: tuple) -> None:
+    """The server's certificate names IP 127.0.0.1, trusted CA: reached as `localhost`, the
+    name does not match and the connection is refused (redis-py 5 did not check the name)."""
+    _, port, ca = tls_server
+    wrong_name = tls_url(port, ca).replace("127.0.0.1", "localhost")
+    with pytest.raises(ConnectionFailed, match="certificate verify failed"):
+        Client(wrong_name, prefix=PREFIX)
+    # ... unless the URL says otherwise
+    with Client(wrong_name + "&ssl_check_hostname=false", prefix=PREFIX) as client:
+        assert client.queue("tls").counts()["waiting"] == 0
+
+
 def test_a_supervisor_runs_jobs_over_tls(tls_server: tuple, tmp_path: Path) -> None:
     server, port, ca = tls_server
     admin = redis.Redis.from_url(server.url, decode_responses=True)
