@@ -118,19 +118,22 @@ def test_a_job_cannot_choose_the_code_that_runs_it(
 @pytest.fixture(scope="module")
 def locked_server() -> Iterator[EmbeddedServer]:
     """A fresh server (no library loaded yet) whose default user needs a password."""
-    server = EmbeddedServer().start()  # its start-up PING needs no password: set it after
-    with redis.Redis.from_url(server.url) as conn:
-        conn.config_set("requirepass", ADMIN_PW)
+    server = EmbeddedServer(password=ADMIN_PW).start()
     try:
         yield server
     finally:
         server.stop()
 
 
+def bare_url(server: EmbeddedServer) -> str:
+    """The server's URL without credentials (`server.url` holds its password)."""
+    return f"redis://127.0.0.1:{server.port}/0"
+
+
 @pytest.fixture
 def admin(locked_server: EmbeddedServer) -> Iterator[redis.Redis]:
     conn = redis.Redis.from_url(
-        with_user(locked_server.url, "default", ADMIN_PW), decode_responses=True
+        with_user(bare_url(locked_server), "default", ADMIN_PW), decode_responses=True
     )
     try:
         yield conn
@@ -143,7 +146,7 @@ def queasy_url(locked_server: EmbeddedServer, admin: redis.Redis) -> Iterator[st
     """The URL of an ACL user with only what queasy_py needs, on keys and channels PREFIX:*."""
     admin.execute_command(*acl_line("queasy", SECRET, PREFIX).split())
     admin.acl_log_reset()
-    yield with_user(locked_server.url, "queasy", SECRET)
+    yield with_user(bare_url(locked_server), "queasy", SECRET)
     admin.acl_deluser("queasy")
     for key in admin.scan_iter(match=f"{PREFIX}:*"):
         admin.unlink(key)
@@ -151,8 +154,8 @@ def queasy_url(locked_server: EmbeddedServer, admin: redis.Redis) -> Iterator[st
 
 def test_a_password_in_the_url_authenticates(locked_server: EmbeddedServer) -> None:
     with pytest.raises(Exception, match="refused the credentials"):
-        Client(locked_server.url)  # no password: NOAUTH
-    with Client(with_user(locked_server.url, "", ADMIN_PW), prefix=PREFIX) as client:
+        Client(bare_url(locked_server))  # no password: NOAUTH
+    with Client(with_user(bare_url(locked_server), "", ADMIN_PW), prefix=PREFIX) as client:
         job_id = client.queue("auth").dispatch({"n": 1})
         assert client.queue("auth").get_job(job_id).data == {"n": 1}  # type: ignore[union-attr]
         assert client.queue("auth").cancel(job_id)
@@ -360,7 +363,7 @@ def test_a_user_without_fcall_gets_a_clear_error(
     admin.execute_command(*line.split())
     try:
         with pytest.raises(QueasyError, match="may not call the queasy functions") as caught:
-            Client(with_user(locked_server.url, "nofcall", SECRET), prefix=PREFIX)
+            Client(with_user(bare_url(locked_server), "nofcall", SECRET), prefix=PREFIX)
         assert SECRET not in str(caught.value)
     finally:
         admin.acl_deluser("nofcall")
