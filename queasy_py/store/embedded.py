@@ -34,6 +34,9 @@ from urllib.parse import quote
 
 from ..errors import QueasyError
 from .connection import mask_url
+from .resp import command as _command
+from .resp import info_server as _info_server
+from .resp import ping as _ping
 
 __all__ = ["EmbeddedServer", "find_server_binary", "free_port", "serve_foreground", "state_dir"]
 
@@ -127,63 +130,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((_HOST, 0))
         return int(sock.getsockname()[1])
-
-
-def _command(
-    port: int, *args: str, password: str | None = None, timeout: float = 1.0
-) -> tuple[bytes, bytes]:
-    """Send one command over RESP (after AUTH when a password is given); return (reply type
-    byte, payload) for simple/bulk replies (the AUTH reply when AUTH is refused)."""
-    with socket.create_connection((_HOST, port), timeout=timeout) as sock:
-        if password is not None:
-            sock.sendall(_encode("AUTH", password))
-            kind, body, rest = _reply(sock, b"")
-            if kind != b"+":
-                return kind, body
-        sock.sendall(_encode(*args))
-        kind, body, _ = _reply(sock, b"")
-        return kind, body
-
-
-def _encode(*args: str) -> bytes:
-    return b"*%d\r\n" % len(args) + b"".join(
-        b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args
-    )
-
-
-def _reply(sock: socket.socket, buf: bytes) -> tuple[bytes, bytes, bytes]:
-    """Read one simple/error/integer/bulk reply: (type byte, payload, what follows it)."""
-    while b"\r\n" not in buf:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("connection closed before a reply")
-        buf += chunk
-    head, _, rest = buf.partition(b"\r\n")
-    kind, body = head[:1], head[1:]
-    if kind != b"$" or int(body) < 0:
-        return kind, body, rest
-    size = int(body)
-    while len(rest) < size + 2:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("connection closed inside a bulk reply")
-        rest += chunk
-    return kind, rest[:size], rest[size + 2 :]
-
-
-def _ping(port: int, password: str | None = None) -> bool:
-    try:
-        return _command(port, "PING", password=password, timeout=0.5) == (b"+", b"PONG")
-    except (OSError, ValueError):
-        return False
-
-
-def _info_server(port: int, password: str | None = None) -> dict[str, str]:
-    kind, body = _command(port, "INFO", "server", password=password)
-    if kind != b"$":
-        return {}
-    fields = (line.partition(":") for line in body.decode(errors="replace").splitlines())
-    return {k: v for k, sep, v in fields if sep}
 
 
 _libc: ctypes.CDLL | None = None
