@@ -4,7 +4,8 @@
 
 The list of queue `emails` is `QueueKeys(...).dead_letters` (newest first); read it with
 `handlers.dead_letter.read(client.queue("emails"))`. It keeps the newest MAX_ENTRIES
-(env QUEASY_DEAD_LETTER_MAX, default 10,000).
+(env QUEASY_DEAD_LETTER_MAX, default 10,000). It records only into the list of the queue its
+fail queue belongs to; a record naming another queue is refused (PermanentError).
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ import orjson
 from queasy_py import Job, Queue
 from queasy_py.context import current_client
 
+from ._fail_record import fail_record
+
 MAX_ENTRIES = int(os.environ.get("QUEASY_DEAD_LETTER_MAX", "10000"))
 
 
 def handle(data: list[Any], job: Job) -> None:
-    original_data, original_job, error = data
-    queue = current_client().queue(original_job["queue"])
+    # the queue comes from this fail job's own queue, never from the record (see _fail_record)
+    original_data, original_job, error, name = fail_record(data, job)
+    queue = current_client().queue(name)
     entry = orjson.dumps(
         {"data": original_data, "job": original_job, "error": error, "failed_at": time.time()}
     )

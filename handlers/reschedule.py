@@ -6,7 +6,8 @@ A periodic job re-dispatches itself (same id, update_run_at="if_earlier") when i
 fails for good, or its worker keeps crashing, this handler dispatches it again with its
 original id and data after DELAY seconds (env QUEASY_RESCHEDULE_DELAY, default 60), so the
 chain never silently dies. A waiting copy with that id (the job rescheduled itself before
-failing) is kept: its data wins and the earlier run_at wins.
+failing) is kept: its data wins and the earlier run_at wins. It dispatches only into the queue
+its fail queue belongs to; a record naming another queue is refused (PermanentError).
 """
 
 from __future__ import annotations
@@ -18,14 +19,17 @@ from typing import Any
 from queasy_py import Job
 from queasy_py.context import current_client
 
+from ._fail_record import fail_record
+
 DELAY = float(os.environ.get("QUEASY_RESCHEDULE_DELAY", "60"))
 
 log = logging.getLogger("queasy_py.handlers.reschedule")
 
 
 def handle(data: list[Any], job: Job) -> None:
-    original_data, original_job, error = data
-    queue = current_client().queue(original_job["queue"])
+    # the queue comes from this fail job's own queue, never from the record (see _fail_record)
+    original_data, original_job, error, name = fail_record(data, job)
+    queue = current_client().queue(name)
     queue.dispatch(
         original_data,
         id=original_job["id"],
@@ -37,7 +41,7 @@ def handle(data: list[Any], job: Job) -> None:
     log.warning(
         "job %s of %s failed for good (%s: %s); rescheduled in %gs",
         original_job["id"],
-        original_job["queue"],
+        name,
         error.get("name"),
         error.get("message"),
         DELAY,

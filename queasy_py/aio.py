@@ -21,7 +21,7 @@ from . import defaults, validate
 from .errors import ConnectionFailed, InvalidInput
 from .job import JobInfo
 from .queue import QueueBase
-from .store.connection import mask_url
+from .store.connection import from_url, mask_url
 from .store.library import handshake, lua_error, run_handshake_async
 
 
@@ -47,7 +47,7 @@ class AsyncClient:
             self.server = EmbeddedServer().start()
             url = self.server.url
         self.url = url
-        self.redis = aioredis.Redis.from_url(url, socket_connect_timeout=5.0)
+        self.redis = from_url(aioredis.Redis, url, socket_connect_timeout=5.0)
         self.library_version: str | None = None
         self._queues: dict[str, AsyncQueue] = {}
 

@@ -58,7 +58,7 @@ class Client:
 
             self.server = EmbeddedServer().start()
             url = self.server.url
-            log.info("no Redis URL given: using an embedded server at %s", url)
+            log.info("no Redis URL given: using an embedded server at %s", mask_url(url))
         self.url = url
         self.redis: redis.Redis = connect(url)
         self.fastcall = FastCall(self.redis)

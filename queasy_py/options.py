@@ -8,6 +8,10 @@ from typing import Any
 
 from . import defaults
 from .errors import InvalidInput
+from .validate import MAX_DURATION, shown
+
+#: the supervisor settings that are durations in seconds (bounded by MAX_DURATION)
+DURATIONS = ("heartbeat_interval", "shutdown_timeout", "poll_interval")
 
 
 def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
@@ -23,10 +27,12 @@ def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
 
 
 def _seconds(name: str, value: Any, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         raise InvalidInput(f"{name} must be a number of seconds, not {value!r}")
     if value < 0 or (positive and value == 0):
         raise InvalidInput(f"{name} must be {'> 0' if positive else '>= 0'}, not {value!r}")
+    if value > MAX_DURATION:  # compared before float(): a huge int never overflows
+        raise InvalidInput(f"{name} must be at most {MAX_DURATION:g} seconds, not {shown(value)}")
     return float(value)
 
 
@@ -109,10 +115,14 @@ def check_setting(key: str, value: Any) -> Any:
         ):
             raise InvalidInput(f"workers must be an int >= 0, not {value!r}")
         return value
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if key in DURATIONS:
+        return _seconds(key, value, positive=key.endswith("interval"))
+    if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
         raise InvalidInput(f"{key} must be a number, not {value!r}")
-    if value < 0 or (key in ("heartbeat_interval", "poll_interval") and value == 0):
-        raise InvalidInput(
-            f"{key} must be {'> 0' if key.endswith('interval') else '>= 0'}, not {value!r}"
-        )
+    if value < 0:
+        raise InvalidInput(f"{key} must be >= 0, not {value!r}")
     return value
+
+
+def _finite(value: int | float) -> bool:
+    return isinstance(value, int) or math.isfinite(value)

@@ -13,6 +13,7 @@ import redis
 from . import defaults, validate
 from .errors import InvalidInput
 from .job import JobInfo
+from .store import fields
 from .store.keys import QueueKeys
 from .store.library import fcall, lua_error
 
@@ -104,20 +105,23 @@ class QueueBase:
         if row is None:
             return None
         state, jid, data, run_at, retries, stalls, timeouts = row
+        # numbers through store.fields: Lua writes large ones in exponent form ('2.5e+14'),
+        # and a field written by hand may hold anything (read as 0, never an exception)
         return JobInfo(
-            id=jid.decode(),
+            id=fields.text(jid),
             queue=self.name,
             data=orjson.loads(data),
-            state=state.decode(),
-            run_at=int(run_at) / 1000.0,
-            retry_count=int(retries),
-            stall_count=int(stalls),
-            timeout_count=int(timeouts),
+            state=fields.text(state),  # type: ignore[arg-type]
+            run_at=fields.ms_to_seconds(run_at, 0.0),
+            retry_count=fields.to_int(retries, 0),
+            stall_count=fields.to_int(stalls, 0),
+            timeout_count=fields.to_int(timeouts, 0),
         )
 
     @staticmethod
     def _counts(row: list) -> dict[str, int]:
-        return dict(zip(("waiting", "delayed", "blocked", "active"), map(int, row), strict=True))
+        values = (fields.to_int(value, 0) for value in row)
+        return dict(zip(("waiting", "delayed", "blocked", "active"), values, strict=True))
 
 
 class Queue(QueueBase):

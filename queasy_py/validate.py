@@ -12,6 +12,12 @@ from .errors import InvalidInput
 
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 MAX_ID_LENGTH = 256
+#: the latest run_at accepted, in epoch seconds: 9999-12-31T23:59:59Z (the earliest is 0)
+MAX_RUN_AT = 253402300799
+#: the longest configured duration (timeouts, backoffs, intervals), in seconds (~31.7 years)
+MAX_DURATION = 1e9
+#: the deepest nesting of lists/dicts in job data (orjson's own limit: it refuses 255)
+MAX_DEPTH = 254
 
 
 def queue_name(name: object) -> str:
@@ -32,10 +38,13 @@ def job_id(value: object) -> str:
     return value
 
 
-def _check_json(value: object, path: str) -> None:
+def _check_json(value: object, path: str, depth: int = 0) -> None:
     kind = type(value)
     if kind is str or kind is int or kind is bool or value is None:
         return
+    if depth >= MAX_DEPTH and (kind is dict or kind is list or kind is tuple):
+        # also what stops a list that contains itself (a RecursionError before)
+        raise InvalidInput(f"job data is nested deeper than {MAX_DEPTH} levels (at {path[:60]}...)")
     if kind is float:
         if not math.isfinite(value):  # type: ignore[arg-type]
             raise InvalidInput(f"job data at {path} is {value}, which JSON cannot hold")
@@ -44,11 +53,11 @@ def _check_json(value: object, path: str) -> None:
         for key, item in value.items():  # type: ignore[attr-defined]
             if type(key) is not str:
                 raise InvalidInput(f"job data at {path} has a non-str key {key!r}")
-            _check_json(item, f"{path}.{key}")
+            _check_json(item, f"{path}.{key}", depth + 1)
         return
     if kind is list or kind is tuple:
         for index, item in enumerate(value):  # type: ignore[arg-type]
-            _check_json(item, f"{path}[{index}]")
+            _check_json(item, f"{path}[{index}]", depth + 1)
         return
     raise InvalidInput(
         f"job data at {path} is a {kind.__name__}; only JSON values are accepted "
@@ -71,34 +80,50 @@ def encode_data(data: object, max_bytes: int) -> bytes:
 
 
 def run_at_ms(run_at: object, delay: object, now: float) -> int | None:
-    """Epoch milliseconds from run_at (aware datetime or epoch seconds) or delay (seconds)."""
+    """Epoch milliseconds from run_at (aware datetime or epoch seconds) or delay (seconds).
+
+    Both are bounded: run_at within 0..MAX_RUN_AT, delay >= 0 with now + delay <= MAX_RUN_AT.
+    """
     if run_at is not None and delay is not None:
         raise InvalidInput("give run_at or delay, not both")
     if delay is not None:
-        if (
-            isinstance(delay, bool)
-            or not isinstance(delay, int | float)
-            or not math.isfinite(delay)
-        ):
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or delay != delay:
             raise InvalidInput(f"delay must be a number of seconds, not {delay!r}")
         if delay < 0:
             raise InvalidInput(f"delay must be >= 0 seconds, got {delay}")
+        if delay > MAX_RUN_AT - now:  # (no float overflow for a huge int or inf)
+            raise InvalidInput(
+                f"delay must be at most {int(MAX_RUN_AT - now)} seconds (now + delay within "
+                f"year 9999, epoch {MAX_RUN_AT}), got {shown(delay)}"
+            )
         return int((now + delay) * 1000)
     if run_at is None:
         return None
     return int(epoch_seconds(run_at, "run_at") * 1000)
 
 
+def shown(value: object) -> str:
+    """repr(value), cut to about 40 characters (a huge int is thousands of digits)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+
+
 def epoch_seconds(value: object, name: str) -> float:
+    """Epoch seconds of an aware datetime or a number, within 0..MAX_RUN_AT."""
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise InvalidInput(f"{name} is a naive datetime; give one with a tzinfo")
-        return value.timestamp()
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        seconds: float = value.timestamp()
+    elif isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         raise InvalidInput(f"{name} must be an aware datetime or epoch seconds, not {value!r}")
-    if value < 0:
-        raise InvalidInput(f"{name} must be >= 0 epoch seconds, got {value}")
-    return float(value)
+    else:
+        seconds = value  # compared before any conversion: a huge int never overflows
+    if not 0 <= seconds <= MAX_RUN_AT:
+        raise InvalidInput(
+            f"{name} must be within 0..{MAX_RUN_AT} epoch seconds (1970 to the end of "
+            f"year 9999), got {shown(value)}"
+        )
+    return float(seconds)
 
 
 def run_at_mode(value: object) -> str:

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -48,11 +49,24 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
         time.sleep(0.02)
 
 
+def raw_reply(port: int, command: bytes) -> bytes:
+    """The first line a server on `port` answers to one inline command, without AUTH."""
+    with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+        sock.sendall(command + b"\r\n")
+        buf = b""
+        while b"\r\n" not in buf:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            buf += chunk
+        return buf.partition(b"\r\n")[0]
+
+
 def answers_ping(port: int) -> bool:
+    """A server answers on `port` (PONG, or NOAUTH: it wants the password)."""
     try:
-        with redis.Redis(host="127.0.0.1", port=port, socket_timeout=0.5) as conn:
-            return bool(conn.ping())
-    except redis.ConnectionError:
+        return raw_reply(port, b"PING") in (b"+PONG", b"-NOAUTH Authentication required.")
+    except OSError:
         return False
 
 
@@ -95,12 +109,17 @@ def test_start_and_stop() -> None:
     try:
         pid, port, data_dir = server.pid, server.port, server.data_dir
         assert pid is not None and psutil.pid_exists(pid)
-        assert server.url == f"redis://127.0.0.1:{port}/0"
+        assert server.url == f"redis://:{server.password}@127.0.0.1:{port}/0"
         assert data_dir.is_dir()
         assert server.version.startswith("8.")
         with redis.Redis.from_url(server.url) as conn:
             assert conn.ping()
-            assert conn.config_get("bind")["bind"] == "127.0.0.1"
+        listening = {
+            c.laddr.ip
+            for c in psutil.Process(pid).net_connections("inet")
+            if c.status == psutil.CONN_LISTEN
+        }
+        assert listening == {"127.0.0.1"}
     finally:
         server.stop()
     assert refuses(port)
@@ -114,7 +133,7 @@ def test_context_manager_keeps_a_given_data_dir(tmp_path: os.PathLike[str]) -> N
     data_dir = os.path.join(tmp_path, "mine")
     with EmbeddedServer(data_dir=data_dir, extra_args=["--appendonly", "yes"]) as server:
         with redis.Redis.from_url(server.url, decode_responses=True) as conn:
-            assert conn.config_get("appendonly")["appendonly"] == "yes"
+            assert conn.info("persistence")["aof_enabled"] == 1
         port = server.port
     assert refuses(port)
     assert os.path.isdir(data_dir)
@@ -174,20 +193,30 @@ def test_no_orphan_when_the_owner_is_killed(
 
 
 def test_serve_foreground_stops_on_sigterm(
-    popen: Callable[..., subprocess.Popen[str]],
+    popen: Callable[..., subprocess.Popen[str]], tmp_path: Path
 ) -> None:
     port = free_port()
+    data_dir = tmp_path / "served"
     code = (
         "from queasy_py.store.embedded import serve_foreground; "
-        f"raise SystemExit(serve_foreground({port}))"
+        f"raise SystemExit(serve_foreground({port}, {str(data_dir)!r}))"
     )
     proc = popen([sys.executable, "-c", code])
-    wait_until(lambda: answers_ping(port) or proc.poll() is not None, 15, "the server")
+    url_file = data_dir / "url"
+    wait_until(lambda: url_file.exists() or proc.poll() is not None, 15, "the server")
     assert proc.poll() is None, proc.communicate(timeout=10)
+    wait_until(lambda: url_file.read_text().endswith("\n"), 5, "the URL file")
+    url = url_file.read_text().strip()
+    assert url_file.stat().st_mode & 0o777 == 0o600
+    with redis.Redis.from_url(url) as conn:
+        assert conn.ping()
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
-    assert f"at redis://127.0.0.1:{port}" in err
+    assert f"at redis://:***@127.0.0.1:{port}" in err
+    assert f"the URL with its password is in {url_file}" in err
+    password = url.split("@")[0].rsplit(":", 1)[1]
+    assert password not in err  # never logged
     assert refuses(port)
 
 
@@ -200,3 +229,77 @@ def test_auto_port_retries_when_the_port_is_taken(monkeypatch: pytest.MonkeyPatc
         with EmbeddedServer() as second:
             assert second.port != first.port
             assert answers_ping(second.port)
+
+
+# ---------------------------------------------------------------- locked (issue #18)
+
+
+def test_a_client_without_the_password_is_refused() -> None:
+    with EmbeddedServer() as server:
+        assert raw_reply(server.port, b"PING") == b"-NOAUTH Authentication required."
+        assert raw_reply(server.port, b"KEYS *").startswith(b"-NOAUTH")
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(host="127.0.0.1", port=server.port, password="guess").ping()
+        with redis.Redis.from_url(server.url) as conn:
+            assert conn.ping()
+
+
+def test_the_password_is_not_on_the_command_line_nor_in_the_environment() -> None:
+    # set-proc-title no: the process list shows the argv as given, not "valkey-server ip:port"
+    with EmbeddedServer(extra_args=["--set-proc-title", "no"]) as server:
+        assert server.pid is not None
+        proc = psutil.Process(server.pid)
+        argv = " ".join(proc.cmdline())
+        assert "--port" in argv  # the real argv is what ps shows
+        assert server.password not in argv
+        assert server.password not in " ".join(f"{k}={v}" for k, v in proc.environ().items())
+        assert server.password not in server.log_file.read_text()
+        assert server.password not in repr(server)
+
+
+def test_config_debug_and_module_are_disabled() -> None:
+    with EmbeddedServer() as server, redis.Redis.from_url(server.url) as conn:
+        for command in (
+            ("CONFIG", "GET", "requirepass"),
+            ("DEBUG", "SLEEP", "0"),
+            ("MODULE", "LIST"),
+        ):
+            with pytest.raises(redis.ResponseError, match="unknown command"):
+                conn.execute_command(*command)
+
+
+def test_the_password_file_and_data_dir_are_private_and_kept_for_a_restart(
+    tmp_path: Path,
+) -> None:
+    data_dir = tmp_path / "data"
+    with EmbeddedServer(data_dir=data_dir) as first:
+        url, password = first.url, first.password
+        assert (data_dir / "password").stat().st_mode & 0o777 == 0o600
+        assert data_dir.stat().st_mode & 0o777 == 0o700
+    with EmbeddedServer(data_dir=data_dir, port=first.port) as again:
+        assert again.password == password and again.url == url
+        with redis.Redis.from_url(url) as conn:
+            assert conn.ping()
+    assert EmbeddedServer().password != password  # a fresh data dir gets its own
+
+
+def test_the_state_dir_is_private(private_state_dir: str) -> None:
+    from queasy_py.store.embedded import state_dir
+
+    assert state_dir().stat().st_mode & 0o777 == 0o700
+
+
+def test_a_client_on_the_embedded_server_logs_its_url_masked(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from queasy_py import Client
+
+    monkeypatch.delenv("QUEASY_REDIS_URL", raising=False)
+    with caplog.at_level("DEBUG", logger="queasy_py"), Client(workers=0) as client:
+        assert client.server is not None
+        password = client.server.password
+        assert password in client.url
+        assert client.queue("q").counts()["waiting"] == 0
+        assert password not in repr(client) and password not in repr(client.server)
+    assert "using an embedded server at redis://:***@127.0.0.1" in caplog.text
+    assert password not in caplog.text

@@ -31,7 +31,7 @@ class Own:
     """A server for one test's queues, with a raw connection to it."""
 
     def __init__(self) -> None:
-        self.server = EmbeddedServer().start()
+        self.server = EmbeddedServer(admin_commands=True).start()  # CONFIG SET maxmemory
         self.r = redis.Redis.from_url(self.server.url, decode_responses=True)
 
     @property

@@ -198,7 +198,9 @@ def test_a_restart_that_lost_the_last_writes_loses_no_earlier_job(
 
 def test_queasy_run_retries_an_unreachable_redis_then_works(tmp_path: Path) -> None:
     port = free_port()
-    url = f"redis://127.0.0.1:{port}/0"
+    password = "qt-late-pw"  # the embedded server requires one; given, so the URL is known
+    url = f"redis://:{password}@127.0.0.1:{port}/0"
+    masked = f"redis://:***@127.0.0.1:{port}/0"  # what the log shows
     prefix = "qt-late"
     config = tmp_path / "queasy.toml"
     config.write_text(
@@ -224,11 +226,11 @@ def test_queasy_run_retries_an_unreachable_redis_then_works(tmp_path: Path) -> N
             start_new_session=True,
         )
     try:
-        retry_line = f"cannot connect to Redis at {url} after 3 attempts"
+        retry_line = f"cannot connect to Redis at {masked} after 3 attempts"
         wait_for(lambda: retry_line in log_path.read_text(), what="a retry line")
         assert "; retrying in 1s" in log_path.read_text()
         assert proc.poll() is None
-        server = EmbeddedServer(port=port).start()
+        server = EmbeddedServer(port=port, password=password).start()
         r = redis.Redis.from_url(url, decode_responses=True)
         with Client(url, workers=0, prefix=prefix) as producer:
             producer.queue("q").dispatch({"tag": "late"}, id="late")
@@ -236,7 +238,7 @@ def test_queasy_run_retries_an_unreachable_redis_then_works(tmp_path: Path) -> N
             (event,) = rt.wait_events("q", 1, timeout=30.0)
             assert (event["id"], event["outcome"]) == ("late", "finished")
         r.close()
-        assert f"queasy run: {config} on {url}" in log_path.read_text()
+        assert f"queasy run: {config} on {masked}" in log_path.read_text()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     finally:

@@ -9,6 +9,7 @@ without TLS (`--tls-port` fails with "Failed finding TLS support").
 from __future__ import annotations
 
 import ast
+import asyncio
 import os
 import signal
 import subprocess
@@ -22,7 +23,9 @@ import pytest
 import redis
 from runtime_helpers import ACT, ROOT, Runtime, queue_spec, wait_for
 
-from queasy_py import Client, QueasyError
+from queasy_py import Client, ConfigError, QueasyError
+from queasy_py.aio import AsyncClient
+from queasy_py.cli import exitcodes
 from queasy_py.store.connection import mask_url
 from queasy_py.store.embedded import EmbeddedServer, free_port
 
@@ -115,19 +118,22 @@ def test_a_job_cannot_choose_the_code_that_runs_it(
 @pytest.fixture(scope="module")
 def locked_server() -> Iterator[EmbeddedServer]:
     """A fresh server (no library loaded yet) whose default user needs a password."""
-    server = EmbeddedServer().start()  # its start-up PING needs no password: set it after
-    with redis.Redis.from_url(server.url) as conn:
-        conn.config_set("requirepass", ADMIN_PW)
+    server = EmbeddedServer(password=ADMIN_PW).start()
     try:
         yield server
     finally:
         server.stop()
 
 
+def bare_url(server: EmbeddedServer) -> str:
+    """The server's URL without credentials (`server.url` holds its password)."""
+    return f"redis://127.0.0.1:{server.port}/0"
+
+
 @pytest.fixture
 def admin(locked_server: EmbeddedServer) -> Iterator[redis.Redis]:
     conn = redis.Redis.from_url(
-        with_user(locked_server.url, "default", ADMIN_PW), decode_responses=True
+        with_user(bare_url(locked_server), "default", ADMIN_PW), decode_responses=True
     )
     try:
         yield conn
@@ -140,7 +146,7 @@ def queasy_url(locked_server: EmbeddedServer, admin: redis.Redis) -> Iterator[st
     """The URL of an ACL user with only what queasy_py needs, on keys and channels PREFIX:*."""
     admin.execute_command(*acl_line("queasy", SECRET, PREFIX).split())
     admin.acl_log_reset()
-    yield with_user(locked_server.url, "queasy", SECRET)
+    yield with_user(bare_url(locked_server), "queasy", SECRET)
     admin.acl_deluser("queasy")
     for key in admin.scan_iter(match=f"{PREFIX}:*"):
         admin.unlink(key)
@@ -148,8 +154,8 @@ def queasy_url(locked_server: EmbeddedServer, admin: redis.Redis) -> Iterator[st
 
 def test_a_password_in_the_url_authenticates(locked_server: EmbeddedServer) -> None:
     with pytest.raises(Exception, match="refused the credentials"):
-        Client(locked_server.url)  # no password: NOAUTH
-    with Client(with_user(locked_server.url, "", ADMIN_PW), prefix=PREFIX) as client:
+        Client(bare_url(locked_server))  # no password: NOAUTH
+    with Client(with_user(bare_url(locked_server), "", ADMIN_PW), prefix=PREFIX) as client:
         job_id = client.queue("auth").dispatch({"n": 1})
         assert client.queue("auth").get_job(job_id).data == {"n": 1}  # type: ignore[union-attr]
         assert client.queue("auth").cancel(job_id)
@@ -231,6 +237,82 @@ def test_mask_url_hides_every_form_of_password() -> None:
     assert mask_url("redis://h:6379/0") == "redis://h:6379/0"
 
 
+@pytest.mark.parametrize(
+    "url, masked",
+    [
+        ("redis://u:p#w@h:6379/0", "redis://u:***@h:6379/0"),
+        ("redis://u:p/w@h:6379/0", "redis://u:***@h:6379/0"),
+        ("redis://u:p?w@h:6379/0", "redis://u:***@h:6379/0"),
+        ("redis://u:p@w@h:6379/0", "redis://u:***@h:6379/0"),
+        ("redis://u:a#b/c?d@e@h/0?db=1", "redis://u:***@h/0?db=1"),
+        ("redis://:p#w@[::1]:6379/0", "redis://:***@[::1]:6379/0"),
+        ("redis://tok3n@h/0", "redis://***@h/0"),
+        ("u:pw@h:6379", "u:***@h:6379"),  # no scheme: malformed, masked all the same
+        ("unix://u:pw@/run/redis.sock?db=0", "unix://u:***@/run/redis.sock?db=0"),
+        (
+            "rediss://h/0?ssl_password=pw&ssl_keyfile=k",
+            "rediss://h/0?ssl_password=***&ssl_keyfile=k",
+        ),
+        ("redis://h/0?PASSWORD=pw", "redis://h/0?PASSWORD=***"),
+        (
+            "redis://h/0?db=0&client_secret=s;auth_token=t",
+            "redis://h/0?db=0&client_secret=***;auth_token=***",
+        ),
+    ],
+)
+def test_mask_url_hides_passwords_with_special_characters_and_secret_query_keys(
+    url: str, masked: str
+) -> None:
+    assert mask_url(url) == masked
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"redis://u:{SECRET}#x@127.0.0.1:1/0",
+        f"redis://u:{SECRET}/x@127.0.0.1:1/0",
+        f"redis://u:{SECRET}?x@127.0.0.1:1/0",
+        f"redis://u:{SECRET}@127.0.0.1:port/0",  # redis-py: ValueError (the port)
+        f"u:{SECRET}@127.0.0.1:1/0",  # redis-py: ValueError (no scheme)
+    ],
+    ids=["hash", "slash", "question_mark", "port", "no_scheme"],
+)
+def test_an_unparseable_url_is_a_config_error_that_never_echoes_it(url: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="invalid Redis URL") as caught:
+        Client(url, workers=0)
+    assert SECRET not in str(caught.value)
+    assert time.monotonic() - started < 2  # not retried
+
+    async def open_async() -> None:
+        async with AsyncClient(url):
+            pass
+
+    with pytest.raises(ConfigError, match="invalid Redis URL") as caught:
+        asyncio.run(open_async())
+    assert SECRET not in str(caught.value)
+
+
+def test_queasy_run_with_an_unparseable_url_exits_config_at_once(tmp_path: Path) -> None:
+    url = f"redis://queasy:{SECRET}#1@127.0.0.1:{free_port()}/0"
+    config = tmp_path / "run.toml"
+    config.write_text(f'redis = "{url}"\n[queues.q]\nhandler = "{QUIET}"\n')
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("queasy")), "--log-level", "DEBUG", "run"]
+        + [str(config)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == exitcodes.CONFIG, out
+    assert "invalid Redis URL redis://queasy:***@127.0.0.1" in out
+    assert SECRET not in out and "retrying" not in out
+
+
 def test_the_password_never_appears_in_logs_or_command_lines(
     queasy_url: str, admin: redis.Redis, tmp_path: Path
 ) -> None:
@@ -281,7 +363,7 @@ def test_a_user_without_fcall_gets_a_clear_error(
     admin.execute_command(*line.split())
     try:
         with pytest.raises(QueasyError, match="may not call the queasy functions") as caught:
-            Client(with_user(locked_server.url, "nofcall", SECRET), prefix=PREFIX)
+            Client(with_user(bare_url(locked_server), "nofcall", SECRET), prefix=PREFIX)
         assert SECRET not in str(caught.value)
     finally:
         admin.acl_deluser("nofcall")

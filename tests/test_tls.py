@@ -111,8 +111,11 @@ def tls_server(
         server.stop()
 
 
-def tls_url(port: int, ca: Path) -> str:
-    return f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=required&ssl_ca_certs={ca}"
+def tls_url(server: EmbeddedServer, port: int, ca: Path) -> str:
+    """The TLS URL of `server` (with its password: the embedded server requires one)."""
+    return (
+        f"rediss://:{server.password}@127.0.0.1:{port}/0?ssl_cert_reqs=required&ssl_ca_certs={ca}"
+    )
 
 
 def test_the_server_is_redis_7_0(tls_server: tuple) -> None:
@@ -122,8 +125,8 @@ def test_the_server_is_redis_7_0(tls_server: tuple) -> None:
 
 
 def test_producer_api_over_tls(tls_server: tuple) -> None:
-    _, port, ca = tls_server
-    with Client(tls_url(port, ca), prefix=PREFIX) as client:
+    server, port, ca = tls_server
+    with Client(tls_url(server, port, ca), prefix=PREFIX) as client:
         q = client.queue("tls")
         job_id = q.dispatch({"secure": True}, delay=60)
         assert q.get_job(job_id).data == {"secure": True}  # type: ignore[union-attr]
@@ -132,17 +135,29 @@ def test_producer_api_over_tls(tls_server: tuple) -> None:
 
 
 def test_an_untrusted_certificate_is_refused(tls_server: tuple, tmp_path: Path) -> None:
-    _, port, _ = tls_server
+    server, port, _ = tls_server
     other_ca = make_certs(tmp_path)["ca"]  # a CA that did not sign the server's certificate
     with pytest.raises(ConnectionFailed, match="certificate verify failed"):
-        Client(tls_url(port, other_ca), prefix=PREFIX)
+        Client(tls_url(server, port, other_ca), prefix=PREFIX)
+
+
+def test_a_certificate_for_another_name_is_refused(tls_server: tuple) -> None:
+    """The server's certificate names IP 127.0.0.1, trusted CA: reached as `localhost`, the
+    name does not match and the connection is refused (redis-py 5 did not check the name)."""
+    server, port, ca = tls_server
+    wrong_name = tls_url(server, port, ca).replace("127.0.0.1", "localhost")
+    with pytest.raises(ConnectionFailed, match="certificate verify failed"):
+        Client(wrong_name, prefix=PREFIX)
+    # ... unless the URL says otherwise
+    with Client(wrong_name + "&ssl_check_hostname=false", prefix=PREFIX) as client:
+        assert client.queue("tls").counts()["waiting"] == 0
 
 
 def test_a_supervisor_runs_jobs_over_tls(tls_server: tuple, tmp_path: Path) -> None:
     server, port, ca = tls_server
     admin = redis.Redis.from_url(server.url, decode_responses=True)
     try:
-        with Runtime(tls_url(port, ca), PREFIX, admin, tmp_path) as rt:
+        with Runtime(tls_url(server, port, ca), PREFIX, admin, tmp_path) as rt:
             q = rt.queue("tlsq")
             rt.start({"tlsq": queue_spec(QUIET)})
             q.dispatch({}, id="over-tls")

@@ -7,31 +7,70 @@ import os
 import re
 import time
 import uuid
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .. import defaults
-from ..errors import AuthenticationFailed, ConnectionFailed, QueasyError
+from ..errors import AuthenticationFailed, ConfigError, ConnectionFailed, QueasyError
 
 log = logging.getLogger("queasy_py")
 
+R = TypeVar("R")
+
+
+#: what may follow the `@` that ends the credentials: a host (name, IPv4 or [IPv6]) and port
+_HOST_AFTER_AT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]*)(:[^/?#@]*)?(?=$|[/?#])")
+#: query arguments that hold secrets (redis-py: password=, ssl_password=, ...)
+_SECRET_QUERY = re.compile(r"([?&;][^=&;#]*(?:password|secret|token)=)[^&;#]*", re.IGNORECASE)
+
+
+def _credentials(url: str, in_query: bool = True) -> tuple[int, int] | None:
+    """Where the credentials are: the span between `://` and the last `@` before the host
+    (None without an `@`). in_query=False skips an `@` inside a query value (`?k=..@..`)."""
+    start = url.find("://")
+    start = 0 if start < 0 else start + 3  # no scheme: a malformed URL, masked all the same
+    at = len(url)
+    while (at := url.rfind("@", start, at)) >= 0:
+        query = url.find("?", start, at)
+        if not in_query and query >= 0 and "=" in url[query:at]:
+            continue
+        if _HOST_AFTER_AT.match(url, at + 1):
+            return start, at
+    return None
+
 
 def mask_url(url: str) -> str:
-    """The URL with its password replaced by ***, safe to log."""
-    parts = urlsplit(url)
-    if parts.password is not None:
-        user = parts.username or ""
-        host = parts.hostname or ""
-        if ":" in host:  # IPv6
-            host = f"[{host}]"
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
-        url = urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-    # redis-py also takes the password as a query argument: ?password=...
-    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url)
+    """The URL with its secrets replaced by ***, safe to log and to put in an exception.
+
+    Everything between `://` and the last `@` before the host is masked but a user name
+    (`redis://user:***@host`; `redis://***@host` without a `:`), even a password holding
+    `#`, `/`, `?` or `@`; so is the value of every query key ending in `password`, `secret`
+    or `token` (`?ssl_password=***`).
+    """
+    span = _credentials(url)
+    if span is not None:
+        start, at = span
+        user, colon, _ = url[start:at].partition(":")
+        shown = f"{user}:***" if colon and not any(c in user for c in "/?#") else "***"
+        url = url[:start] + shown + url[at:]
+    return _SECRET_QUERY.sub(r"\1***", url)
+
+
+def check_url(url: str) -> None:
+    """ConfigError (not an outage: never retried) for a URL redis-py would misread.
+
+    A password holding an unencoded `/`, `?` or `#` ends the host part early for a URL
+    parser, which then takes part of the password for the host or port.
+    """
+    span = _credentials(url, in_query=False)
+    if span is not None and any(c in url[span[0] : span[1]] for c in "/?#"):
+        raise ConfigError(
+            f"invalid Redis URL {mask_url(url)}: its credentials hold '/', '?' or '#'; "
+            "percent-encode them (%2F %3F %23, and %40 for '@', %3A for ':')"
+        )
 
 
 def connect(
@@ -39,11 +78,11 @@ def connect(
     attempts: int = defaults.CONNECT_ATTEMPTS,
     backoff: float = defaults.CONNECT_BACKOFF,
 ) -> redis.Redis:
-    """A connected redis.Redis (bytes responses), or ConnectionFailed naming the masked URL."""
-    try:
-        r = redis.Redis.from_url(url, socket_connect_timeout=5.0, socket_keepalive=True)
-    except ValueError as exc:
-        raise ConnectionFailed(f"invalid Redis URL {mask_url(url)}: {exc}") from None
+    """A connected redis.Redis (bytes responses), or ConnectionFailed naming the masked URL.
+
+    A URL that does not parse is a ConfigError, raised at once (retrying cannot help).
+    """
+    r = from_url(redis.Redis, url, socket_connect_timeout=5.0, socket_keepalive=True)
     delay = backoff
     for attempt in range(1, attempts + 1):
         try:
@@ -81,6 +120,26 @@ def connect(
     raise AssertionError("unreachable")
 
 
+def from_url(cls: type[R], url: str, **kwargs: Any) -> R:
+    """cls.from_url(url, **kwargs) (redis.Redis or redis.asyncio.Redis; every connection of
+    queasy_py is made here), with URL errors as a ConfigError naming the masked URL (redis-py's
+    own message may quote part of the password) and TLS host names checked."""
+    check_url(url)
+    if url[:9].lower() == "rediss://":
+        # verify the certificate's name (redis-py 5 did not by default); the URL's own
+        # ?ssl_check_hostname= wins, and ssl_cert_reqs=none turns it off
+        kwargs.setdefault("ssl_check_hostname", True)
+    try:
+        return cls.from_url(url, **kwargs)  # type: ignore[attr-defined, no-any-return]
+    except ValueError as exc:
+        raise ConfigError(
+            f"invalid Redis URL {mask_url(url)} ({type(exc).__name__}; the details are not "
+            "shown as they may quote the password): expected "
+            "redis[s]://[[user]:password@]host[:port][/db][?option=value...], "
+            "with special characters of the password percent-encoded"
+        ) from None
+
+
 def new_client_id() -> str:
     """A client's id in Redis (the owner of its leases): pid and 12 random hex digits."""
     return f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -90,7 +149,8 @@ def loop_client(url: str, timeout: float = defaults.LOOP_REDIS_TIMEOUT) -> redis
     """A client for calls made by the scheduling loop and its threads: it connects lazily,
     every call gives up after `timeout` seconds, and redis-py does not retry on its own (the
     caller backs off and decides whether a command may be sent again)."""
-    return redis.Redis.from_url(
+    return from_url(
+        redis.Redis,
         url,
         socket_connect_timeout=timeout,
         socket_timeout=timeout,

@@ -3,6 +3,12 @@
 `EmbeddedServer` starts `valkey-server` bound to 127.0.0.1 on a free port, waits until it
 answers PING and stops it again; the server never outlives the Python process that started it.
 `serve_foreground` backs `queasy server --port N`.
+
+Other local accounts can reach a loopback port, so the server is locked: it requires a random
+password (`secrets.token_urlsafe`), kept in `<data dir>/password` (0600, in a 0700 data dir,
+so a restart on the same data dir keeps it) and handed to the server on its stdin
+(`valkey-server -`), never on its command line (`ps` shows that to everyone); its `url` holds
+the password (log it through `mask_url`). CONFIG, DEBUG and MODULE are disabled.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import importlib.util
 import logging
 import os
 import pathlib
+import secrets
 import shutil
 import signal
 import socket
@@ -23,8 +30,13 @@ import threading
 import time
 from collections.abc import Sequence
 from types import FrameType, TracebackType
+from urllib.parse import quote
 
 from ..errors import QueasyError
+from .connection import mask_url
+from .resp import command as _command
+from .resp import info_server as _info_server
+from .resp import ping as _ping
 
 __all__ = ["EmbeddedServer", "find_server_binary", "free_port", "serve_foreground", "state_dir"]
 
@@ -33,6 +45,8 @@ log = logging.getLogger("queasy_py.embedded")
 _HOST = "127.0.0.1"
 _PORT_RETRIES = 3
 _PR_SET_PDEATHSIG = 1
+#: commands no client of the embedded server needs, and that could take it over
+_DISABLED_COMMANDS = ("CONFIG", "DEBUG", "MODULE")
 
 
 def find_server_binary() -> str:
@@ -63,8 +77,54 @@ def state_dir() -> pathlib.Path:
         os.path.expanduser("~"), ".local", "state"
     )
     path = pathlib.Path(base) / "queasy"
-    path.mkdir(parents=True, exist_ok=True)
+    _private_dir(path)
     return path
+
+
+def _private_dir(path: pathlib.Path) -> None:
+    """Create `path` (and parents) if missing; make it 0700: it holds job data and passwords."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+
+
+def _stored_password(data_dir: pathlib.Path) -> str:
+    """The password kept in `data_dir/password`, created (0600, random) if missing."""
+    file = data_dir / "password"
+    try:
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        password = file.read_text().strip()
+        if password:
+            return password
+        file.unlink()  # empty (a crash mid-write): make a new one
+        return _stored_password(data_dir)
+    password = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w") as out:
+        out.write(password + "\n")
+    return password
+
+
+def _write_private(file: pathlib.Path, text: str) -> pathlib.Path:
+    """Write `text` to `file`, readable by this user only (0600 from its creation)."""
+    file.unlink(missing_ok=True)
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    return file
+
+
+def _config_text(password: str, admin_commands: bool = False) -> str:
+    """The server config sent on its stdin: the password and the disabled commands (kept
+    with `admin_commands`, for the fault-injection tests: CONFIG SET maxmemory)."""
+    if not password or any(not ch.isprintable() for ch in password):
+        raise QueasyError("the embedded server's password must be printable characters")
+    quoted = password.replace("\\", "\\\\").replace('"', '\\"')
+    lines = [f'requirepass "{quoted}"', "protected-mode yes"]
+    if not admin_commands:
+        lines += ["enable-debug-command no", "enable-module-command no"]
+        lines += [f'rename-command {name} ""' for name in _DISABLED_COMMANDS]
+    return "\n".join(lines) + "\n"
 
 
 def free_port() -> int:
@@ -72,47 +132,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((_HOST, 0))
         return int(sock.getsockname()[1])
-
-
-def _command(port: int, *args: str, timeout: float = 1.0) -> tuple[bytes, bytes]:
-    """Send one command over RESP; return (reply type byte, payload) for simple/bulk replies."""
-    payload = b"*%d\r\n" % len(args) + b"".join(
-        b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args
-    )
-    with socket.create_connection((_HOST, port), timeout=timeout) as sock:
-        sock.sendall(payload)
-        buf = b""
-        while b"\r\n" not in buf:
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("connection closed before a reply")
-            buf += chunk
-        head, _, rest = buf.partition(b"\r\n")
-        kind, body = head[:1], head[1:]
-        if kind != b"$" or int(body) < 0:
-            return kind, body
-        size = int(body)
-        while len(rest) < size + 2:
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("connection closed inside a bulk reply")
-            rest += chunk
-        return kind, rest[:size]
-
-
-def _ping(port: int) -> bool:
-    try:
-        return _command(port, "PING", timeout=0.5) == (b"+", b"PONG")
-    except (OSError, ValueError):
-        return False
-
-
-def _info_server(port: int) -> dict[str, str]:
-    kind, body = _command(port, "INFO", "server")
-    if kind != b"$":
-        return {}
-    fields = (line.partition(":") for line in body.decode(errors="replace").splitlines())
-    return {k: v for k, sep, v in fields if sep}
 
 
 _libc: ctypes.CDLL | None = None
@@ -136,7 +155,9 @@ class EmbeddedServer:
 
     Without `port`, a free port is picked (and re-picked if another process takes it first).
     Without `data_dir`, a fresh directory under `state_dir()/servers/` is used and removed by
-    `stop()`. `extra_args` are passed after the defaults, so they override them.
+    `stop()`; either way the data dir is made 0700. Without `password`, the one kept in the
+    data dir is used (a random one is made and kept there the first time). `extra_args` are
+    passed after the defaults, so they override them; they are visible in `ps`.
     """
 
     def __init__(
@@ -146,8 +167,11 @@ class EmbeddedServer:
         binary: str | None = None,
         extra_args: Sequence[str] = (),
         start_timeout: float = 10.0,
+        password: str | None = None,
+        admin_commands: bool = False,
     ) -> None:
         self._auto_port = port is None
+        self._admin_commands = admin_commands
         self.port: int = port or 0
         self.pid: int | None = None
         self.version: str = ""
@@ -159,19 +183,30 @@ class EmbeddedServer:
         if data_dir is None:
             servers = state_dir() / "servers"
             servers.mkdir(parents=True, exist_ok=True)
-            data_dir = tempfile.mkdtemp(prefix="valkey-", dir=servers)
+            data_dir = tempfile.mkdtemp(prefix="valkey-", dir=servers)  # 0700
         self.data_dir = pathlib.Path(data_dir).absolute()
+        self._password = password
+
+    @property
+    def password(self) -> str:
+        """The password clients need (the `default` user's); made on first use if missing."""
+        if self._password is None:
+            _private_dir(self.data_dir)
+            self._password = _stored_password(self.data_dir)
+        return self._password
 
     @property
     def url(self) -> str:
-        return f"redis://{_HOST}:{self.port}/0"
+        """The URL for clients: it holds the password, so log it through mask_url only."""
+        return f"redis://:{quote(self.password, safe='')}@{_HOST}:{self.port}/0"
 
     @property
     def log_file(self) -> pathlib.Path:
         return self.data_dir / "server.log"
 
     def __repr__(self) -> str:
-        return f"<EmbeddedServer {self.url} pid={self.pid} data_dir={str(self.data_dir)!r}>"
+        url = mask_url(self.url)
+        return f"<EmbeddedServer {url} pid={self.pid} data_dir={str(self.data_dir)!r}>"
 
     def start(self) -> EmbeddedServer:
         """Start the server and wait until it answers PING; raise QueasyError on failure."""
@@ -180,7 +215,8 @@ class EmbeddedServer:
         binary = self._binary or find_server_binary()
         if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
             raise QueasyError(f"valkey-server binary not found or not executable: {binary}")
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        _private_dir(self.data_dir)
+        config = _config_text(self.password, self._admin_commands)
         global _libc
         if sys.platform.startswith("linux") and _libc is None:
             _libc = ctypes.CDLL(None, use_errno=True)
@@ -189,7 +225,7 @@ class EmbeddedServer:
         for attempt in range(attempts):
             if self._auto_port:
                 self.port = free_port()
-            port_taken = self._launch(binary)
+            port_taken = self._launch(binary, config)
             if not port_taken:
                 break
             log.debug("port %d was taken (attempt %d), retrying", self.port, attempt + 1)
@@ -198,16 +234,19 @@ class EmbeddedServer:
         log.info(
             "started embedded valkey-server %s at %s (pid %s, data dir %s)",
             self.version,
-            self.url,
+            mask_url(self.url),
             self.pid,
             self.data_dir,
         )
         return self
 
-    def _launch(self, binary: str) -> bool:
-        """Run one attempt; return True if the port was taken, raise on any other failure."""
+    def _launch(self, binary: str, config: str) -> bool:
+        """Run one attempt; return True if the port was taken, raise on any other failure.
+
+        `config` (the password, the disabled commands) goes to the server's stdin (`-`)."""
         args = [
             binary,
+            "-",
             "--bind", _HOST,
             "--port", str(self.port),
             "--dir", str(self.data_dir),
@@ -223,7 +262,7 @@ class EmbeddedServer:
             try:
                 proc = subprocess.Popen(
                     args,
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.PIPE,
                     stdout=out,
                     stderr=out,
                     cwd=self.data_dir,
@@ -232,6 +271,12 @@ class EmbeddedServer:
             except OSError as exc:
                 raise QueasyError(f"cannot run valkey-server {binary}: {exc}") from exc
         self._proc, self.pid = proc, proc.pid
+        assert proc.stdin is not None
+        try:
+            with proc.stdin:
+                proc.stdin.write(config.encode())
+        except BrokenPipeError:
+            pass  # it exited at once: reported below with its log
         deadline = time.monotonic() + self._start_timeout
         while True:
             if proc.poll() is not None:
@@ -242,9 +287,9 @@ class EmbeddedServer:
                 raise QueasyError(
                     f"valkey-server exited with code {proc.returncode} on port {self.port}:\n{tail}"
                 )
-            if _ping(self.port):
+            if _ping(self.port, self.password):
                 try:
-                    info = _info_server(self.port)
+                    info = _info_server(self.port, self.password)
                 except (OSError, ValueError):
                     info = {}
                 # Another server on this port would answer PING too: make sure it is ours.
@@ -287,7 +332,10 @@ class EmbeddedServer:
         proc, self._proc, self.pid = self._proc, None, None
         if proc is not None and proc.poll() is None:
             try:
-                _command(self.port, "SHUTDOWN", "NOSAVE", timeout=min(timeout, 1.0))
+                _command(
+                    self.port, "SHUTDOWN", "NOSAVE", password=self.password,
+                    timeout=min(timeout, 1.0),
+                )  # fmt: skip
             except (OSError, ValueError):
                 pass  # the server closes the connection without a reply
             if proc.poll() is None:
@@ -326,13 +374,19 @@ def serve_foreground(port: int, data_dir: str | None = None) -> int:
     server = EmbeddedServer(port=port, data_dir=data_dir)
     try:
         server.start()
-        log.info("serving on %s; stop with Ctrl-C or SIGTERM", server.url)
+        url_file = _write_private(server.data_dir / "url", server.url + "\n")
+        log.info(
+            "serving on %s; the URL with its password is in %s (readable by this user only); "
+            "stop with Ctrl-C or SIGTERM",
+            mask_url(server.url),
+            url_file,
+        )
         while not stopping.wait(0.5):
             proc = server._proc
             if proc is None or proc.poll() is not None:
                 log.error("valkey-server exited unexpectedly:\n%s", server._log_tail(0))
                 return 1
-        log.info("stopping valkey-server at %s", server.url)
+        log.info("stopping valkey-server at %s", mask_url(server.url))
         return 0
     finally:
         server.stop()

@@ -1,0 +1,86 @@
+"""The ready-made fail handlers (handlers/reschedule.py, handlers/dead_letter.py) act only on
+the queue their fail queue belongs to: a record written straight into a fail queue that names
+another queue is refused (PermanentError), and nothing of that queue is touched."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from runtime_helpers import ACT, Runtime, queue_spec
+
+from handlers import dead_letter
+from handlers._fail_record import fail_record
+from queasy_py import Job, PermanentError
+from queasy_py.store.keys import QueueKeys
+
+ERROR = {"name": "Boom", "message": "failed for good", "kind": "permanent"}
+
+
+@pytest.fixture
+def rt(redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path) -> Iterator[Runtime]:
+    with Runtime(redis_url, prefix, r, tmp_path) as runtime:
+        yield runtime
+
+
+def victim_keys(r: redis.Redis, prefix: str) -> list[str]:
+    return sorted(r.scan_iter(match=f"{prefix}:{{victim}}:*"))
+
+
+def record(queue: str, job_id: str) -> list:
+    job = {"id": job_id, "queue": queue, "run_at": 0, "retry_count": 0}
+    return [{"n": 1}, job, ERROR]
+
+
+@pytest.mark.parametrize("handler", ["handlers.reschedule", "handlers.dead_letter"])
+def test_a_fail_record_naming_another_queue_is_refused(
+    rt: Runtime, r: redis.Redis, prefix: str, handler: str
+) -> None:
+    q = rt.queue("q")
+    rt.start({"q": queue_spec(ACT, fail_handler=handler)})
+    # written straight into q's fail queue by anyone who can dispatch: names queue "victim"
+    q.fail_queue.dispatch(record("victim", "v1"), id="forged")
+    q.fail_queue.dispatch(["not", "a record"], id="garbage")
+    q.fail_queue.dispatch(record("q", "j1"), id="genuine")  # the control: acted on
+    events = {e["id"]: e for e in rt.wait_events("q-fail", 3, tag="q")}
+    assert events["forged"]["outcome"] == "failed"
+    assert events["forged"]["error_name"] == "PermanentError"
+    assert events["forged"]["error_kind"] == "permanent"  # not retried
+    assert events["garbage"]["outcome"] == "failed"
+    assert events["garbage"]["error_kind"] == "permanent"
+    assert events["genuine"]["outcome"] == "finished"
+    assert victim_keys(r, prefix) == []
+    assert r.lrange(QueueKeys(prefix, "victim", "victim").dead_letters, 0, -1) == []
+    if handler == "handlers.reschedule":
+        job = q.get_job("j1")
+        assert job is not None and job.state == "delayed"  # re-dispatched into q itself
+    else:
+        (letter,) = dead_letter.read(q)
+        assert letter["job"]["id"] == "j1"
+
+
+def fail_job(queue: str) -> Job:
+    return Job(id="f1", queue=queue, run_at=0.0, retry_count=0, stall_count=0, timeout_count=0)
+
+
+@pytest.mark.parametrize(
+    "data, queue, message",
+    [
+        (
+            record("victim", "v1"),
+            "q-fail",
+            "names queue 'victim'; the fail handler of q-fail acts on 'q' only",
+        ),
+        (record("q", "j1"), "q", "'q' is not a fail queue"),
+        (record("q", "j1"), "-fail", "'-fail' is not a fail queue"),
+        ({"a": 1}, "q-fail", "data is not [data, job, error]"),
+        ([1, {"queue": "q"}, {}], "q-fail", "the failed job has no str id"),
+    ],
+    ids=["other_queue", "not_a_fail_queue", "bare_suffix", "not_a_list", "no_id"],
+)
+def test_the_refusals_say_why(data: object, queue: str, message: str) -> None:
+    with pytest.raises(PermanentError, match=re.escape(message)):
+        fail_record(data, fail_job(queue))
