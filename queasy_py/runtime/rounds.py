@@ -71,13 +71,6 @@ class Throttled:
             log.error("dropped a malformed %s: %.200r (more are dropped silently)", kind, what)
 
 
-def _int(raw: bytes) -> int:
-    """A non-negative integer field; ValueError for anything else (b'1e+20', b'x', b'-1')."""
-    if not raw.isdigit() or len(raw) > 18:
-        raise ValueError(raw)
-    return int(raw)
-
-
 def _text(exc: BaseException) -> str:
     """The error's own text (a pipeline's error names its command first)."""
     return str(exc).rpartition("caused error: ")[2]
@@ -399,10 +392,10 @@ class Rounds:
                 job_id.decode(),
                 token.decode(),
                 data,
-                _int(run_at),
-                _int(retries),
-                _int(stalls),
-                _int(timeouts),
+                int(run_at),  # ValueError for b'1e+20', b'x' (the library writes %d)
+                int(retries),
+                int(stalls),
+                int(timeouts),
                 state.spec.size,
                 deadline,
             )
@@ -424,7 +417,7 @@ class Rounds:
                 self._pushed(state, data)
                 continue
             try:
-                at = _int(data) / 1000.0
+                at = int(data) / 1000.0
             except (ValueError, TypeError, AttributeError):
                 self.malformed("wake-up", data)
                 continue

@@ -237,7 +237,7 @@ class Supervisor:
         self.events.watch("pubsub", self.wakeup.socket())
         for state in self.states.values():  # polling fallback for missed wake-ups
             state.ready_at = min(state.ready_at, now + self.poll_interval)
-        self.workers.ensure()  # a start held back by a backoff
+        self.workers.start_held_back(now_mono)
         self.workers.check_starts(now_mono)
         self.workers.check_timeouts(now_mono)
         self.workers.check_memory(now_mono)

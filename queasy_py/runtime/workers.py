@@ -54,6 +54,7 @@ class Workers:
         self.next_spawn = 0.0  # monotonic: no worker is started before (backoff)
         self.import_error = ""  # the last import error a worker reported (logged once)
         self.fatal: HandlerError | None = None  # workers cannot start: the supervisor gives up
+        self.writing: set[WorkerProc] = set()  # pipes watched for writability
 
     def __iter__(self):
         return iter(list(self.procs))
@@ -82,6 +83,7 @@ class Workers:
 
     def _forget(self, proc: WorkerProc) -> None:
         self.started.pop(proc, None)
+        self.writing.discard(proc)
         self.events.unregister(proc.pipe.fileno())
         self.events.unregister(proc.sentinel)
         if proc in self.procs:
@@ -125,10 +127,15 @@ class Workers:
         )
         if self.started:
             deadline = min(deadline, min(self.started.values()) + defaults.WORKER_START_TIMEOUT)
-        live = sum(1 for w in self.procs if w.healthy and not w.retiring)
-        if live < self.target and not self.stopping and self.fatal is None:
+        if self.next_spawn:  # a start held back by a backoff
             deadline = min(deadline, self.next_spawn)
         return deadline
+
+    def start_held_back(self, now: float) -> None:
+        """Start the workers a backoff held back, once it has passed."""
+        if self.next_spawn and now >= self.next_spawn:
+            self.next_spawn = 0.0
+            self.ensure()
 
     # ------------------------------------------------------------------ pipes
 
@@ -142,7 +149,10 @@ class Workers:
     def watch_writes(self) -> None:
         """Wake the loop when a pipe with output waiting becomes writable."""
         for proc in self.procs:
-            self.events.want_write(proc.pipe.fileno(), bool(proc.pipe.out))
+            waiting = bool(proc.pipe.out)
+            if waiting or proc in self.writing:  # the selector is touched on a change only
+                self.events.want_write(proc.pipe.fileno(), waiting)
+                (self.writing.add if waiting else self.writing.discard)(proc)
 
     # ------------------------------------------------------------------ results and exits
 
