@@ -16,9 +16,11 @@ import redis
 
 from ..errors import QueasyError
 from ..store.library import Ack as AckCode
-from ..store.library import Status, ensure_loaded, fcall
+from ..store.library import Status, ensure_loaded
 from . import outcomes
 from .events import Events
+from .handback import hand_back_unknown, unpark_all
+from .outage import Outage, Throttled, transient
 from .pool import Running, WorkerProc
 from .scheduler import QueueState, plan
 from .workers import Workers
@@ -30,66 +32,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("queasy_py")
 
-#: seconds to wait for the marks of queasy_unpark (every job pushed before has arrived)
-UNPARK_WAIT = 2.0
 #: rounds (acks and dequeues) sent to Redis whose replies have not come back yet, at most
 MAX_ROUNDS = 4
-#: the longest wait between two tries while Redis is unreachable or refuses (seconds)
-MAX_BACKOFF = 5.0
-#: error replies that mean "not now" (a failover, a restart, memory, a busy script, a
-#: flushed library): the command is sent again after a backoff, never dropped. redis-py turns
-#: some codes into classes (and strips the code from the text), the others keep their code.
-TRANSIENT_CLASSES = (
-    redis.exceptions.OutOfMemoryError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.BusyLoadingError,
-    redis.exceptions.NoScriptError,
-    redis.exceptions.TryAgainError,
-    redis.exceptions.ClusterDownError,
-    redis.exceptions.MasterDownError,
-)
-TRANSIENT_CODES = ("BUSY", "MISCONF", "NOREPLICAS", "LOADING", "READONLY", "OOM", "MASTERDOWN")
-
-
 Asks = list[tuple[QueueState, list[WorkerProc]]]
-
-#: seconds between two log lines about malformed messages or records of one kind
-MALFORMED_LOG_INTERVAL = 60.0
-
-
-class Throttled:
-    """Logs a malformed message or record once per MALFORMED_LOG_INTERVAL per kind (a
-    hostile publisher must not flood the log), and drops it."""
-
-    def __init__(self) -> None:
-        self.last: dict[str, float] = {}
-
-    def __call__(self, kind: str, what: object) -> None:
-        now = time.monotonic()
-        if now - self.last.get(kind, -MALFORMED_LOG_INTERVAL) >= MALFORMED_LOG_INTERVAL:
-            self.last[kind] = now
-            log.error("dropped a malformed %s: %.200r (more are dropped silently)", kind, what)
-
-
-def _text(exc: BaseException) -> str:
-    """The error's own text (a pipeline's error names its command first)."""
-    return str(exc).rpartition("caused error: ")[2]
-
-
-def transient(exc: BaseException) -> bool:
-    """A connection error, or an error reply that a later try may not get."""
-    if not isinstance(exc, redis.ResponseError) or isinstance(exc, TRANSIENT_CLASSES):
-        return True
-    text = _text(exc).upper()
-    return text.startswith(TRANSIENT_CODES) or "FUNCTION NOT FOUND" in text
-
-
-def outage_name(exc: BaseException) -> str:
-    """What kind of outage `exc` is, for one log line per change (a class name such as
-    OutOfMemoryError, or the error code: BUSY, MISCONF, ...)."""
-    if isinstance(exc, redis.ResponseError) and not isinstance(exc, TRANSIENT_CLASSES):
-        return _text(exc).split(" ", 1)[0].upper() or type(exc).__name__
-    return type(exc).__name__
 
 
 class Rounds:
@@ -122,9 +67,7 @@ class Rounds:
         self.stopping = False
         self.reconcile = False
         self.marks: set[bytes] = set()  # unpark marks seen on the push channels
-        self.retry_at = 0.0  # no round before this time (Redis was unreachable)
-        self.backoff = 0.1
-        self.outage: str | None = None  # the kind of the current outage, logged once
+        self.outage = Outage()
         self.reload = False  # the library is gone (FUNCTION FLUSH, a restart): load it again
         self.unserved: set[QueueState] = set()  # ready queues the last plan gave no units
         self.malformed = Throttled()
@@ -139,7 +82,7 @@ class Rounds:
         overlap (up to MAX_ROUNDS in flight) without ever exceeding a worker's capacity.
         """
         now = time.time()
-        if now < self.retry_at or len(self.pipe.inflight) >= MAX_ROUNDS:
+        if now < self.outage.retry_at or len(self.pipe.inflight) >= MAX_ROUNDS:
             return
         client_id = self.client.id
         if self.reload or self.reconcile:
@@ -236,20 +179,7 @@ class Rounds:
         self.reconcile = True
         if "FUNCTION NOT FOUND" in str(exc).upper():
             self.reload = True
-        if time.time() < self.retry_at:
-            return
-        name = outage_name(exc)
-        if name != self.outage:
-            log.error("Redis unreachable or refusing (%s): %s; retrying with backoff", name, exc)
-            self.outage = name
-        self.retry_at = time.time() + self.backoff
-        self.backoff = min(self.backoff * 2, MAX_BACKOFF)
-
-    def _redis_up(self) -> None:
-        if self.outage is not None:
-            log.warning("Redis answers again (after %s)", self.outage)
-            self.outage = None
-        self.backoff = 0.1
+        self.outage.down(exc)
 
     def _on_round_error(self, acks: list[outcomes.Ack], asks: Asks, exc: BaseException) -> None:
         self.acks[:0] = acks
@@ -305,7 +235,7 @@ class Rounds:
         if refused is not None:
             self._redis_down(refused)
         else:
-            self._redis_up()
+            self.outage.up()
 
     def _ack_refused(self, group: list[outcomes.Ack], exc: redis.ResponseError) -> Any:
         """An ack FCALL answered an error. Its acks are kept: a transient refusal (memory,
@@ -461,28 +391,8 @@ class Rounds:
             pass  # it died; its exit sentinel requeues what it held
 
     def unpark_all(self, client_id: str) -> None:
-        """Stop jobs being pushed to this client, and take in every job pushed before: each
-        queue's unpark publishes a mark after them on the push channel."""
-        marks = {
-            state.base: f"unpark-{uuid.uuid4().hex}".encode() for state in self.states.values()
-        }
-        with self.r.pipeline(transaction=False) as pipe:  # one round trip for every queue
-            for base, mark in marks.items():
-                fcall(pipe, "queasy_unpark", [base], ["", client_id, mark])
-            replies = pipe.execute()
-        pairs = zip(marks.values(), replies, strict=True)
-        expected = {mark for mark, (_, receivers) in pairs if receivers}
-        deadline = time.monotonic() + UNPARK_WAIT
-        while expected - self.marks and self.wakeup.connected:
-            left = deadline - time.monotonic()
-            if left <= 0:  # never read this connection again: what it held is handed back
-                log.error("the pushed jobs did not arrive in %.3gs; reconnecting", UNPARK_WAIT)
-                self.wakeup.close()
-                break
-            self.on_messages(self.wakeup.read(timeout=left))
-        self.marks.clear()
-
-    # ------------------------------------------------------------------ reconcile
+        """Stop pushes to this client and take in every job pushed before (runtime/handback)."""
+        unpark_all(self.r, self.states, client_id, self.wakeup, self.marks, self.on_messages)
 
     def _reconcile(self, client_id: str) -> None:
         """After a lost reply or pub/sub connection, and every RECONCILE_INTERVAL: hand back
@@ -491,24 +401,5 @@ class Rounds:
         self.unpark_all(client_id)
         held = {j.token for w in self.workers for j in w.jobs.values()}
         held.update(ack.args[1] for ack in self.acks)
-        now_ms = int(time.time() * 1000)
-        for state in self.states.values():
-            pairs = self.r.fcall_ro("queasy_leases", 1, state.base, "", client_id)
-            lost = [
-                (pairs[i].decode(), pairs[i + 1].decode())
-                for i in range(0, len(pairs), 2)
-                if pairs[i + 1].decode() not in held
-            ]
-            for job_id, token in lost:
-                log.warning(
-                    "handing back job %s of %s (its dequeue reply was lost)", job_id, state.name
-                )
-                args = [job_id, token, now_ms, "release", "", "", ""]
-                fcall(
-                    self.r,
-                    "queasy_retry",
-                    [state.base],
-                    ["", client_id, state.spec.events_maxlen, *args],
-                )
-            state.ready_at = 0.0  # dequeue next round, which parks the free slots again
+        hand_back_unknown(self.r, self.states, client_id, held)
         self.reconcile = False

@@ -193,7 +193,7 @@ class Supervisor:
         wait = min(self.poll_interval, self.workers.next_deadline() - now_mono)
         if not self._alive():  # the heartbeat wakes the loop when it has an answer
             return max(0.0, min(wait, self.next_kick - now_mono))
-        retry_at = self.rounds.retry_at
+        retry_at = self.rounds.outage.retry_at
         if not self.stopping and any(w.accepts and w.free for w in self.workers):
             for state in self.states.values():
                 if state not in self.rounds.unserved:  # those wait for a worker's event
@@ -313,7 +313,7 @@ class Supervisor:
 
     def _send_last_acks(self) -> None:
         rounds = self.rounds
-        rounds.retry_at = 0.0
+        rounds.outage.retry_at = 0.0
         deadline = time.monotonic() + ACK_DEADLINE
         first = self.signals
         while (self.acks or rounds.pipe.inflight) and time.monotonic() < deadline:
@@ -323,4 +323,4 @@ class Supervisor:
             rounds.send()
             rounds.pipe.read(block=True)
             if self.acks:
-                time.sleep(max(0.0, rounds.retry_at - time.time()))
+                time.sleep(max(0.0, rounds.outage.retry_at - time.time()))
