@@ -14,7 +14,7 @@ import orjson
 import psutil
 
 from .. import defaults
-from .frames import Pipe
+from .frames import Pipe, pack_jobs
 
 log = logging.getLogger("queasy_py")
 
@@ -73,22 +73,25 @@ class WorkerProc:
         return self.ready and self.healthy and not self.retiring
 
     def send(self, jobs: list[Running]) -> None:
-        payload = [
+        """Send a batch; each job's data travels as its own bytes (frames.pack_jobs), so
+        data that is not JSON fails that job alone, in the worker."""
+        heads = [
             [
                 j.seq,
                 j.queue,
                 j.id,
-                orjson.Fragment(j.data),
                 j.run_at,
                 j.retry_count,
                 j.stall_count,
                 j.timeout_count,
+                len(j.data),
             ]
             for j in jobs
         ]
+        payload = pack_jobs(heads, [j.data for j in jobs])
         for j in jobs:  # their units were reserved when the dequeue was planned
             self.jobs[j.seq] = j
-        self.pipe.send_frame(orjson.dumps(payload))
+        self.pipe.send_frame(payload)
 
     def take(self, seq: int) -> Running | None:
         job = self.jobs.pop(seq, None)

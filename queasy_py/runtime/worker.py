@@ -1,11 +1,14 @@
 """The worker subprocess: runs handlers for the jobs its supervisor sends over a pipe.
 
 Protocol (each message one orjson document in a frame of queasy_py/frames.py):
-  supervisor -> worker: [[seq, queue, id, data, run_at, retry, stall, timeout], ...]  jobs
+  supervisor -> worker: a batch of jobs (frames.pack_jobs: a header
+                        [[seq, queue, id, run_at, retry, stall, timeout, data_length], ...]
+                        then each job's data as stored)
                         "stop"                              exit (sent when no job is left)
   worker -> supervisor: "ready" | ["import-error", message]              once, at start
                         [[seq, started_ms, error_or_null], ...]          results
   error = {"name", "message", "kind": "permanent"|"retriable", "retry_at": secs|null}
+          (queasy_py/runtime/results.py: what a result holds, and how a batch is encoded)
 
 Plain handlers run in a thread pool, async ones on one event loop thread, so a worker runs
 several jobs at once. One pool thread at a time reads the pipe (the leader); once it has a
@@ -29,47 +32,21 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from inspect import isawaitable
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from .. import defaults
-from ..errors import PermanentError
 from ..job import Job
-from .frames import Pipe
+from .frames import Pipe, unpack_jobs
 from .handler import load
+from .results import check_result, describe_error, encode_results, invalid_data
 
 if TYPE_CHECKING:
     import asyncio
 
 log = logging.getLogger("queasy_py.worker")
-
-
-def describe_error(exc: BaseException) -> dict[str, Any]:
-    """The JSON-safe description of a handler's exception."""
-    try:
-        message = str(exc)
-    except Exception:  # an exception whose __str__ fails still gets reported
-        message = f"<unprintable {type(exc).__name__}>"
-    # lone surrogates (undecodable bytes, os.fsdecode) are not JSON: escape them
-    message = message[:4000].encode("utf-8", "backslashreplace").decode("utf-8")
-    try:  # user attributes may be properties that raise: any failure reads as "not set"
-        permanent = getattr(exc, "kind", None) == PermanentError.kind
-    except Exception:
-        permanent = False
-    kind = "permanent" if permanent is True else "retriable"
-    try:
-        retry_at = getattr(exc, "retry_at", None)
-        if retry_at is not None:
-            retry_at = retry_at.timestamp() if hasattr(retry_at, "timestamp") else float(retry_at)
-    except Exception:
-        retry_at = None
-    return {
-        "name": type(exc).__name__,
-        "message": message,
-        "kind": kind,
-        "retry_at": retry_at,
-    }
 
 
 class Runner:
@@ -95,16 +72,22 @@ class Runner:
         asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def _send_loop(self) -> None:
+        """Send results in batches. Nothing a result holds may end this thread: without it
+        every later job of this worker would be recorded as timed out and run again."""
         while True:
-            item = self.outbox.get()
-            batch = [item]
-            while True:
-                try:
-                    batch.append(self.outbox.get_nowait())
-                except queue.Empty:
-                    break
             try:
-                self.pipe.send_frame(orjson.dumps(batch))
+                batch = [self.outbox.get()]
+                while True:
+                    try:
+                        batch.append(self.outbox.get_nowait())
+                    except queue.Empty:
+                        break
+                payload = encode_results(batch)
+            except Exception:
+                log.exception("worker failed encoding results")
+                continue
+            try:
+                self.pipe.send_frame(payload)
             except (OSError, ValueError):
                 os._exit(1)  # the supervisor is gone
 
@@ -114,7 +97,12 @@ class Runner:
     def run_sync(self, seq: int, handle: Any, data: Any, job: Job) -> None:
         started = int(time.time() * 1000)
         try:
-            check_result(handle(data, job), job)
+            result = handle(data, job)
+            if result is not None and isawaitable(result):
+                # a sync wrapper around an async def: run what it returned on the loop
+                self._start_async(self.run_awaitable(seq, started, result, job))
+                return
+            check_result(result, job)
         except BaseException as exc:  # noqa: BLE001 - every failure is reported
             self._done(seq, started, describe_error(exc))
         else:
@@ -123,7 +111,19 @@ class Runner:
     async def run_async(self, seq: int, handle: Any, data: Any, job: Job) -> None:
         started = int(time.time() * 1000)
         try:
-            check_result(await handle(data, job), job)
+            aw = handle(data, job)
+        except BaseException as exc:  # noqa: BLE001
+            self._done(seq, started, describe_error(exc))
+            return
+        await self.run_awaitable(seq, started, aw, job)
+
+    async def run_awaitable(self, seq: int, started: int, aw: Any, job: Job) -> None:
+        """Await a handler's awaitable (and any awaitable it resolves to); report the outcome."""
+        try:
+            result = await aw
+            while result is not None and isawaitable(result):
+                result = await result
+            check_result(result, job)
         except BaseException as exc:  # noqa: BLE001
             self._done(seq, started, describe_error(exc))
         else:
@@ -134,13 +134,13 @@ class Runner:
         this thread). Any failure here ends the worker: nobody else reads the pipe."""
         try:
             try:
-                message = orjson.loads(self.pipe.recv_frame())
+                frame = self.pipe.recv_frame()
             except (EOFError, OSError):
                 os._exit(0)  # the supervisor is gone: stop at once, running jobs included
-            if message == "stop":  # sent only to a worker with no jobs left
+            if frame == b'"stop"':  # sent only to a worker with no jobs left
                 os._exit(0)
             self.pool.submit(self.lead)
-            plain = self.submit(message)
+            plain = self.submit(frame)
         except BaseException:
             log.exception("worker failed reading its jobs")
             os._exit(1)
@@ -167,10 +167,17 @@ class Runner:
                 return
             self.run_sync(*item)
 
-    def submit(self, jobs: list[list[Any]]) -> int:
-        """Start the async jobs of `jobs`, put the plain ones in the backlog; their number."""
+    def submit(self, frame: bytes) -> int:
+        """Start the async jobs of a batch, put the plain ones in the backlog; their number.
+        A job whose data does not decode fails permanently (InvalidJobData), alone."""
         plain = 0
-        for seq, queue_name, job_id, data, run_at, retries, stalls, timeouts in jobs:
+        for head, raw in unpack_jobs(frame):
+            seq, queue_name, job_id, run_at, retries, stalls, timeouts, _ = head
+            try:
+                data = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                self._done(seq, int(time.time() * 1000), invalid_data(job_id, exc))
+                continue
             handle, is_async = self.handlers[queue_name]
             job = Job(job_id, queue_name, run_at / 1000.0, retries, stalls, timeouts)
             if is_async:
@@ -180,17 +187,6 @@ class Runner:
                 self.backlog.append((seq, handle, data, job))
                 plain += 1
         return plain
-
-
-def check_result(result: Any, job: Job) -> None:
-    """Results are discarded; a non-JSON one is a handler bug worth a log line."""
-    if result is not None:
-        try:
-            orjson.dumps(result)
-        except TypeError as exc:
-            log.warning(
-                "handler of %s job %s returned a non-JSON value: %s", job.queue, job.id, exc
-            )
 
 
 def main(pipe: Pipe, handlers: dict[str, str]) -> None:
