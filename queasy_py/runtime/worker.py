@@ -16,8 +16,8 @@ message it hands the reading to another pool thread, puts the message's plain jo
 backlog and runs them itself one after the other, while helper threads take jobs from the
 backlog in parallel (each helper that finds a job calls in one more). Short jobs so run
 without a thread switch each, long ones still run side by side. When the pipe closes (the
-supervisor died) the worker exits at once, so no orphan keeps running a job that will be
-run again elsewhere.
+supervisor died) the worker exits at once with its process group and every process under
+it, so no orphan keeps running a job that will be run again elsewhere.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class Runner:
             try:
                 self.pipe.send_frame(payload)
             except (OSError, ValueError):
-                os._exit(1)  # the supervisor is gone
+                exit_with_everything()  # the supervisor is gone
 
     def _done(self, seq: int, started: int, error: dict[str, Any] | None) -> None:
         self.outbox.put([seq, started, error])
@@ -136,7 +136,7 @@ class Runner:
             try:
                 frame = self.pipe.recv_frame()
             except (EOFError, OSError):
-                os._exit(0)  # the supervisor is gone: stop at once, running jobs included
+                exit_with_everything()  # the supervisor is gone: stop at once, jobs included
             if frame == b'"stop"':  # sent only to a worker with no jobs left
                 os._exit(0)
             self.pool.submit(self.lead)
@@ -187,6 +187,25 @@ class Runner:
                 self.backlog.append((seq, handle, data, job))
                 plain += 1
         return plain
+
+
+def exit_with_everything() -> None:
+    """Exit at once, taking every process a job started: those still under this worker
+    (also in a session of their own) and, the worker being the leader of its own process
+    group (pool.start_worker), the group: background children that init adopted too."""
+    try:
+        import psutil  # only on this path
+
+        for child in psutil.Process().children(recursive=True):
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+    except Exception:  # exit anyway
+        pass
+    if os.getpgrp() == os.getpid():
+        os.killpg(0, signal.SIGKILL)
+    os._exit(0)
 
 
 def main(pipe: Pipe, handlers: dict[str, str]) -> None:
