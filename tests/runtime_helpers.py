@@ -162,16 +162,29 @@ class Runtime:
     # ---------------------------------------------------------------- processes
 
     def start(
-        self, queues: dict[str, dict[str, Any]], workers: int = 1, **settings: Any
+        self,
+        queues: dict[str, dict[str, Any]],
+        workers: int = 1,
+        cwd: Path | None = None,
+        sys_path: list[str] | None = None,
+        **settings: Any,
     ) -> Supervisor:
-        """Start a supervisor listening on `queues` ({name: queue_spec(...)})."""
+        """Start a supervisor listening on `queues` ({name: queue_spec(...)}). With `cwd` it
+        runs there, started as a script (like a console script: the working directory is not
+        on its sys.path); `sys_path` entries go first on its sys.path once it is running."""
         config = {
             "url": self.url,
             "prefix": self.prefix,
             "workers": workers,
             "settings": {**SETTINGS, **settings},
             "queues": queues,
+            "sys_path": sys_path or [],
         }
+        main = (
+            ["-m", "tests.supervisor_main"]
+            if cwd is None
+            else [str(ROOT / "tests/supervisor_main.py")]
+        )
         env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),
@@ -181,8 +194,8 @@ class Runtime:
         log_path = self.tmp_path / f"supervisor-{len(self.supervisors)}.log"
         log_file = log_path.open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.supervisor_main", json.dumps(config)],
-            cwd=ROOT,
+            [sys.executable, *main, json.dumps(config)],
+            cwd=cwd or ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log_file,

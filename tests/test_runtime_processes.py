@@ -1,12 +1,14 @@
 """A worker's processes (issue #19): each worker leads a session of its own, so a timeout kill,
 a worker's death and the supervisor's exit (a signal, Ctrl-C, SIGKILL) take every process its
-jobs started, in the background too.
+jobs started, in the background too; workers import what the supervisor would (the same
+sys.path, zip entries included, the working directory last).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,3 +87,66 @@ def test_the_supervisors_exit_takes_every_process_its_jobs_started(rt: Runtime, 
     sup.wait()
     wait_for(lambda: not alive(worker), timeout=5.0, what="the worker to exit")
     all_gone(pids, "the job's processes to die with the supervisor")
+
+
+# ---------------------------------------------------------------- sys.path
+
+
+PLANTED = """
+import os
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "imported"), "a") as f:
+    f.write(f"{os.getpid()}\\n")
+raise ImportError("the planted orjson.py was imported")
+"""
+
+CWD_HANDLER = """
+from tests.runtime_handlers import record
+
+def handle(data, job):
+    record("end", data, job, where="cwd")
+"""
+
+ZIPPED_HANDLER = """
+from tests.runtime_handlers import record
+
+def handle(data, job):
+    record("end", data, job, where=__file__)
+"""
+
+
+def test_a_module_planted_in_the_working_directory_never_shadows_an_installed_one(
+    rt: Runtime, tmp_path: Path
+) -> None:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "orjson.py").write_text(PLANTED)
+    (cwd / "cwd_handler.py").write_text(CWD_HANDLER)
+    # the supervisor has the working directory on its sys.path (first, as `python -m` puts
+    # it, once it has imported orjson): its workers have it too, but last
+    sup = rt.start({"q": queue_spec("cwd_handler")}, cwd=cwd, sys_path=[""])
+    rt.queue("q").dispatch({"tag": "c"}, id="c")
+    (end,) = rt.wait_records(1, "end", tag="c")
+    assert end["where"] == "cwd" and end["pid"] in sup.workers()
+    assert not (cwd / "imported").exists()
+
+
+def test_a_script_supervisor_without_the_working_directory_gives_workers_none(
+    rt: Runtime, tmp_path: Path
+) -> None:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "orjson.py").write_text(PLANTED)
+    rt.start({"q": queue_spec()}, cwd=cwd)
+    rt.queue("q").dispatch({"tag": "a"}, id="a")
+    rt.wait_records(1, "end", tag="a")
+    assert not (cwd / "imported").exists()
+
+
+def test_a_handler_in_a_zip_on_the_supervisors_sys_path_runs(rt: Runtime, tmp_path: Path) -> None:
+    archive = tmp_path / "handlers.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("zipped_handler.py", ZIPPED_HANDLER)
+    rt.start({"q": queue_spec("zipped_handler")}, sys_path=[str(archive)])
+    rt.queue("q").dispatch({"tag": "z"}, id="z")
+    (end,) = rt.wait_records(1, "end", tag="z")
+    assert end["where"].startswith(str(archive))

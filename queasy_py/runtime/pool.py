@@ -164,22 +164,41 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(procs, timeout=5)
 
 
+#: the worker's first lines: its sys.path is the supervisor's (argv[1], JSON), set before
+#: anything of queasy_py or a handler is imported (`-P`: no working directory put first)
+BOOTSTRAP = (
+    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+    "from queasy_py.runtime.worker import run; run(sys.argv[2:])"
+)
+
+
+def worker_path() -> list[str]:
+    """The supervisor's sys.path (zip entries and import-hook entries included) with the
+    working directory ('' or its path), if there, moved to the end: an installed package is
+    never shadowed by a file of the same name in the directory the supervisor runs in."""
+    cwd = os.getcwd()
+    path = [p for p in sys.path if p and os.path.abspath(p) != cwd]
+    if len(path) < len(sys.path):
+        path.append(cwd)
+    return list(dict.fromkeys(path))
+
+
 def start_worker(handlers: dict[str, str], env_extra: dict[str, str]) -> WorkerProc:
-    """Start `python -m queasy_py.runtime.worker`: a fresh interpreter (never a fork of a
-    threaded parent, and the user's __main__ is not re-imported) with a socketpair as its
-    pipe, in a session of its own (its process group is what kill_tree kills; the supervisor
-    stops it on every exit path, a terminal's Ctrl-C included, and it exits with its group
-    when its pipe closes)."""
+    """Start a worker: a fresh interpreter (never a fork of a threaded parent, and the user's
+    __main__ is not re-imported) with a socketpair as its pipe, in a session of its own (its
+    process group is what kill_tree kills; the supervisor stops it on every exit path, a
+    terminal's Ctrl-C included, and it exits with its group when its pipe closes)."""
     ours, theirs = socket.socketpair()
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
     env.update(env_extra)
     try:
         process = WorkerPopen(
             [
                 sys.executable,
-                "-m",
-                "queasy_py.runtime.worker",
+                "-P",
+                "-c",
+                BOOTSTRAP,
+                orjson.dumps(worker_path()).decode(),
                 str(theirs.fileno()),
                 orjson.dumps(handlers).decode(),
             ],

@@ -209,7 +209,7 @@ def exit_with_everything() -> None:
 
 
 def main(pipe: Pipe, handlers: dict[str, str]) -> None:
-    """Entry point of a worker process: `python -m queasy_py.runtime.worker FD HANDLERS_JSON`."""
+    """Run a worker on `pipe` for `handlers` ({queue: module path})."""
     # The supervisor decides when we stop: a signal to the whole process group (Ctrl-C, or
     # systemd's SIGTERM to every process of the unit) must not kill running jobs it drains.
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -229,5 +229,6 @@ def main(pipe: Pipe, handlers: dict[str, str]) -> None:
     threading.Event().wait()  # every exit is an os._exit from a pool thread
 
 
-if __name__ == "__main__":
-    main(Pipe(socket.socket(fileno=int(sys.argv[1]))), orjson.loads(sys.argv[2]))
+def run(argv: list[str]) -> None:
+    """Entry point of a worker process (pool.start_worker): argv = [FD, HANDLERS_JSON]."""
+    main(Pipe(socket.socket(fileno=int(argv[0]))), orjson.loads(argv[1]))
