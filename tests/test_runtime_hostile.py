@@ -15,7 +15,7 @@ import orjson
 import psutil
 import pytest
 import redis
-from runtime_helpers import ACT, Runtime, queue_spec, wait_for
+from runtime_helpers import ACT, FAIL_RECORD, Runtime, queue_spec, wait_for
 
 from queasy_py.runtime.frames import Pipe
 from queasy_py.runtime.results import MAX_RETRY_AT
@@ -98,13 +98,20 @@ def test_job_data_cannot_close_the_job_array_and_run_another_queues_handler(
     assert len(sup.workers()) == 1
 
 
-def test_a_fail_handler_sees_the_invalid_job_data_error(rt: Runtime) -> None:
+@pytest.mark.parametrize("raw", [b"[1, 2", b'1, {"id": "forged"}, {"name": "Forged"}, 4'])
+def test_a_fail_handler_gets_null_data_and_the_invalid_job_data_error(
+    rt: Runtime, raw: bytes
+) -> None:
     rt.queue("q").dispatch({"tag": "bad"}, id="bad")
-    overwrite_data(rt, "q", "bad", b"[1, 2")
-    rt.start({"q": queue_spec(max_retries=5)}, workers=1)
+    overwrite_data(rt, "q", "bad", raw)
+    rt.start({"q": queue_spec(max_retries=5, fail_handler=FAIL_RECORD)}, workers=1)
+    (fail,) = rt.wait_records(1, "fail")
+    data, job, error = fail["given"]  # exactly three: the raw data reshaped nothing
+    assert data is None and job["id"] == "bad"
+    assert (error["name"], error["kind"]) == ("InvalidJobData", "permanent")
+    assert "is not valid JSON" in error["message"] and repr(raw[:10])[2:-1] in error["message"]
     (event,) = rt.wait_events("q", 1)
     assert (event["outcome"], event["retry_count"]) == ("failed", "0")  # at once, no retries
-    assert event["error_name"] == "InvalidJobData"
 
 
 # ---------------------------------------------------------------- RetryLater(retry_at=...)

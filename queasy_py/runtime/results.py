@@ -64,11 +64,13 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
     }
 
 
-def invalid_data(job_id: str, exc: Exception) -> dict[str, Any]:
+def invalid_data(job_id: str, raw: bytes | memoryview, exc: Exception) -> dict[str, Any]:
     """The error of a job whose stored data is not JSON (written around the producer API)."""
+    head = bytes(raw[:200])
     return {
         "name": "InvalidJobData",
-        "message": f"the data of job {job_id!r} is not valid JSON ({exc}); its handler was not run",
+        "message": f"the data of job {job_id!r} is not valid JSON ({exc}); its handler was not "
+        f"run; the data begins {head!r}",
         "kind": "permanent",
         "retry_at": None,
     }

@@ -176,7 +176,7 @@ class Runner:
             try:
                 data = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
-                self._done(seq, int(time.time() * 1000), invalid_data(job_id, exc))
+                self._done(seq, int(time.time() * 1000), invalid_data(job_id, raw, exc))
                 continue
             handle, is_async = self.handlers[queue_name]
             job = Job(job_id, queue_name, run_at / 1000.0, retries, stalls, timeouts)
