@@ -5,7 +5,7 @@ A batch of jobs (supervisor -> worker) is a 4-byte length, that many bytes of or
 header ([[seq, queue, id, run_at, retry, stall, timeout, data_length], ...]), then the jobs'
 data, as stored, one after the other. Job data is never parsed as part of the header: data
 that is not JSON (written to Redis by anyone with the key layout) cannot break the framing
-or reach another job; the worker decodes each job's data on its own (`job_data`).
+or reach another job; the worker decodes each job's data on its own.
 
 The supervisor reads without blocking and takes every frame that has arrived in one go
 (multiprocessing's Connection.poll() built a selector per call: a quarter of the loop's time
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -31,15 +31,12 @@ def pack_jobs(heads: list[list[Any]], datas: Sequence[bytes]) -> bytes:
     return b"".join([HEAD.pack(len(header)), header, *datas])
 
 
-def unpack_jobs(frame: bytes) -> Iterator[tuple[list[Any], memoryview]]:
-    """(head, raw data) of each job of a batch made by pack_jobs."""
-    view = memoryview(frame)
-    (size,) = HEAD.unpack_from(view)
-    pos = HEAD.size + size
-    for head in orjson.loads(view[HEAD.size : pos]):
-        end = pos + head[-1]
-        yield head, view[pos:end]
-        pos = end
+def job_heads(frame: bytes) -> tuple[list[list[Any]], int]:
+    """The heads of a batch made by pack_jobs, and where the first job's data starts: job
+    i's data is the next heads[i][-1] bytes (the worker slices them as it goes: cheaper than
+    a generator of slices)."""
+    (size,) = HEAD.unpack_from(frame)
+    return orjson.loads(frame[HEAD.size : HEAD.size + size]), HEAD.size + size
 
 
 class Pipe:

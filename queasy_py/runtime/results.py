@@ -64,9 +64,9 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
     }
 
 
-def invalid_data(job_id: str, raw: bytes | memoryview, exc: Exception) -> dict[str, Any]:
+def invalid_data(job_id: str, raw: bytes, exc: Exception) -> dict[str, Any]:
     """The error of a job whose stored data is not JSON (written around the producer API)."""
-    head = bytes(raw[:200])
+    head = raw[:200]
     return {
         "name": "InvalidJobData",
         "message": f"the data of job {job_id!r} is not valid JSON ({exc}); its handler was not "

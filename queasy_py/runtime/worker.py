@@ -39,7 +39,7 @@ import orjson
 
 from .. import defaults
 from ..job import Job
-from .frames import Pipe, unpack_jobs
+from .frames import Pipe, job_heads
 from .handler import load
 from .results import check_result, describe_error, encode_results, invalid_data
 
@@ -171,8 +171,10 @@ class Runner:
         """Start the async jobs of a batch, put the plain ones in the backlog; their number.
         A job whose data does not decode fails permanently (InvalidJobData), alone."""
         plain = 0
-        for head, raw in unpack_jobs(frame):
-            seq, queue_name, job_id, run_at, retries, stalls, timeouts, _ = head
+        heads, pos = job_heads(frame)
+        for seq, queue_name, job_id, run_at, retries, stalls, timeouts, size in heads:
+            raw = frame[pos : pos + size]
+            pos += size
             try:
                 data = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
