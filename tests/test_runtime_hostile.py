@@ -231,3 +231,13 @@ def test_plain_handlers_still_finish_alongside(rt: Runtime) -> None:
     rt.queue("q").dispatch({"tag": "w"}, id="w")
     rt.queue("p").dispatch({"tag": "p"}, id="p")
     wait_for(lambda: rt.records("end", tag="w") and rt.records("end", tag="p"))
+
+
+def test_many_awaitables_from_plain_handlers_at_once_share_one_event_loop(rt: Runtime) -> None:
+    """Pool threads start them side by side: one loop thread is made, never two."""
+    rt.queue("q").dispatch_many({"data": {"tag": "many", "barrier": 10}} for _ in range(10))
+    rt.start({"q": queue_spec(WRAPPED)}, workers=1)
+    ends = rt.wait_records(10, "end", tag="many")
+    assert len({e["pid"] for e in ends}) == 1
+    assert len({e["loop_thread"] for e in ends}) == 1
+    assert {e["outcome"] for e in rt.wait_events("q", 10)} == {"finished"}

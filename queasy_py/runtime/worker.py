@@ -58,6 +58,7 @@ class Runner:
         # a job takes at least one unit, plus the thread reading the pipe
         self.pool = ThreadPoolExecutor(max_workers=defaults.WORKER_UNITS + 1)
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_lock = threading.Lock()
         self.outbox: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
         self.backlog: collections.deque[tuple[int, Any, Any, Job]] = collections.deque()
         self.sender = threading.Thread(target=self._send_loop, name="queasy-sender", daemon=True)
@@ -67,8 +68,12 @@ class Runner:
         import asyncio  # only for async handlers: it takes a third of a worker's start
 
         if self.loop is None:
-            self.loop = asyncio.new_event_loop()
-            threading.Thread(target=self.loop.run_forever, name="queasy-async", daemon=True).start()
+            with self.loop_lock:  # pool threads start awaitables that plain handlers return
+                if self.loop is None:
+                    loop = asyncio.new_event_loop()
+                    name = "queasy-async"
+                    threading.Thread(target=loop.run_forever, name=name, daemon=True).start()
+                    self.loop = loop
         asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def _send_loop(self) -> None:
