@@ -89,6 +89,19 @@ def test_the_supervisors_exit_takes_every_process_its_jobs_started(rt: Runtime, 
     all_gone(pids, "the job's processes to die with the supervisor")
 
 
+def test_a_worker_ignores_sigterm_but_the_processes_its_jobs_start_do_not(rt: Runtime) -> None:
+    rt.start({"q": queue_spec(SPAWN)}, workers=1)
+    rt.queue("q").dispatch({"tag": "s", "setsid": True, "gate": "s"}, id="s")
+    worker, pids = spawned(rt, "s")
+    for pid in (worker, *pids):
+        os.kill(pid, signal.SIGTERM)
+    all_gone(pids, "the job's processes to die of SIGTERM (no SIG_IGN inherited)")
+    assert alive(worker)
+    rt.open_gate("s")
+    (end,) = rt.wait_records(1, "end", tag="s")
+    assert end["pid"] == worker  # the job ran on, on the same worker
+
+
 # ---------------------------------------------------------------- sys.path
 
 

@@ -215,12 +215,18 @@ def exit_with_everything() -> None:
     os._exit(0)
 
 
+def _not_now(signum: int, frame: object) -> None:
+    """SIGINT and SIGTERM to a worker: ignored (its supervisor stops it)."""
+
+
 def main(pipe: Pipe, handlers: dict[str, str]) -> None:
     """Run a worker on `pipe` for `handlers` ({queue: module path})."""
     # The supervisor decides when we stop: a signal to the whole process group (Ctrl-C, or
     # systemd's SIGTERM to every process of the unit) must not kill running jobs it drains.
+    # A handler that does nothing, not SIG_IGN: an ignored signal stays ignored across exec,
+    # and every process a job started would then shrug off SIGTERM and SIGINT too.
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+        signal.signal(sig, _not_now)
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
