@@ -1,10 +1,10 @@
 """Helpers of the runtime tests: supervisors as real subprocesses, records, events, waits.
 
 A test gets a `Runtime` (fixture `rt` in each test module). `rt.start(...)` runs
-tests/supervisor_main.py in a new session, so the supervisor and its workers form one process
-group that a test can signal (SIGTERM, SIGKILL, SIGSTOP/SIGCONT) and that teardown always
-kills. Handlers (tests/runtime_handlers/) append records to `<prefix>:records`, read by
-`rt.records()`.
+tests/supervisor_main.py in a new session, a process group that a test can signal (SIGTERM,
+SIGKILL, SIGSTOP/SIGCONT) like a terminal's Ctrl-C does; each worker leads a session of its
+own (`signal_all` reaches them too), and teardown kills them all. Handlers
+(tests/runtime_handlers/) append records to `<prefix>:records`, read by `rt.records()`.
 
 The handler package is not called tests/handlers: pytest puts tests/ on sys.path, where a
 `handlers` package would shadow the project's top-level `handlers` package.
@@ -90,6 +90,17 @@ class Supervisor:
         self.proc.send_signal(sig)
 
     def signal_group(self, sig: int) -> None:
+        """Signal the supervisor's process group (as a terminal does): not its workers."""
+        os.killpg(self.pid, sig)
+
+    def signal_all(self, sig: int) -> None:
+        """Signal the supervisor's process group and each of its workers' (a worker leads
+        its own): the workers first, while they are still the supervisor's children."""
+        for pid in self.workers():
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                pass
         os.killpg(self.pid, sig)
 
     def wait(self, timeout: float = 15.0) -> int:
@@ -117,8 +128,9 @@ class Supervisor:
         return event["client"].startswith(f"{self.pid}-")
 
     def kill_group(self) -> None:
+        """SIGKILL the supervisor's process group and its workers' groups."""
         try:
-            os.killpg(self.pid, signal.SIGKILL)
+            self.signal_all(signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=10)
@@ -160,16 +172,29 @@ class Runtime:
     # ---------------------------------------------------------------- processes
 
     def start(
-        self, queues: dict[str, dict[str, Any]], workers: int = 1, **settings: Any
+        self,
+        queues: dict[str, dict[str, Any]],
+        workers: int = 1,
+        cwd: Path | None = None,
+        sys_path: list[str] | None = None,
+        **settings: Any,
     ) -> Supervisor:
-        """Start a supervisor listening on `queues` ({name: queue_spec(...)})."""
+        """Start a supervisor listening on `queues` ({name: queue_spec(...)}). With `cwd` it
+        runs there, started as a script (like a console script: the working directory is not
+        on its sys.path); `sys_path` entries go first on its sys.path once it is running."""
         config = {
             "url": self.url,
             "prefix": self.prefix,
             "workers": workers,
             "settings": {**SETTINGS, **settings},
             "queues": queues,
+            "sys_path": sys_path or [],
         }
+        main = (
+            ["-m", "tests.supervisor_main"]
+            if cwd is None
+            else [str(ROOT / "tests/supervisor_main.py")]
+        )
         env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),
@@ -179,8 +204,8 @@ class Runtime:
         log_path = self.tmp_path / f"supervisor-{len(self.supervisors)}.log"
         log_file = log_path.open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.supervisor_main", json.dumps(config)],
-            cwd=ROOT,
+            [sys.executable, *main, json.dumps(config)],
+            cwd=cwd or ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log_file,

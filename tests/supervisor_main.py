@@ -1,7 +1,8 @@
 """Run one supervisor for the runtime tests: `python -m tests.supervisor_main CONFIG_JSON`.
 
 CONFIG_JSON: {"url": ..., "prefix": ..., "workers": n, "settings": {Client keywords},
-"queues": {name: {"handler": module path, **listen options}}}. Logs go to stderr; the exit
+"queues": {name: {"handler": module path, **listen options}}, "sys_path": [entries put first
+on sys.path once queasy_py is imported] (optional)}. Logs go to stderr; the exit
 code is client.run()'s. tests/runtime_helpers.py starts it in a new session (process group).
 """
 
@@ -21,6 +22,7 @@ def main(config: dict) -> int:
         format="%(asctime)s supervisor[%(process)d] %(levelname)s %(message)s",
     )
     logging.getLogger("redis").setLevel(logging.WARNING)
+    sys.path[:0] = config.get("sys_path", [])
     with Client(
         config["url"], config["workers"], prefix=config["prefix"], **config["settings"]
     ) as client:

@@ -124,7 +124,7 @@ def test_a_frozen_supervisor_is_swept_and_on_waking_kills_its_workers(rt: Runtim
     zombie = rt.start({"q": queue_spec(timeout=30.0)}, workers=1)
     rt.queue("q").dispatch({"tag": "z", "sleep": 1.0}, id="z")
     (first,) = rt.wait_records(1, "start", tag="z")
-    zombie.signal_group(signal.SIGSTOP)  # the supervisor and its worker freeze mid-job
+    zombie.signal_all(signal.SIGSTOP)  # the supervisor and its worker freeze mid-job
 
     other = rt.start({"q": queue_spec(timeout=30.0)}, workers=1, poll_interval=0.2)
     (end,) = rt.wait_records(1, "end", tag="z", stall_count=1)
@@ -135,7 +135,7 @@ def test_a_frozen_supervisor_is_swept_and_on_waking_kills_its_workers(rt: Runtim
     assert finished["outcome"] == "finished" and other.client_of(finished)
 
     # its worker's sleep is over when it wakes: whatever it does, its result is stale
-    zombie.signal_group(signal.SIGCONT)
+    zombie.signal_all(signal.SIGCONT)
     wait_for(lambda: gone(first["pid"]), what="the zombie's worker to be killed")
     wait_for(lambda: "was swept as dead" in zombie.log(), what="the zombie to notice")
     wait_for(lambda: zombie.workers() - {first["pid"]}, what="the zombie to start over")

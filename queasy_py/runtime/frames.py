@@ -1,5 +1,11 @@
 """Framing of the pipe between the supervisor and a worker: each message is a 4-byte
-big-endian length, then that many bytes (one orjson document).
+big-endian length, then that many bytes: one orjson document, except a batch of jobs.
+
+A batch of jobs (supervisor -> worker) is a 4-byte length, that many bytes of orjson
+header ([[seq, queue, id, run_at, retry, stall, timeout, data_length], ...]), then the jobs'
+data, as stored, one after the other. Job data is never parsed as part of the header: data
+that is not JSON (written to Redis by anyone with the key layout) cannot break the framing
+or reach another job; the worker decodes each job's data on its own.
 
 The supervisor reads without blocking and takes every frame that has arrived in one go
 (multiprocessing's Connection.poll() built a selector per call: a quarter of the loop's time
@@ -11,12 +17,32 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+HEAD = struct.Struct("!i")
+
+
+def pack_jobs(heads: list[list[Any]], datas: Sequence[bytes]) -> bytes:
+    """One batch of jobs: `heads[i]` ends with len(datas[i]), the raw data of job i."""
+    header = orjson.dumps(heads)
+    return b"".join([HEAD.pack(len(header)), header, *datas])
+
+
+def job_heads(frame: bytes) -> tuple[list[list[Any]], int]:
+    """The heads of a batch made by pack_jobs, and where the first job's data starts: job
+    i's data is the next heads[i][-1] bytes (the worker slices them as it goes: cheaper than
+    a generator of slices)."""
+    (size,) = HEAD.unpack_from(frame)
+    return orjson.loads(frame[HEAD.size : HEAD.size + size]), HEAD.size + size
 
 
 class Pipe:
     """One end of the socketpair between the supervisor and a worker."""
 
-    HEADER = struct.Struct("!i")
+    HEADER = HEAD
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock

@@ -56,12 +56,18 @@ def fail(
     pid: int | str,
     started: int | str,
 ) -> Ack:
-    """Fail for good; with a fail queue, its job's data is [data, job, error]."""
+    """Fail for good; with a fail queue, its job's data is [data, job, error] (data null when
+    the stored data is not JSON: spliced in as it is, it could reshape the fail job's data)."""
     if fail_base is None:
         fail_id, fail_data = "", b""
     else:
         fail_id = uuid.uuid4().hex
-        fail_data = orjson.dumps([orjson.Fragment(job.data), job.record(), error])
+        try:
+            orjson.loads(job.data)
+            data: Any = orjson.Fragment(job.data)
+        except orjson.JSONDecodeError:
+            data = None
+        fail_data = orjson.dumps([data, job.record(), error])
     return Ack(
         "fail",
         base,

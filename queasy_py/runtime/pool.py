@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import orjson
 import psutil
 
 from .. import defaults
-from .frames import Pipe
+from .frames import Pipe, pack_jobs
 
 log = logging.getLogger("queasy_py")
 
@@ -49,11 +50,27 @@ class Running:
         }
 
 
+class WorkerPopen(subprocess.Popen):
+    """A worker's process. Reaping one that has exited first kills what is left of its
+    process group: a job's background processes die with the worker that ran it, however
+    it ended (killed, crashed, or stopped after draining)."""
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            try:  # exited but not reaped: its pid is still its group's id, never another's
+                exited = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                exited = None
+            if exited is not None:
+                kill_group(self.pid)
+        return super().wait(timeout)
+
+
 @dataclass(eq=False)
 class WorkerProc:
     """One worker subprocess and the jobs it holds."""
 
-    process: subprocess.Popen
+    process: WorkerPopen
     pipe: Pipe
     sentinel: int  # a pidfd: readable once the process has exited
     free: int = defaults.WORKER_UNITS
@@ -73,22 +90,25 @@ class WorkerProc:
         return self.ready and self.healthy and not self.retiring
 
     def send(self, jobs: list[Running]) -> None:
-        payload = [
+        """Send a batch; each job's data travels as its own bytes (frames.pack_jobs), so
+        data that is not JSON fails that job alone, in the worker."""
+        heads = [
             [
                 j.seq,
                 j.queue,
                 j.id,
-                orjson.Fragment(j.data),
                 j.run_at,
                 j.retry_count,
                 j.stall_count,
                 j.timeout_count,
+                len(j.data),
             ]
             for j in jobs
         ]
+        payload = pack_jobs(heads, [j.data for j in jobs])
         for j in jobs:  # their units were reserved when the dequeue was planned
             self.jobs[j.seq] = j
-        self.pipe.send_frame(orjson.dumps(payload))
+        self.pipe.send_frame(payload)
 
     def take(self, seq: int) -> Running | None:
         job = self.jobs.pop(seq, None)
@@ -104,7 +124,7 @@ class WorkerProc:
             return 0
 
     def kill(self) -> None:
-        """SIGKILL the worker and every process it started (its whole tree)."""
+        """SIGKILL the worker and every process it started (its group and its tree)."""
         kill_tree(self.pid)
         self.close()
 
@@ -119,12 +139,23 @@ class WorkerProc:
             self.sentinel = -1
 
 
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:  # no process left in it
+        pass
+
+
 def kill_tree(pid: int) -> None:
+    """SIGKILL worker `pid`: its process group (it leads one: start_worker), which takes the
+    background processes its jobs started even once init adopted them, and every process
+    still under it, which takes those that moved to a session of their own."""
     try:
         parent = psutil.Process(pid)
         procs = parent.children(recursive=True) + [parent]
     except psutil.Error:
-        return
+        procs = []
+    kill_group(pid)
     for proc in procs:
         try:
             proc.kill()
@@ -133,25 +164,48 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(procs, timeout=5)
 
 
+#: the worker's first lines: its sys.path is the supervisor's (argv[1], JSON), set before
+#: anything of queasy_py or a handler is imported (`-P`: no working directory put first)
+BOOTSTRAP = (
+    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+    "from queasy_py.runtime.worker import run; run(sys.argv[2:])"
+)
+
+
+def worker_path() -> list[str]:
+    """The supervisor's sys.path (zip entries and import-hook entries included) with the
+    working directory ('' or its path), if there, moved to the end: an installed package is
+    never shadowed by a file of the same name in the directory the supervisor runs in."""
+    cwd = os.getcwd()
+    path = [p for p in sys.path if p and os.path.abspath(p) != cwd]
+    if len(path) < len(sys.path):
+        path.append(cwd)
+    return list(dict.fromkeys(path))
+
+
 def start_worker(handlers: dict[str, str], env_extra: dict[str, str]) -> WorkerProc:
-    """Start `python -m queasy_py.runtime.worker` (a fresh interpreter: never a fork of a threaded
-    parent, and the user's __main__ is not re-imported) with a socketpair as its pipe."""
+    """Start a worker: a fresh interpreter (never a fork of a threaded parent, and the user's
+    __main__ is not re-imported) with a socketpair as its pipe, in a session of its own (its
+    process group is what kill_tree kills; the supervisor stops it on every exit path, a
+    terminal's Ctrl-C included, and it exits with its group when its pipe closes)."""
     ours, theirs = socket.socketpair()
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
     env.update(env_extra)
     try:
-        process = subprocess.Popen(
+        process = WorkerPopen(
             [
                 sys.executable,
-                "-m",
-                "queasy_py.runtime.worker",
+                "-P",
+                "-c",
+                BOOTSTRAP,
+                orjson.dumps(worker_path()).decode(),
                 str(theirs.fileno()),
                 orjson.dumps(handlers).decode(),
             ],
             pass_fds=[theirs.fileno()],
             env=env,
             stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     finally:
         theirs.close()

@@ -1,11 +1,14 @@
 """The worker subprocess: runs handlers for the jobs its supervisor sends over a pipe.
 
 Protocol (each message one orjson document in a frame of queasy_py/frames.py):
-  supervisor -> worker: [[seq, queue, id, data, run_at, retry, stall, timeout], ...]  jobs
+  supervisor -> worker: a batch of jobs (frames.pack_jobs: a header
+                        [[seq, queue, id, run_at, retry, stall, timeout, data_length], ...]
+                        then each job's data as stored)
                         "stop"                              exit (sent when no job is left)
   worker -> supervisor: "ready" | ["import-error", message]              once, at start
                         [[seq, started_ms, error_or_null], ...]          results
   error = {"name", "message", "kind": "permanent"|"retriable", "retry_at": secs|null}
+          (queasy_py/runtime/results.py: what a result holds, and how a batch is encoded)
 
 Plain handlers run in a thread pool, async ones on one event loop thread, so a worker runs
 several jobs at once. One pool thread at a time reads the pipe (the leader); once it has a
@@ -13,8 +16,8 @@ message it hands the reading to another pool thread, puts the message's plain jo
 backlog and runs them itself one after the other, while helper threads take jobs from the
 backlog in parallel (each helper that finds a job calls in one more). Short jobs so run
 without a thread switch each, long ones still run side by side. When the pipe closes (the
-supervisor died) the worker exits at once, so no orphan keeps running a job that will be
-run again elsewhere.
+supervisor died) the worker exits at once with its process group and every process under
+it, so no orphan keeps running a job that will be run again elsewhere.
 """
 
 from __future__ import annotations
@@ -29,47 +32,21 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from inspect import isawaitable
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from .. import defaults
-from ..errors import PermanentError
 from ..job import Job
-from .frames import Pipe
+from .frames import Pipe, job_heads
 from .handler import load
+from .results import check_result, describe_error, encode_results, invalid_data
 
 if TYPE_CHECKING:
     import asyncio
 
 log = logging.getLogger("queasy_py.worker")
-
-
-def describe_error(exc: BaseException) -> dict[str, Any]:
-    """The JSON-safe description of a handler's exception."""
-    try:
-        message = str(exc)
-    except Exception:  # an exception whose __str__ fails still gets reported
-        message = f"<unprintable {type(exc).__name__}>"
-    # lone surrogates (undecodable bytes, os.fsdecode) are not JSON: escape them
-    message = message[:4000].encode("utf-8", "backslashreplace").decode("utf-8")
-    try:  # user attributes may be properties that raise: any failure reads as "not set"
-        permanent = getattr(exc, "kind", None) == PermanentError.kind
-    except Exception:
-        permanent = False
-    kind = "permanent" if permanent is True else "retriable"
-    try:
-        retry_at = getattr(exc, "retry_at", None)
-        if retry_at is not None:
-            retry_at = retry_at.timestamp() if hasattr(retry_at, "timestamp") else float(retry_at)
-    except Exception:
-        retry_at = None
-    return {
-        "name": type(exc).__name__,
-        "message": message,
-        "kind": kind,
-        "retry_at": retry_at,
-    }
 
 
 class Runner:
@@ -81,6 +58,7 @@ class Runner:
         # a job takes at least one unit, plus the thread reading the pipe
         self.pool = ThreadPoolExecutor(max_workers=defaults.WORKER_UNITS + 1)
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_lock = threading.Lock()
         self.outbox: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
         self.backlog: collections.deque[tuple[int, Any, Any, Job]] = collections.deque()
         self.sender = threading.Thread(target=self._send_loop, name="queasy-sender", daemon=True)
@@ -90,23 +68,33 @@ class Runner:
         import asyncio  # only for async handlers: it takes a third of a worker's start
 
         if self.loop is None:
-            self.loop = asyncio.new_event_loop()
-            threading.Thread(target=self.loop.run_forever, name="queasy-async", daemon=True).start()
+            with self.loop_lock:  # pool threads start awaitables that plain handlers return
+                if self.loop is None:
+                    loop = asyncio.new_event_loop()
+                    name = "queasy-async"
+                    threading.Thread(target=loop.run_forever, name=name, daemon=True).start()
+                    self.loop = loop
         asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def _send_loop(self) -> None:
+        """Send results in batches. Nothing a result holds may end this thread: without it
+        every later job of this worker would be recorded as timed out and run again."""
         while True:
-            item = self.outbox.get()
-            batch = [item]
-            while True:
-                try:
-                    batch.append(self.outbox.get_nowait())
-                except queue.Empty:
-                    break
             try:
-                self.pipe.send_frame(orjson.dumps(batch))
+                batch = [self.outbox.get()]
+                while True:
+                    try:
+                        batch.append(self.outbox.get_nowait())
+                    except queue.Empty:
+                        break
+                payload = encode_results(batch)
+            except Exception:
+                log.exception("worker failed encoding results")
+                continue
+            try:
+                self.pipe.send_frame(payload)
             except (OSError, ValueError):
-                os._exit(1)  # the supervisor is gone
+                exit_with_everything()  # the supervisor is gone
 
     def _done(self, seq: int, started: int, error: dict[str, Any] | None) -> None:
         self.outbox.put([seq, started, error])
@@ -114,7 +102,12 @@ class Runner:
     def run_sync(self, seq: int, handle: Any, data: Any, job: Job) -> None:
         started = int(time.time() * 1000)
         try:
-            check_result(handle(data, job), job)
+            result = handle(data, job)
+            if result is not None and isawaitable(result):
+                # a sync wrapper around an async def: run what it returned on the loop
+                self._start_async(self.run_awaitable(seq, started, result, job))
+                return
+            check_result(result, job)
         except BaseException as exc:  # noqa: BLE001 - every failure is reported
             self._done(seq, started, describe_error(exc))
         else:
@@ -123,7 +116,19 @@ class Runner:
     async def run_async(self, seq: int, handle: Any, data: Any, job: Job) -> None:
         started = int(time.time() * 1000)
         try:
-            check_result(await handle(data, job), job)
+            aw = handle(data, job)
+        except BaseException as exc:  # noqa: BLE001
+            self._done(seq, started, describe_error(exc))
+            return
+        await self.run_awaitable(seq, started, aw, job)
+
+    async def run_awaitable(self, seq: int, started: int, aw: Any, job: Job) -> None:
+        """Await a handler's awaitable (and any awaitable it resolves to); report the outcome."""
+        try:
+            result = await aw
+            while result is not None and isawaitable(result):
+                result = await result
+            check_result(result, job)
         except BaseException as exc:  # noqa: BLE001
             self._done(seq, started, describe_error(exc))
         else:
@@ -134,13 +139,13 @@ class Runner:
         this thread). Any failure here ends the worker: nobody else reads the pipe."""
         try:
             try:
-                message = orjson.loads(self.pipe.recv_frame())
+                frame = self.pipe.recv_frame()
             except (EOFError, OSError):
-                os._exit(0)  # the supervisor is gone: stop at once, running jobs included
-            if message == "stop":  # sent only to a worker with no jobs left
+                exit_with_everything()  # the supervisor is gone: stop at once, jobs included
+            if frame == b'"stop"':  # sent only to a worker with no jobs left
                 os._exit(0)
             self.pool.submit(self.lead)
-            plain = self.submit(message)
+            plain = self.submit(frame)
         except BaseException:
             log.exception("worker failed reading its jobs")
             os._exit(1)
@@ -167,10 +172,19 @@ class Runner:
                 return
             self.run_sync(*item)
 
-    def submit(self, jobs: list[list[Any]]) -> int:
-        """Start the async jobs of `jobs`, put the plain ones in the backlog; their number."""
+    def submit(self, frame: bytes) -> int:
+        """Start the async jobs of a batch, put the plain ones in the backlog; their number.
+        A job whose data does not decode fails permanently (InvalidJobData), alone."""
         plain = 0
-        for seq, queue_name, job_id, data, run_at, retries, stalls, timeouts in jobs:
+        heads, pos = job_heads(frame)
+        for seq, queue_name, job_id, run_at, retries, stalls, timeouts, size in heads:
+            raw = frame[pos : pos + size]
+            pos += size
+            try:
+                data = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                self._done(seq, int(time.time() * 1000), invalid_data(job_id, raw, exc))
+                continue
             handle, is_async = self.handlers[queue_name]
             job = Job(job_id, queue_name, run_at / 1000.0, retries, stalls, timeouts)
             if is_async:
@@ -182,23 +196,37 @@ class Runner:
         return plain
 
 
-def check_result(result: Any, job: Job) -> None:
-    """Results are discarded; a non-JSON one is a handler bug worth a log line."""
-    if result is not None:
-        try:
-            orjson.dumps(result)
-        except TypeError as exc:
-            log.warning(
-                "handler of %s job %s returned a non-JSON value: %s", job.queue, job.id, exc
-            )
+def exit_with_everything() -> None:
+    """Exit at once, taking every process a job started: those still under this worker
+    (also in a session of their own) and, the worker being the leader of its own process
+    group (pool.start_worker), the group: background children that init adopted too."""
+    try:
+        import psutil  # only on this path
+
+        for child in psutil.Process().children(recursive=True):
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+    except Exception:  # exit anyway
+        pass
+    if os.getpgrp() == os.getpid():
+        os.killpg(0, signal.SIGKILL)
+    os._exit(0)
+
+
+def _not_now(signum: int, frame: object) -> None:
+    """SIGINT and SIGTERM to a worker: ignored (its supervisor stops it)."""
 
 
 def main(pipe: Pipe, handlers: dict[str, str]) -> None:
-    """Entry point of a worker process: `python -m queasy_py.runtime.worker FD HANDLERS_JSON`."""
+    """Run a worker on `pipe` for `handlers` ({queue: module path})."""
     # The supervisor decides when we stop: a signal to the whole process group (Ctrl-C, or
     # systemd's SIGTERM to every process of the unit) must not kill running jobs it drains.
+    # A handler that does nothing, not SIG_IGN: an ignored signal stays ignored across exec,
+    # and every process a job started would then shrug off SIGTERM and SIGINT too.
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+        signal.signal(sig, _not_now)
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
@@ -214,5 +242,6 @@ def main(pipe: Pipe, handlers: dict[str, str]) -> None:
     threading.Event().wait()  # every exit is an os._exit from a pool thread
 
 
-if __name__ == "__main__":
-    main(Pipe(socket.socket(fileno=int(sys.argv[1]))), orjson.loads(sys.argv[2]))
+def run(argv: list[str]) -> None:
+    """Entry point of a worker process (pool.start_worker): argv = [FD, HANDLERS_JSON]."""
+    main(Pipe(socket.socket(fileno=int(argv[0]))), orjson.loads(argv[1]))

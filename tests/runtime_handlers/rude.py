@@ -3,7 +3,9 @@
 data["do"]: "return_object" (a non-JSON return value), "raise" (data["error"] names an
 exception that is hard to encode), "print_mb" (data["mb"] megabytes to stdout),
 "close_std" (closes stdin and stdout, the objects and the file descriptors), "setsid"
-(moves the worker into a new session). Anything else: just finish. Records start and end.
+(tries to move the worker into a new session: a worker already leads its own session, so
+os.setsid() fails with EPERM, which the handler records as "setsid_refused"). Anything else:
+just finish. Records start and end.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ def handle(data: dict[str, Any], job: Any) -> Any:
         os.close(0)
         os.close(1)
     elif action == "setsid":
-        os.setsid()
+        try:
+            os.setsid()
+        except PermissionError:
+            record("setsid_refused", data, job)
     record("end", data, job)
     return None

@@ -1,0 +1,113 @@
+"""What a worker reports for a job: the JSON-safe description of a handler's error, and the
+encoding of a batch of results that no value can break.
+
+A result is [seq, started_ms, error_or_null];
+error = {"name", "message", "kind": "permanent"|"retriable", "retry_at": secs|null}.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import orjson
+
+from ..errors import PermanentError
+
+log = logging.getLogger("queasy_py.worker")
+
+#: the latest retry_at a handler may ask for: 9999-12-31T23:59:59Z, in epoch seconds
+MAX_RETRY_AT = 253402300799.0
+MAX_MESSAGE = 4000  # characters of an error message kept
+
+
+def _text(value: object, fallback: str) -> str:
+    """str(value), cut and made valid UTF-8 (lone surrogates escaped); `fallback` if it fails."""
+    try:
+        text = str(value)
+    except Exception:  # an exception whose __str__ fails still gets reported
+        return fallback
+    return text[:MAX_MESSAGE].encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def retry_at_of(exc: BaseException) -> float | None:
+    """The exception's `retry_at` (aware datetime or epoch seconds) as a finite float in
+    0 .. MAX_RETRY_AT, else None (the job is retried with the normal backoff)."""
+    try:
+        value = getattr(exc, "retry_at", None)
+        if value is None or isinstance(value, bool):
+            return None
+        if hasattr(value, "timestamp"):
+            value = value.timestamp()
+        at = float(value)
+    except Exception:
+        return None
+    if not math.isfinite(at) or not 0.0 <= at <= MAX_RETRY_AT:
+        return None
+    return at
+
+
+def describe_error(exc: BaseException) -> dict[str, Any]:
+    """The JSON-safe description of a handler's exception; never raises."""
+    name = _text(type(exc).__name__, "Exception")
+    message = _text(exc, f"<unprintable {name}>")
+    try:  # user attributes may be properties that raise: any failure reads as "not set"
+        permanent = getattr(exc, "kind", None) == PermanentError.kind
+    except Exception:
+        permanent = False
+    return {
+        "name": name,
+        "message": message,
+        "kind": "permanent" if permanent is True else "retriable",
+        "retry_at": retry_at_of(exc),
+    }
+
+
+def invalid_data(job_id: str, raw: bytes, exc: Exception) -> dict[str, Any]:
+    """The error of a job whose stored data is not JSON (written around the producer API)."""
+    head = raw[:200]
+    return {
+        "name": "InvalidJobData",
+        "message": f"the data of job {job_id!r} is not valid JSON ({exc}); its handler was not "
+        f"run; the data begins {head!r}",
+        "kind": "permanent",
+        "retry_at": None,
+    }
+
+
+def unencodable(exc: Exception) -> dict[str, Any]:
+    return {
+        "name": "UnencodableResult",
+        "message": _text(f"the worker could not encode this job's result: {exc}", "?"),
+        "kind": "permanent",
+        "retry_at": None,
+    }
+
+
+def encode_results(batch: list[list[Any]]) -> bytes:
+    """orjson of a batch of results. A result that cannot be encoded becomes a permanent
+    failure of its job (UnencodableResult); the others are sent as they are."""
+    try:
+        return orjson.dumps(batch)
+    except Exception:
+        pass
+    parts = []
+    for seq, started, error in batch:
+        try:
+            parts.append(orjson.dumps([seq, started, error]))
+        except Exception as exc:
+            log.error("result of job seq %s cannot be encoded: %s", seq, exc)
+            parts.append(orjson.dumps([seq, started, unencodable(exc)]))
+    return b"[" + b",".join(parts) + b"]"
+
+
+def check_result(result: Any, job: Any) -> None:
+    """Results are discarded; a non-JSON one is a handler bug worth a log line."""
+    if result is not None:
+        try:
+            orjson.dumps(result)
+        except TypeError as exc:
+            log.warning(
+                "handler of %s job %s returned a non-JSON value: %s", job.queue, job.id, exc
+            )
