@@ -53,7 +53,7 @@ Result codes (queasy_py/store/library.py maps them to an enum):
   dequeue/bump: status 0 ok, 2 swept (this client was swept as dead; start over)
 ]]
 
-local VERSION = '1.2.0'
+local VERSION = '1.2.1'
 local OWNER = 'queasy_py' -- queasy_library returns OWNER .. ' ' .. VERSION: our marker
 local TOMBSTONE_MS = 86400000
 local MAX_MS = 253402300799999 -- 9999-12-31T23:59:59.999Z
@@ -178,14 +178,25 @@ local function int(n)
   return string.format('%d', n)
 end
 
+-- A number field of a record as an integer in 0 ..= high; a field written around the library
+-- (raw HSET: 'x', '1e+300', '-1', missing) reads as 0, so no function fails on it.
+local function field_int(v, high)
+  local n = tonumber(v)
+  if n == nil or n ~= n or n < 0 or n > high then
+    return 0
+  end
+  return math.floor(n)
+end
+
 local function read_job(key)
   local v = redis.call('HMGET', key, unpack(JOB_FIELDS))
   if v[1] == false then
     return nil
   end
   return {
-    id = v[1], data = v[2], run_at = tonumber(v[3]),
-    retry_count = tonumber(v[4]), stall_count = tonumber(v[5]), timeout_count = tonumber(v[6]),
+    id = v[1], data = v[2] or '', run_at = field_int(v[3], MAX_MS),
+    retry_count = field_int(v[4], MAX_MS), stall_count = field_int(v[5], MAX_MS),
+    timeout_count = field_int(v[6], MAX_MS),
   }
 end
 
@@ -321,8 +332,9 @@ local function leased(B, client, id, token)
   end
   redis.call('HDEL', B .. ':lease:' .. client, id)
   return {
-    id = v[1], data = v[2], run_at = tonumber(v[3]), retry_count = tonumber(v[4]),
-    stall_count = tonumber(v[5]), timeout_count = tonumber(v[6]), client = client,
+    id = v[1], data = v[2] or '', run_at = field_int(v[3], MAX_MS),
+    retry_count = field_int(v[4], MAX_MS), stall_count = field_int(v[5], MAX_MS),
+    timeout_count = field_int(v[6], MAX_MS), client = client,
   }
 end
 
@@ -449,9 +461,9 @@ local function push(B, now, id, parked)
     local channel = B .. ':push:' .. client
     if redis.call('PUBSUB', 'NUMSUB', channel)[2] > 0 then
       local token = 'p' .. redis.call('INCR', B .. ':seq')
-      local v = redis.call('HMGET', B .. ':job:' .. id, unpack(JOB_FIELDS))
-      redis.call('PUBLISH', channel, table.concat({v[1], token, v[3], v[4], v[5], v[6], v[2]},
-        '\n'))
+      local job = read_job(B .. ':job:' .. id)
+      redis.call('PUBLISH', channel, table.concat({job.id, token, int(job.run_at),
+        int(job.retry_count), int(job.stall_count), int(job.timeout_count), job.data}, '\n'))
       lease(B, now, id, client, token)
       redis.call('ZREM', B .. ':waiting', id)
       redis.call('HSET', B .. ':lease:' .. client, id, token)
@@ -653,8 +665,8 @@ local function dequeue(keys, args)
       limit)
     local leases = {}
     for _, id in ipairs(ids) do
-      local v = redis.call('HMGET', B .. ':job:' .. id, unpack(JOB_FIELDS))
-      if v[1] == false then
+      local job = read_job(B .. ':job:' .. id)
+      if job == nil then
         -- a stray id without a record: only dropped from B:waiting (below)
       elseif redis.call('EXISTS', B .. ':active:' .. id) == 1 then
         redis.call('SADD', B .. ':blocked', id) -- its record waits for the active one
@@ -665,9 +677,11 @@ local function dequeue(keys, args)
         leases[#leases + 1] = token
         out[#out + 1] = id
         out[#out + 1] = token
-        for f = 2, 6 do
-          out[#out + 1] = v[f]
-        end
+        out[#out + 1] = job.data
+        out[#out + 1] = int(job.run_at)
+        out[#out + 1] = int(job.retry_count)
+        out[#out + 1] = int(job.stall_count)
+        out[#out + 1] = int(job.timeout_count)
       end
     end
     if #ids > 0 then -- every record selected has moved: they leave B:waiting together

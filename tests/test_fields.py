@@ -84,9 +84,12 @@ def test_get_job_reads_a_run_at_lua_writes_in_exponent_form(client: Client) -> N
 def test_get_job_survives_a_hand_written_run_at(client: Client, r: redis.Redis) -> None:
     q = client.queue("raw")
     q.dispatch({"n": 1}, id="j", delay=60)
-    r.hset(q.keys.job("j"), "run_at", "1e+20")  # written straight into Redis
+    r.hset(q.keys.job("j"), "run_at", "1e+12")  # written straight into Redis
     job = q.get_job("j")
-    assert job is not None and job.run_at == 1e17
+    assert job is not None and job.run_at == 1e9
+    r.hset(q.keys.job("j"), "run_at", "1e+20")  # out of range: the library reads it as 0
+    job = q.get_job("j")
+    assert job is not None and job.run_at == 0.0
     assert q.counts() == {"waiting": 0, "delayed": 1, "blocked": 0, "active": 0}
 
 

@@ -194,3 +194,19 @@ def test_garbage_on_the_wake_and_push_channels_is_dropped(rt: Runtime, own: Own)
     log = sup.log()
     assert log.count("dropped a malformed wake-up") == 1, log
     assert log.count("dropped a malformed job record") == 1, log
+
+
+def test_a_job_record_with_garbage_counts_runs_with_them_as_0(rt: Runtime, own: Own) -> None:
+    """A record edited around the library (raw HSET of a count) never breaks a dequeue, an
+    ack or the supervisor: the library reads a count that is not an integer as 0."""
+    q = rt.queue("q")
+    q.dispatch({"tag": "bad"}, id="bad")
+    q.dispatch({"tag": "good"}, id="good")
+    own.r.hset(f"{q.keys.base}:job:bad", mapping={"retry_count": "x", "stall_count": "1e+300"})
+    sup = rt.start({"q": queue_spec()}, workers=1)
+    rt.wait_records(1, "end", tag="good")
+    (bad,) = rt.wait_records(1, "end", tag="bad")
+    assert (bad["retry_count"], bad["stall_count"]) == (0, 0)
+    events = rt.wait_events("q", 2)
+    assert sorted(e["outcome"] for e in events) == ["finished", "finished"]
+    assert sup.proc.poll() is None, sup.log()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -59,6 +60,14 @@ class Proxy:
         self.listener.close()
 
 
+def through(proxy: Proxy, redis_url: str) -> str:
+    """The test server's URL (its password too) with the proxy's address."""
+    parts = urlsplit(redis_url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    address = f"127.0.0.1:{proxy.port}"
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{address}" if userinfo else address))
+
+
 @pytest.fixture
 def proxy(redis_url: str) -> Iterator[Proxy]:
     parsed = redis.connection.parse_url(redis_url)
@@ -70,9 +79,9 @@ def proxy(redis_url: str) -> Iterator[Proxy]:
 
 
 def test_a_dispatch_whose_reply_is_lost_is_not_sent_again(
-    proxy: Proxy, prefix: str, r: redis.Redis
+    proxy: Proxy, prefix: str, r: redis.Redis, redis_url: str
 ) -> None:
-    with Client(f"redis://127.0.0.1:{proxy.port}/0", workers=0, prefix=prefix) as client:
+    with Client(through(proxy, redis_url), workers=0, prefix=prefix) as client:
         q = client.queue("q")
         q.dispatch({"warm": True}, id="warm")  # the connection is open and used
         # the server applies the dispatch; before its reply arrives a supervisor dequeues the
@@ -89,9 +98,9 @@ def test_a_dispatch_whose_reply_is_lost_is_not_sent_again(
 
 
 def test_a_connection_the_server_closed_is_replaced_before_sending(
-    proxy: Proxy, prefix: str, r: redis.Redis
+    proxy: Proxy, prefix: str, r: redis.Redis, redis_url: str
 ) -> None:
-    with Client(f"redis://127.0.0.1:{proxy.port}/0", workers=0, prefix=prefix) as client:
+    with Client(through(proxy, redis_url), workers=0, prefix=prefix) as client:
         q = client.queue("q")
         q.dispatch({}, id="a")
         r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")

@@ -155,11 +155,6 @@ def test_a_retry_at_at_the_bound_is_kept(rt: Runtime) -> None:
     assert rt.r.zscore(waiting, "r") == MAX_RETRY_AT * 1000
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lua/queasy.lua writes a run_at >= 1e14 ms (year 5138) with HSET of a Lua number, "
-    "stored as '2.53402300799e+14'; Queue.get_job's int(run_at) then raises ValueError",
-)
 def test_a_job_delayed_to_the_bound_can_be_read_back(rt: Runtime) -> None:
     rt.start({"q": queue_spec(RETRY_AT)}, workers=1)
     rt.queue("q").dispatch({"tag": "r", "at": ["float", str(MAX_RETRY_AT)]}, id="r")

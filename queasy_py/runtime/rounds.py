@@ -314,7 +314,8 @@ class Rounds:
         deadline: float,
     ) -> Running | None:
         """A checked-out job, from the fields of a dequeue reply or a push message; None
-        (logged, throttled) when a field does not parse."""
+        (logged, throttled) when a field does not parse (the library writes integers, and
+        reads a count written around it as 0: only a fake push gets here)."""
         try:
             job = Running(
                 self.seq + 1,

@@ -54,6 +54,7 @@ class Runner:
 
     def __init__(self, pipe: Pipe, handlers: dict[str, str]) -> None:
         self.pipe = pipe
+        self.parent = os.getppid()  # the supervisor: a job starts only while it lives
         self.handlers = {queue: load(path) for queue, path in handlers.items()}
         # a job takes at least one unit, plus the thread reading the pipe
         self.pool = ThreadPoolExecutor(max_workers=defaults.WORKER_UNITS + 1)
@@ -100,6 +101,8 @@ class Runner:
         self.outbox.put([seq, started, error])
 
     def run_sync(self, seq: int, handle: Any, data: Any, job: Job) -> None:
+        if os.getppid() != self.parent:  # the supervisor died: its leases go to others
+            exit_with_everything()
         started = int(time.time() * 1000)
         try:
             result = handle(data, job)
@@ -142,6 +145,8 @@ class Runner:
                 frame = self.pipe.recv_frame()
             except (EOFError, OSError):
                 exit_with_everything()  # the supervisor is gone: stop at once, jobs included
+            if os.getppid() != self.parent:  # it died after sending: start none of them
+                exit_with_everything()
             if frame == b'"stop"':  # sent only to a worker with no jobs left
                 os._exit(0)
             self.pool.submit(self.lead)
