@@ -190,10 +190,21 @@ class Cluster:
 
     @staticmethod
     def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+        """Signal a supervisor's process group and its workers' (each worker leads a session
+        of its own): a kill or a freeze of the whole machine. For SIGKILL the supervisor is
+        stopped first, so it neither notices nor replaces its dying workers."""
         try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            pass
+            workers = [c.pid for c in psutil.Process(pgid).children()]
+        except psutil.Error:
+            workers = []
+        steps = [(pgid, sig)] + [(worker, sig) for worker in workers]
+        if sig == signal.SIGKILL:  # stop it, kill its workers, then it
+            steps = [(pgid, signal.SIGSTOP)] + steps[1:] + [(pgid, sig)]
+        for group, signum in steps:
+            try:
+                os.killpg(group, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def kill_group(self, slot: Slot, restart_in: float) -> None:
         pgid = slot.pid
