@@ -21,7 +21,7 @@ from typing import IO
 
 import psutil
 
-from .handlers import PERIODIC_QUEUE, TIMEOUT, WORK_QUEUES
+from .handlers import PERIODIC_QUEUE, RECORDS_URL_ENV, TIMEOUT, WORK_QUEUES
 
 ROOT = Path(__file__).resolve().parents[2]
 PR_SET_PDEATHSIG = 1
@@ -122,6 +122,7 @@ class Cluster:
     prefix: str
     workdir: Path
     seed: int
+    records_url: str | None = None  # the handlers' records server (RECORDS_URL_ENV)
     slots: list[Slot] = field(default_factory=list)
     kills: list[Disruption] = field(default_factory=list)
     freezes: list[Freeze] = field(default_factory=list)
@@ -152,6 +153,8 @@ class Cluster:
             "QUEASY_RESCHEDULE_DELAY": "0.5",
             "CHAOS_SEED": str(self.seed),
         }
+        if self.records_url:
+            env[RECORDS_URL_ENV] = self.records_url
         slot.starts += 1
         log_path = self.workdir / f"supervisor-{slot.index}-{slot.starts}.log"
         slot.log = log_path.open("wb")
