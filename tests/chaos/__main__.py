@@ -30,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="(re)start supervisors while the server has a fault (a known start-up crash)",
     )
+    parser.add_argument(
+        "--forge-pushes",
+        action="store_true",
+        help="the hostile producer also forges well-formed pushes (a known weakness)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rate", type=float, default=25.0, help="new chains per second")
     parser.add_argument("--drain-timeout", type=float, default=30.0)
@@ -58,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             server_pid=pid,
             hostile=not args.no_hostile,
             start_during_faults=args.start_during_faults,
+            forge_pushes=args.forge_pushes,
         )
     finally:
         for server in servers:

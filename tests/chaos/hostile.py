@@ -5,6 +5,9 @@ on the queues' keys, using the documented key layout (lua/queasy.lua) and the pu
   push      PUBLISH malformed job messages on a supervisor's push channel
             `<base>:push:<client id>` (ids from `<base>:parked` and `<base>:expiry`); every
             message has a field that is not a non-negative integer, so none is a job
+  forge     (opt-in: forge=True) PUBLISH a well-formed push of a waiting job, with a made-up
+            token: the supervisor runs it without a lease (a known weakness, invariant 1
+            flags it); off by default
   fcall     raw FCALL queasy_dispatch with non-JSON data, bad times, ids with whitespace or
             control characters, bad flags, partial triples; some calls put a valid job first:
             the library must refuse the whole call (INVALID) and write nothing of it
@@ -58,16 +61,19 @@ class Hostile:
         rng: random.Random,
         flag: Callable[[tuple[Any, ...], str], None],
         seed: int,
+        forge: bool = False,
     ) -> None:
         self.r = redis.Redis.from_url(url, socket_timeout=5.0, retry=Retry(NoBackoff(), 0))
         self.queues = queues
         self.rng = rng
         self.flag = flag
         self.seed = seed
+        self.forge_pushes = forge
         self.n = 0
         self.counts = {
             "wake": 0,
             "push": 0,
+            "forged": 0,
             "fcall_refused": 0,
             "api_refused": 0,
             "faulted": 0,  # refused by OOM or a flushed library, not by the library's checks
@@ -77,6 +83,8 @@ class Hostile:
         """One hostile action, chosen at random."""
         self.n += 1
         kind = self.rng.choices(("wake", "push", "fcall", "api"), (2, 3, 4, 2))[0]
+        if self.forge_pushes and self.rng.random() < 0.2:
+            kind = "forge"
         queue = self.rng.choice(list(self.queues.values()))
         getattr(self, kind)(queue)
 
@@ -95,6 +103,20 @@ class Hostile:
             for message in self.rng.sample(PUSH_GARBAGE, 2):
                 self.r.publish(queue.keys.push(client), message)
                 self.counts["push"] += 1
+
+    def forge(self, queue: Queue) -> None:
+        base = queue.keys.base
+        clients = sorted(c.decode() for c in self.r.hkeys(f"{base}:parked"))
+        waiting = self.r.zrange(queue.keys.waiting, 0, 0)
+        if not clients or not waiting:
+            return
+        job_id = waiting[0].decode()
+        data = self.r.hget(queue.keys.job(job_id), "data")
+        if data is None:
+            return
+        message = f"{job_id}\nforged{self.n}\n0\n0\n0\n0\n".encode() + data
+        self.r.publish(queue.keys.push(self.rng.choice(clients)), message)
+        self.counts["forged"] += 1
 
     # ---------------------------------------------------------------- raw FCALL
 

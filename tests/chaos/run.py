@@ -67,6 +67,7 @@ class Chaos:
         hostile: bool = True,
         fault_weight: float = 1.0,
         start_during_faults: bool = False,
+        forge_pushes: bool = False,
     ) -> None:
         self.url, self.prefix, self.seconds = url, prefix, seconds
         self.seed, self.rate, self.drain_timeout, self.echo = seed, rate, drain_timeout, echo
@@ -101,7 +102,9 @@ class Chaos:
         self.actions = 0
         every = {**self.queues, **self.fail_queues}
         self.hostile = (
-            Hostile(url, every, random.Random(f"{seed}:hostile"), self.checker.flag, seed)
+            Hostile(
+                url, every, random.Random(f"{seed}:hostile"), self.checker.flag, seed, forge_pushes
+            )
             if hostile
             else None
         )
@@ -368,6 +371,7 @@ def run_chaos(
     hostile: bool = True,
     fault_weight: float = 1.0,
     start_during_faults: bool = False,
+    forge_pushes: bool = False,
 ) -> Summary:
     """Chaos against the queue server at `url`. The handlers record on `records_url` (a
     server the faults leave alone; default: `url`). The server faults need CONFIG on `url`
@@ -390,5 +394,6 @@ def run_chaos(
         hostile,
         fault_weight,
         start_during_faults,
+        forge_pushes,
     )
     return chaos.run()
