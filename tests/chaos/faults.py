@@ -45,6 +45,7 @@ class ServerFaults:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WEIGHTS, 0))
     active: str | None = None
     due: str | None = None  # chosen, waiting to begin (the orchestrator says when)
+    plan: list[float] = field(default_factory=list)  # times at which one is made due
     until: float = 0.0
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WEIGHTS, 0.0))
 
@@ -107,9 +108,22 @@ class ServerFaults:
         self.active, self.until = kind, until
         self.began = time.time()
 
-    def maintain(self, now: float) -> None:
+    def maintain(self, now: float, settled: bool) -> None:
+        """Lift the fault whose time is up; make one due when the plan says so; begin the
+        due one when `settled` (no supervisor is starting)."""
         if self.active is not None and now >= self.until:
             self.lift()
+        if self.plan and now >= self.plan[0] and self.due is None and self.active is None:
+            self.plan.pop(0)
+            self.choose()
+        if self.due is not None and self.active is None and settled:
+            self.start_due(now)
+
+    def end(self) -> None:
+        """No more faults: the one on is lifted, none is due or planned."""
+        self.due = None
+        self.plan.clear()
+        self.lift()
 
     def lift(self) -> None:
         """End the fault on now (SIGCONT first: the server must answer CONFIG SET)."""

@@ -13,6 +13,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -68,6 +69,7 @@ class Chaos:
         fault_weight: float = 1.0,
         start_during_faults: bool = False,
         forge_pushes: bool = False,
+        planned_faults: tuple[float, ...] = (),
     ) -> None:
         self.url, self.prefix, self.seconds = url, prefix, seconds
         self.seed, self.rate, self.drain_timeout, self.echo = seed, rate, drain_timeout, echo
@@ -81,6 +83,7 @@ class Chaos:
         self.records_r = redis.Redis.from_url(records_url or url, decode_responses=True)
         self.faults = ServerFaults(url, server_pid, self.rng.uniform)
         self.fault_weight = fault_weight
+        self.planned_faults = planned_faults
         # Known runtime defect (found by this test): a supervisor whose start-up meets a
         # server fault (its first heartbeat refused, OOM, or timed out) exits with a traceback
         # (runtime/supervisor.py run(): the first beat is not treated as an outage). Unless
@@ -251,10 +254,8 @@ class Chaos:
             )
 
     def maintain(self, now: float) -> None:
-        self.faults.maintain(now)
         settled = self.start_during_faults or now - self.last_start >= START_SETTLE
-        if self.faults.due is not None and self.faults.active is None and settled:
-            self.faults.start_due(now)
+        self.faults.maintain(now, settled)
         for slot in self.cluster.slots:
             due = slot.proc is None and slot.restart_at is not None and now >= slot.restart_at
             if due and (self.start_during_faults or self.faults.active is None):
@@ -288,6 +289,7 @@ class Chaos:
         for job_id in PERIODIC_IDS:
             periodic.dispatch({"serial": f"{job_id}-0", "periodic": True}, id=job_id)
         begin = time.time()
+        self.faults.plan = [begin + t for t in sorted(self.planned_faults)]
         end_chaos = begin + self.seconds
         next_action = begin + 3.0  # let the supervisors start first
         next_check = next_hostile = begin
@@ -305,8 +307,7 @@ class Chaos:
                 next_check = now + CHECK_EVERY
             time.sleep(TICK)
         # drain: no more load or disruptions; every supervisor runs until the queues are empty
-        self.faults.due = None
-        self.faults.lift()
+        self.faults.end()
         self.send_pending()
         for slot in self.cluster.slots:
             self.cluster.thaw(slot)
@@ -366,34 +367,15 @@ def run_chaos(
     rate: float = 25.0,
     drain_timeout: float = 30.0,
     echo: bool = True,
-    records_url: str | None = None,
-    server_pid: int | None = None,
-    hostile: bool = True,
-    fault_weight: float = 1.0,
-    start_during_faults: bool = False,
-    forge_pushes: bool = False,
+    **faults: Any,
 ) -> Summary:
-    """Chaos against the queue server at `url`. The handlers record on `records_url` (a
-    server the faults leave alone; default: `url`). The server faults need CONFIG on `url`
-    (OOM) and its pid (freezes); those it does not allow are left out. `fault_weight` scales
-    their weight in the disruption choice."""
+    """Chaos against the queue server at `url`. `faults`: records_url (the handlers' records
+    server, which the faults leave alone; default `url`), server_pid (freezes of the server
+    need it), hostile, fault_weight (scales the server faults' weight in the disruption
+    choice), planned_faults (seconds into the chaos phase at which a server fault is made
+    due, besides the random ones), start_during_faults, forge_pushes (see Chaos). The
+    server faults need CONFIG on `url` (OOM); those it does not allow are left out."""
     if workdir is None:
         workdir = Path(tempfile.mkdtemp(prefix="queasy-chaos-"))
-    chaos = Chaos(
-        url,
-        prefix,
-        seconds,
-        processes,
-        seed,
-        workdir,
-        rate,
-        drain_timeout,
-        echo,
-        records_url,
-        server_pid,
-        hostile,
-        fault_weight,
-        start_during_faults,
-        forge_pushes,
-    )
-    return chaos.run()
+    args = (url, prefix, seconds, processes, seed, workdir, rate, drain_timeout, echo)
+    return Chaos(*args, **faults).run()
