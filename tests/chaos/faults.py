@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -41,7 +42,7 @@ def refused_write(exc: Exception) -> bool:
 class ServerFaults:
     url: str
     pid: int | None  # the server's pid (freezes), None for a server we did not start
-    rng_uniform: object  # random.Random.uniform of the orchestrator (one seeded sequence)
+    uniform: Callable[[float, float], float]  # the orchestrator's seeded Random.uniform
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WEIGHTS, 0))
     active: str | None = None
     due: str | None = None  # chosen, waiting to begin (the orchestrator says when)
@@ -88,18 +89,18 @@ class ServerFaults:
         self.start(kind, now)
 
     def start(self, kind: str, now: float) -> None:
-        uniform = self.rng_uniform
+        uniform = self.uniform
         if kind == "oom":
             self.r.config_set("maxmemory-policy", "noeviction")
             self.r.config_set("maxmemory", 1)
-            self._on(kind, now + uniform(*OOM_SECONDS))  # type: ignore[operator]
+            self._on(kind, now + uniform(*OOM_SECONDS))
         elif kind == "flush":
             self.r.function_flush()
             self.counts[kind] += 1  # nothing to lift: the clients load the library again
         elif kind == "redis_freeze":
             assert self.pid is not None
             os.kill(self.pid, signal.SIGSTOP)
-            self._on(kind, now + uniform(*FREEZE_SECONDS))  # type: ignore[operator]
+            self._on(kind, now + uniform(*FREEZE_SECONDS))
         else:
             raise ValueError(kind)
 

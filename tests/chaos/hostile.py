@@ -73,11 +73,12 @@ class Hostile:
         self.counts = {
             "wake": 0,
             "push": 0,
-            "forged": 0,
             "fcall_refused": 0,
             "api_refused": 0,
             "faulted": 0,  # refused by OOM or a flushed library, not by the library's checks
         }
+        if forge:
+            self.counts["forged"] = 0
 
     def act(self) -> None:
         """One hostile action, chosen at random."""
