@@ -92,6 +92,7 @@ class Freeze:
     pgid: int
     stopped: float
     resumed: float | None = None
+    workers: list[int] = field(default_factory=list)  # their own process groups, if any
 
 
 @dataclass
@@ -198,9 +199,19 @@ class Cluster:
         except ProcessLookupError:
             pass
 
+    def _signal_all(self, slot: Slot, sig: int, workers: list[int] | None = None) -> None:
+        """`sig` to the supervisor's process group, then to each worker's own group: workers
+        may lead their own session (then the supervisor's group does not hold them)."""
+        if workers is None:
+            workers = self.workers_of(slot)
+        self._kill_group(slot.pid, sig)
+        for pid in workers:
+            self._kill_group(pid, sig)  # no such group: the workers were in the first one
+
     def kill_group(self, slot: Slot, restart_in: float) -> None:
+        """SIGKILL a supervisor with its workers (a machine lost)."""
         pgid = slot.pid
-        self._kill_group(pgid)
+        self._signal_all(slot, signal.SIGKILL)
         self.kills.append(Disruption(time.time(), "group", pgid))
         if slot.frozen is not None:
             slot.frozen.resumed = time.time()
@@ -230,13 +241,14 @@ class Cluster:
         self.kills.append(Disruption(time.time(), "worker", pid))
 
     def freeze(self, slot: Slot) -> None:
-        self._kill_group(slot.pid, signal.SIGSTOP)
-        slot.frozen = Freeze(slot.pid, time.time())
+        workers = self.workers_of(slot)
+        self._signal_all(slot, signal.SIGSTOP, workers)
+        slot.frozen = Freeze(slot.pid, time.time(), workers=workers)
         self.freezes.append(slot.frozen)
 
     def thaw(self, slot: Slot) -> None:
         if slot.frozen is not None and slot.proc is not None:
-            self._kill_group(slot.pid, signal.SIGCONT)
+            self._signal_all(slot, signal.SIGCONT, slot.frozen.workers)
             slot.frozen.resumed = time.time()
         slot.frozen = None
 
@@ -244,9 +256,11 @@ class Cluster:
 
     def stop_all(self, timeout: float = 15.0) -> None:
         """Thaw, SIGTERM every group, wait for a graceful stop, then SIGKILL what is left."""
+        workers: dict[int, list[int]] = {}
         for slot in self.slots:
             self.thaw(slot)
             if slot.proc is not None:
+                workers[slot.index] = self.workers_of(slot)
                 self._kill_group(slot.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for slot in self.slots:
@@ -256,7 +270,8 @@ class Cluster:
                 slot.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-            self._kill_group(slot.pid)  # workers left behind, if any
+            # workers left behind, if any
+            self._signal_all(slot, signal.SIGKILL, workers.get(slot.index, []))
             self._reap(slot)
 
     def logs(self) -> list[Path]:
