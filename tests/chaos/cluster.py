@@ -21,7 +21,7 @@ from typing import IO
 
 import psutil
 
-from .handlers import PERIODIC_QUEUE, TIMEOUT, WORK_QUEUES
+from .handlers import PERIODIC_QUEUE, RECORDS_URL_ENV, TIMEOUT, WORK_QUEUES
 
 ROOT = Path(__file__).resolve().parents[2]
 PR_SET_PDEATHSIG = 1
@@ -92,6 +92,7 @@ class Freeze:
     pgid: int
     stopped: float
     resumed: float | None = None
+    workers: list[int] = field(default_factory=list)  # their own process groups, if any
 
 
 @dataclass
@@ -122,6 +123,7 @@ class Cluster:
     prefix: str
     workdir: Path
     seed: int
+    records_url: str | None = None  # the handlers' records server (RECORDS_URL_ENV)
     slots: list[Slot] = field(default_factory=list)
     kills: list[Disruption] = field(default_factory=list)
     freezes: list[Freeze] = field(default_factory=list)
@@ -152,6 +154,8 @@ class Cluster:
             "QUEASY_RESCHEDULE_DELAY": "0.5",
             "CHAOS_SEED": str(self.seed),
         }
+        if self.records_url:
+            env[RECORDS_URL_ENV] = self.records_url
         slot.starts += 1
         log_path = self.workdir / f"supervisor-{slot.index}-{slot.starts}.log"
         slot.log = log_path.open("wb")
@@ -206,9 +210,19 @@ class Cluster:
             except (ProcessLookupError, PermissionError):
                 pass
 
+    def _signal_all(self, slot: Slot, sig: int, workers: list[int] | None = None) -> None:
+        """`sig` to the supervisor's process group, then to each worker's own group: workers
+        may lead their own session (then the supervisor's group does not hold them)."""
+        if workers is None:
+            workers = self.workers_of(slot)
+        self._kill_group(slot.pid, sig)
+        for pid in workers:
+            self._kill_group(pid, sig)  # no such group: the workers were in the first one
+
     def kill_group(self, slot: Slot, restart_in: float) -> None:
+        """SIGKILL a supervisor with its workers (a machine lost)."""
         pgid = slot.pid
-        self._kill_group(pgid)
+        self._signal_all(slot, signal.SIGKILL)
         self.kills.append(Disruption(time.time(), "group", pgid))
         if slot.frozen is not None:
             slot.frozen.resumed = time.time()
@@ -238,13 +252,14 @@ class Cluster:
         self.kills.append(Disruption(time.time(), "worker", pid))
 
     def freeze(self, slot: Slot) -> None:
-        self._kill_group(slot.pid, signal.SIGSTOP)
-        slot.frozen = Freeze(slot.pid, time.time())
+        workers = self.workers_of(slot)
+        self._signal_all(slot, signal.SIGSTOP, workers)
+        slot.frozen = Freeze(slot.pid, time.time(), workers=workers)
         self.freezes.append(slot.frozen)
 
     def thaw(self, slot: Slot) -> None:
         if slot.frozen is not None and slot.proc is not None:
-            self._kill_group(slot.pid, signal.SIGCONT)
+            self._signal_all(slot, signal.SIGCONT, slot.frozen.workers)
             slot.frozen.resumed = time.time()
         slot.frozen = None
 
@@ -252,9 +267,11 @@ class Cluster:
 
     def stop_all(self, timeout: float = 15.0) -> None:
         """Thaw, SIGTERM every group, wait for a graceful stop, then SIGKILL what is left."""
+        workers: dict[int, list[int]] = {}
         for slot in self.slots:
             self.thaw(slot)
             if slot.proc is not None:
+                workers[slot.index] = self.workers_of(slot)
                 self._kill_group(slot.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for slot in self.slots:
@@ -264,7 +281,8 @@ class Cluster:
                 slot.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-            self._kill_group(slot.pid)  # workers left behind, if any
+            # workers left behind, if any
+            self._signal_all(slot, signal.SIGKILL, workers.get(slot.index, []))
             self._reap(slot)
 
     def logs(self) -> list[Path]:

@@ -24,6 +24,10 @@ supervisor explains why (the group was frozen, swept, and its worker ran on afte
   5. Periodic ids live: each one starts at least once in every PERIODIC_WINDOW seconds.
   6. Progress: while the highest-priority queue has ready jobs, some job of it starts at least
      once every PROGRESS_WINDOW seconds.
+  7. Hostile input refused (tests/chaos/hostile.py flags it): every raw FCALL of the hostile
+     producer is refused with INVALID (or by a fault of the server) and writes nothing, not
+     even the valid job put before the bad one; every bad public-API dispatch raises
+     InvalidInput and writes nothing.
 """
 
 from __future__ import annotations

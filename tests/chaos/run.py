@@ -1,4 +1,10 @@
-"""The chaos orchestrator: load, disruptions, continuous checks, drain, final checks."""
+"""The chaos orchestrator: load, disruptions, continuous checks, drain, final checks.
+
+Disruptions: supervisors' groups SIGKILLed and frozen, workers SIGKILLed, and faults of the
+queue's server (tests/chaos/faults.py: write refusals, FUNCTION FLUSH, SIGSTOP of the server);
+a hostile producer (tests/chaos/hostile.py) acts throughout the chaos phase. The handlers'
+records are on a server of their own, so they survive the queue server's faults.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,17 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
-from queasy_py import Client
+from queasy_py import Client, Queue
+from queasy_py.queue import DISPATCH_CHUNK
 
 from .cluster import Cluster, Slot
+from .faults import ServerFaults, missing_function, refused_write
 from .handlers import PERIODIC_QUEUE, WORK_QUEUES, records_key
+from .hostile import Hostile
 from .invariants import PERIODIC_WINDOW, PROGRESS_WINDOW, Checker, Records
 
 PERIODIC_IDS = [f"periodic-{n}" for n in range(4)]
@@ -21,6 +31,11 @@ TICK = 0.1
 CHECK_EVERY = 0.5
 #: attempts are checked once they are this old, so late records (a frozen worker) are in
 GRACE = 5.0
+#: seconds between two actions of the hostile producer
+HOSTILE_EVERY = 0.25
+#: seconds a supervisor start takes to its first heartbeat, at most (no server fault begins
+#: within this time of a start, unless start_during_faults)
+START_SETTLE = 4.0
 
 
 @dataclass
@@ -48,15 +63,34 @@ class Chaos:
         rate: float,
         drain_timeout: float,
         echo: bool,
+        records_url: str | None = None,
+        server_pid: int | None = None,
+        hostile: bool = True,
+        fault_weight: float = 1.0,
+        start_during_faults: bool = False,
+        forge_pushes: bool = False,
+        planned_faults: tuple[float, ...] = (),
     ) -> None:
         self.url, self.prefix, self.seconds = url, prefix, seconds
         self.seed, self.rate, self.drain_timeout, self.echo = seed, rate, drain_timeout, echo
         self.rng = random.Random(seed)
-        self.cluster = Cluster(url, prefix, workdir, seed)
+        self.cluster = Cluster(url, prefix, workdir, seed, records_url)
         for n in range(processes):
             self.cluster.add(workers=1 + n % 2)
         self.client = Client(url, workers=0, prefix=prefix)
-        self.r = redis.Redis.from_url(url, decode_responses=True)
+        # never called while the server is frozen; the timeout is a safety net only
+        self.r = redis.Redis.from_url(url, decode_responses=True, socket_timeout=10.0)
+        self.records_r = redis.Redis.from_url(records_url or url, decode_responses=True)
+        self.faults = ServerFaults(url, server_pid, self.rng.uniform)
+        self.fault_weight = fault_weight
+        self.planned_faults = planned_faults
+        # Known runtime defect (found by this test): a supervisor whose start-up meets a
+        # server fault (its first heartbeat refused, OOM, or timed out) exits with a traceback
+        # (runtime/supervisor.py run(): the first beat is not treated as an outage). Unless
+        # start_during_faults, supervisors start only while the server has no fault, and no
+        # fault begins within START_SETTLE of a start.
+        self.start_during_faults = start_during_faults
+        self.last_start = 0.0
         self.records = Records()
         self.checker = Checker(self.records, self.cluster.kills, self.cluster.freezes)
         self.queues = {q: self.client.queue(q) for q in (*WORK_QUEUES, PERIODIC_QUEUE)}
@@ -66,15 +100,26 @@ class Chaos:
         for q in (*self.queues.values(), *self.fail_queues.values(), periodic_fail):
             self.streams[q.keys.events] = "0-0"
         self.dispatched = 0
+        self.pending: dict[str, list[dict]] = {q: [] for q in WORK_QUEUES}
+        self.dispatch_refusals = {"oom": 0, "no_library": 0}
         self.actions = 0
+        every = {**self.queues, **self.fail_queues}
+        self.hostile = (
+            Hostile(
+                url, every, random.Random(f"{seed}:hostile"), self.checker.flag, seed, forge_pushes
+            )
+            if hostile
+            else None
+        )
         self.high_nonempty_since: float | None = None
 
     # ---------------------------------------------------------------- reading
 
     def poll(self) -> None:
         for key, last in self.streams.items():
+            on = self.records_r if key == records_key(self.prefix) else self.r
             while True:
-                rows = self.r.xrange(key, min=f"({last}", count=5000)
+                rows = on.xrange(key, min=f"({last}", count=5000)
                 if not rows:
                     break
                 for entry_id, row in rows:
@@ -91,12 +136,32 @@ class Chaos:
                 print(f"VIOLATION {message}", flush=True)
         self.checker.fresh.clear()
 
+    def counts(self, queue: Queue) -> dict[str, int] | None:
+        """A queue's counts; after a FUNCTION FLUSH the library is loaded again first (None
+        while the server refuses to load it)."""
+        try:
+            return queue.counts()
+        except redis.ResponseError as exc:
+            if not missing_function(exc):
+                raise
+            if not self.faults.ensure_library():
+                return None
+            return queue.counts()
+
     def check(self, now: float, begin: float) -> None:
+        if self.faults.frozen:  # the events cannot be read: check once the server is back
+            for message in self.cluster.check_exits():
+                self.checker.flag((0, message), f"0 process: {message}")
+            self.report()
+            return
         self.poll()
         self.checker.check_continuous(now - GRACE)
         self.checker.check_periodic(PERIODIC_IDS, begin + PERIODIC_WINDOW, now - GRACE)
-        waiting = self.queues["high"].counts()["waiting"]
-        if waiting == 0:
+        high = self.counts(self.queues["high"])
+        waiting = 0 if high is None else high["waiting"]
+        if high is None:
+            pass  # not known now: the window goes on
+        elif waiting == 0:
             self.high_nonempty_since = None
         else:
             if self.high_nonempty_since is None:
@@ -116,10 +181,7 @@ class Chaos:
 
     def dispatch_initial(self, now: float, begin: float) -> None:
         due = int((now - begin) * self.rate) - self.dispatched
-        if due <= 0:
-            return
-        batches: dict[str, list[dict]] = {q: [] for q in WORK_QUEUES}
-        for _ in range(due):
+        for _ in range(max(0, due)):
             q = self.rng.choices(WORK_QUEUES, (5, 3, 2))[0]
             hops = len(WORK_QUEUES) - 1 - WORK_QUEUES.index(q)
             job_id = f"c{self.seed}-{self.dispatched}"
@@ -127,11 +189,32 @@ class Chaos:
             delay = self.rng.uniform(0.05, 1.0) if self.rng.random() < 0.2 else 0.0
             nb = time.time() + delay
             data = {"serial": job_id, "hops": hops, "nb": nb}
-            batches[q].append({"data": data, "id": job_id, "delay": delay or None})
-        for q, jobs in batches.items():
-            if jobs:
-                self.queues[q].dispatch_many(jobs)
-                for job in jobs:
+            self.pending[q].append({"data": data, "id": job_id, "delay": delay or None})
+        self.send_pending()
+
+    def send_pending(self) -> None:
+        """Dispatch what is pending, one FCALL per queue (a refused FCALL wrote nothing, so
+        it is sent again later: OOM refusals while they last, a flushed library at once after
+        loading it again). Not while the server is frozen: a lost reply is never resent."""
+        if self.faults.frozen:
+            return
+        for q, jobs in self.pending.items():
+            while jobs:
+                batch = jobs[:DISPATCH_CHUNK]
+                try:
+                    self.queues[q].dispatch_many(batch)
+                except redis.ResponseError as exc:
+                    if missing_function(exc):
+                        self.dispatch_refusals["no_library"] += 1
+                        if self.faults.ensure_library():
+                            continue
+                        return
+                    if refused_write(exc):
+                        self.dispatch_refusals["oom"] += 1
+                        return
+                    raise
+                del jobs[: len(batch)]
+                for job in batch:
                     self.records.add_dispatch(job["id"], q, job["id"])
 
     # ---------------------------------------------------------------- disruptions
@@ -140,10 +223,15 @@ class Chaos:
         return [s for s in self.cluster.slots if s.healthy]
 
     def disrupt(self, now: float) -> None:
-        self.actions += 1
         healthy = self.healthy()
         kills = len(self.cluster.kills)
-        choice = self.rng.choices(("group", "worker", "freeze"), (35, 40, 25))[0]
+        weights = {"group": 35.0, "worker": 40.0, "freeze": 25.0}
+        weights["server"] = self.faults.weight(self.fault_weight)
+        choice = self.rng.choices(list(weights), list(weights.values()))[0]
+        if choice == "server":
+            self.faults.choose()  # begins in maintain(), once no supervisor is starting
+            return
+        self.actions += 1  # supervisor disruptions only (the freeze/kill balance below)
         if choice == "freeze" and kills < 0.5 * self.actions:
             choice = "worker"
         if choice in ("group", "freeze") and len(healthy) < 2:
@@ -166,9 +254,13 @@ class Chaos:
             )
 
     def maintain(self, now: float) -> None:
+        settled = self.start_during_faults or now - self.last_start >= START_SETTLE
+        self.faults.maintain(now, settled)
         for slot in self.cluster.slots:
-            if slot.proc is None and slot.restart_at is not None and now >= slot.restart_at:
+            due = slot.proc is None and slot.restart_at is not None and now >= slot.restart_at
+            if due and (self.start_during_faults or self.faults.active is None):
                 self.cluster.start(slot)
+                self.last_start = time.time()
             at = self.thaw_at.get(slot.index)
             if at is not None and now >= at:
                 self.cluster.thaw(slot)
@@ -181,31 +273,42 @@ class Chaos:
         try:
             return self._run()
         finally:
+            self.faults.close()  # the server answers again: the supervisors can stop
             self.cluster.stop_all()
             self.client.close()
             self.r.close()
+            self.records_r.close()
+            if self.hostile is not None:
+                self.hostile.close()
 
     def _run(self) -> Summary:
         for slot in self.cluster.slots:
             self.cluster.start(slot)
+        self.last_start = time.time()
         periodic = self.queues[PERIODIC_QUEUE]
         for job_id in PERIODIC_IDS:
             periodic.dispatch({"serial": f"{job_id}-0", "periodic": True}, id=job_id)
         begin = time.time()
+        self.faults.plan = [begin + t for t in sorted(self.planned_faults)]
         end_chaos = begin + self.seconds
         next_action = begin + 3.0  # let the supervisors start first
-        next_check = begin
+        next_check = next_hostile = begin
         while (now := time.time()) < end_chaos:
             self.dispatch_initial(now, begin)
             self.maintain(now)
             if now >= next_action:
                 self.disrupt(now)
                 next_action = now + self.rng.uniform(1.2, 2.6)
+            if self.hostile is not None and now >= next_hostile and not self.faults.frozen:
+                self.hostile.act()
+                next_hostile = now + HOSTILE_EVERY
             if now >= next_check:
                 self.check(now, begin)
                 next_check = now + CHECK_EVERY
             time.sleep(TICK)
         # drain: no more load or disruptions; every supervisor runs until the queues are empty
+        self.faults.end()
+        self.send_pending()
         for slot in self.cluster.slots:
             self.cluster.thaw(slot)
             if slot.proc is None:
@@ -215,8 +318,9 @@ class Chaos:
         deadline = time.time() + self.drain_timeout
         while True:
             now = time.time()
+            self.send_pending()
             self.check(now, begin)
-            counts = {name: q.counts() for name, q in watched.items()}
+            counts = {name: self.counts(q) or {"unread": 1} for name, q in watched.items()}
             if not any(any(c.values()) for c in counts.values()) or now > deadline:
                 break
             time.sleep(CHECK_EVERY)
@@ -241,6 +345,10 @@ class Chaos:
                 if not a.held_lease
             ),
             "drain_s": round(now - end_chaos, 1),
+            **self.faults.details(),
+            "dispatch_oom": self.dispatch_refusals["oom"],
+            "dispatch_no_library": self.dispatch_refusals["no_library"],
+            **({f"hostile_{k}": v for k, v in self.hostile.counts.items()} if self.hostile else {}),
         }
         jobs = sum(1 for q, _ in self.records.intents.values() if q in WORK_QUEUES)
         jobs -= tally["unconfirmed"]
@@ -259,8 +367,15 @@ def run_chaos(
     rate: float = 25.0,
     drain_timeout: float = 30.0,
     echo: bool = True,
+    **faults: Any,
 ) -> Summary:
+    """Chaos against the queue server at `url`. `faults`: records_url (the handlers' records
+    server, which the faults leave alone; default `url`), server_pid (freezes of the server
+    need it), hostile, fault_weight (scales the server faults' weight in the disruption
+    choice), planned_faults (seconds into the chaos phase at which a server fault is made
+    due, besides the random ones), start_during_faults, forge_pushes (see Chaos). The
+    server faults need CONFIG on `url` (OOM); those it does not allow are left out."""
     if workdir is None:
         workdir = Path(tempfile.mkdtemp(prefix="queasy-chaos-"))
-    chaos = Chaos(url, prefix, seconds, processes, seed, workdir, rate, drain_timeout, echo)
-    return chaos.run()
+    args = (url, prefix, seconds, processes, seed, workdir, rate, drain_timeout, echo)
+    return Chaos(*args, **faults).run()

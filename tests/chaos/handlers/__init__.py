@@ -1,7 +1,9 @@
 """Handlers of the chaos test, run by `queasy run` supervisors in their worker processes.
 
 Every handler appends records to one Redis stream (`records_key(prefix)`) so the orchestrator
-can check the invariants from outside:
+can check the invariants from outside. The stream lives on a server of its own ($CHAOS_RECORDS_URL,
+set by the orchestrator), so the records are kept whatever the queue's server goes through
+(write refusals, a freeze):
 
   ev=start    a handler began: q, id, serial, pid (worker), ppid (its supervisor), t (epoch s),
               run_at (what the job said), rc/sc/tc (its counts), nb (not-before of the data),
@@ -22,11 +24,16 @@ import os
 import random
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+import redis
 
 from queasy_py import Job, Queue
 from queasy_py.context import current_client
 from queasy_py.defaults import FAIL_QUEUE_SUFFIX
+from queasy_py.store.library import ensure_loaded
 
 #: the three work queues, highest priority first; a finished job's follow-up goes to the next
 WORK_QUEUES = ("high", "mid", "low")
@@ -61,11 +68,25 @@ def queue_named(name: str) -> Queue:
     return client.queue(name)
 
 
+#: environment variable naming the records' server (the queue's server when unset)
+RECORDS_URL_ENV = "CHAOS_RECORDS_URL"
+_records: tuple[int, redis.Redis] | None = None
+
+
+def records_redis() -> redis.Redis:
+    """This process's connection to the records' server."""
+    global _records
+    if _records is None or _records[0] != os.getpid():
+        url = os.environ.get(RECORDS_URL_ENV)
+        conn = redis.Redis.from_url(url) if url else current_client().redis
+        _records = (os.getpid(), conn)
+    return _records[1]
+
+
 def record(ev: str, **fields: Any) -> None:
-    client = current_client()
     row = {"ev": ev, "pid": os.getpid(), "ppid": os.getppid(), "t": repr(time.time())}
     row.update({k: "" if v is None else str(v) for k, v in fields.items()})
-    client.redis.xadd(records_key(client.prefix), row)
+    records_redis().xadd(records_key(current_client().prefix), row)
 
 
 def record_start(job: Job, serial: str, act: str, nb: Any = None, **extra: Any) -> None:
@@ -114,9 +135,28 @@ def dispatch_recorded(queue: str, data: dict[str, Any], delay: float, **kwargs: 
     nb = time.time() + delay
     data = {**data, "nb": nb}
     record("intent", serial=data["serial"], q=queue, id=job_id, nb=repr(nb))
-    current_client().queue(queue).dispatch(data, id=job_id, delay=delay, **kwargs)
+    client = current_client()
+    try:
+        client.queue(queue).dispatch(data, id=job_id, delay=delay, **kwargs)
+    except redis.ResponseError as exc:
+        if "function not found" not in str(exc).lower():
+            raise  # OOM and the like: the handler fails, its job is retried
+        # the library was flushed: nothing was written; load it again, as a producer must
+        ensure_loaded(client.redis)
+        client.queue(queue).dispatch(data, id=job_id, delay=delay, **kwargs)
     record("dispatched", serial=data["serial"], q=queue, id=job_id)
     return job_id
+
+
+@contextmanager
+def ended_on_error(job: Job) -> Iterator[None]:
+    """An end record when the block raises (a dispatch the queue's server refused): the
+    handler is about to raise, and its attempt ends like one of the act `retry`."""
+    try:
+        yield
+    except BaseException:
+        record("end", q=job.queue, id=job.id)
+        raise
 
 
 def misbehave(act: str, rng: random.Random, job: Job) -> None:

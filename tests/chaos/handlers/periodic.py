@@ -13,6 +13,7 @@ from . import (
     PERIODIC_QUEUE,
     choose,
     dispatch_recorded,
+    ended_on_error,
     misbehave,
     new_serial,
     record,
@@ -27,12 +28,13 @@ def handle(data: dict[str, Any], job: Job) -> None:
     # an invocation that may end well always re-dispatches first (else the chain would end);
     # one that fails does so half of the time, leaving the other half to the fail handler
     if act not in ("retry", "permanent", "exit") or rng.random() < 0.5:
-        dispatch_recorded(
-            PERIODIC_QUEUE,
-            {"serial": new_serial(), "periodic": True},
-            PERIODIC_EVERY,
-            id=job.id,
-            update_run_at="if_earlier",
-        )
+        with ended_on_error(job):
+            dispatch_recorded(
+                PERIODIC_QUEUE,
+                {"serial": new_serial(), "periodic": True},
+                PERIODIC_EVERY,
+                id=job.id,
+                update_run_at="if_earlier",
+            )
     misbehave(act, rng, job)
     record("end", q=job.queue, id=job.id)

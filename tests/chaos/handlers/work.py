@@ -7,7 +7,16 @@ from typing import Any
 
 from queasy_py import Job
 
-from . import WORK_QUEUES, choose, dispatch_recorded, misbehave, new_serial, record, record_start
+from . import (
+    WORK_QUEUES,
+    choose,
+    dispatch_recorded,
+    ended_on_error,
+    misbehave,
+    new_serial,
+    record,
+    record_start,
+)
 
 
 def handle(data: dict[str, Any], job: Job) -> None:
@@ -18,5 +27,6 @@ def handle(data: dict[str, Any], job: Job) -> None:
     if act in ("complete", "slow") and data["hops"] > 0:
         follow = WORK_QUEUES[(WORK_QUEUES.index(job.queue) + 1) % len(WORK_QUEUES)]
         delay = rng.choice((0.0, 0.0, 0.0, rng.uniform(0.05, 0.6)))
-        dispatch_recorded(follow, {"serial": new_serial(), "hops": data["hops"] - 1}, delay)
+        with ended_on_error(job):  # the queue's server may refuse it (OOM): a retry
+            dispatch_recorded(follow, {"serial": new_serial(), "hops": data["hops"] - 1}, delay)
     record("end", q=job.queue, id=job.id)

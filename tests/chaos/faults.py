@@ -1,0 +1,169 @@
+"""Faults of the queue's server during a chaos run (issue #19): write refusals (maxmemory 1
+with noeviction), a flushed function library (FUNCTION FLUSH) and a frozen server (SIGSTOP,
+then SIGCONT). One at a time; the orchestrator lifts each one from its main loop.
+
+The server must accept CONFIG (an `EmbeddedServer(admin_commands=True)`), and a freeze needs
+its pid (a server this process started). What the server does not allow is left out of the
+choice and said in the summary (`server_faults`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from queasy_py.store.library import ensure_loaded
+
+#: weight of each fault in the disruption choice (the supervisor disruptions weigh 35/40/25);
+#: a fault chosen is the kind used least so far (ties in this order), so a run with three
+#: faults has one of each
+WEIGHTS = {"oom": 8, "flush": 6, "redis_freeze": 6}
+OOM_SECONDS = (1.0, 5.0)
+FREEZE_SECONDS = (1.0, 4.0)
+
+
+def missing_function(exc: Exception) -> bool:
+    return isinstance(exc, redis.ResponseError) and "function not found" in str(exc).lower()
+
+
+def refused_write(exc: Exception) -> bool:
+    """A reply the server sends while it refuses writes (maxmemory with noeviction)."""
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return True  # redis-py's class for the OOM reply (its code is not in the message)
+    return isinstance(exc, redis.ResponseError) and "maxmemory" in str(exc)
+
+
+@dataclass
+class ServerFaults:
+    url: str
+    pid: int | None  # the server's pid (freezes), None for a server we did not start
+    uniform: Callable[[float, float], float]  # the orchestrator's seeded Random.uniform
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WEIGHTS, 0))
+    active: str | None = None
+    due: str | None = None  # chosen, waiting to begin (the orchestrator says when)
+    plan: list[float] = field(default_factory=list)  # times at which one is made due
+    until: float = 0.0
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WEIGHTS, 0.0))
+
+    def __post_init__(self) -> None:
+        # no retries: a call must never be sent twice without us knowing
+        self.r = redis.Redis.from_url(self.url, socket_timeout=5.0, decode_responses=True)
+        self.kinds = self._allowed()
+
+    def _allowed(self) -> list[str]:
+        kinds = ["flush"]
+        try:
+            self.r.config_get("maxmemory")
+            kinds.append("oom")
+        except redis.ResponseError:
+            pass  # CONFIG disabled (a locked embedded server): no write refusals
+        if self.pid is not None:
+            kinds.append("redis_freeze")
+        return kinds
+
+    @property
+    def frozen(self) -> bool:
+        return self.active == "redis_freeze"
+
+    def weight(self, scale: float = 1.0) -> float:
+        """The weight of "a server fault" in the disruption choice now (0 while one is on or
+        due)."""
+        if self.active is not None or self.due is not None:
+            return 0.0
+        return sum(WEIGHTS[k] for k in self.kinds) * scale
+
+    def choose(self) -> str:
+        """Make the kind used least so far due."""
+        order = list(WEIGHTS)
+        self.due = min(self.kinds, key=lambda k: (self.counts[k], order.index(k)))
+        return self.due
+
+    def start_due(self, now: float) -> None:
+        assert self.due is not None and self.active is None
+        kind, self.due = self.due, None
+        self.start(kind, now)
+
+    def start(self, kind: str, now: float) -> None:
+        uniform = self.uniform
+        if kind == "oom":
+            self.r.config_set("maxmemory-policy", "noeviction")
+            self.r.config_set("maxmemory", 1)
+            self._on(kind, now + uniform(*OOM_SECONDS))
+        elif kind == "flush":
+            self.r.function_flush()
+            self.counts[kind] += 1  # nothing to lift: the clients load the library again
+        elif kind == "redis_freeze":
+            assert self.pid is not None
+            os.kill(self.pid, signal.SIGSTOP)
+            self._on(kind, now + uniform(*FREEZE_SECONDS))
+        else:
+            raise ValueError(kind)
+
+    def _on(self, kind: str, until: float) -> None:
+        self.counts[kind] += 1
+        self.active, self.until = kind, until
+        self.began = time.time()
+
+    def maintain(self, now: float, settled: bool) -> None:
+        """Lift the fault whose time is up; make one due when the plan says so; begin the
+        due one when `settled` (no supervisor is starting)."""
+        if self.active is not None and now >= self.until:
+            self.lift()
+        if self.plan and now >= self.plan[0] and self.due is None and self.active is None:
+            self.plan.pop(0)
+            self.choose()
+        if self.due is not None and self.active is None and settled:
+            self.start_due(now)
+
+    def end(self) -> None:
+        """No more faults: the one on is lifted, none is due or planned."""
+        self.due = None
+        self.plan.clear()
+        self.lift()
+
+    def lift(self) -> None:
+        """End the fault on now (SIGCONT first: the server must answer CONFIG SET)."""
+        kind, self.active = self.active, None
+        if kind is None:
+            return
+        if kind == "redis_freeze":
+            assert self.pid is not None
+            os.kill(self.pid, signal.SIGCONT)
+        elif kind == "oom":
+            self.r.config_set("maxmemory", 0)
+        self.seconds[kind] += time.time() - self.began
+
+    def ensure_library(self) -> bool:
+        """Load the library again after a flush (a producer's job); False while the server
+        refuses writes (FUNCTION LOAD is refused too: try again later)."""
+        try:
+            ensure_loaded(self.r)
+        except redis.ResponseError as exc:
+            if refused_write(exc):
+                return False
+            raise
+        return True
+
+    def details(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "oom": self.counts["oom"],
+            "oom_s": round(self.seconds["oom"], 1),
+            "flushes": self.counts["flush"],
+            "redis_freezes": self.counts["redis_freeze"],
+            "redis_frozen_s": round(self.seconds["redis_freeze"], 1),
+        }
+        left_out = sorted(set(WEIGHTS) - set(self.kinds))
+        if left_out:
+            out["server_faults_off"] = ",".join(left_out)
+        return out
+
+    def close(self) -> None:
+        try:
+            self.lift()
+        finally:
+            self.r.close()
