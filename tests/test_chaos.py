@@ -17,7 +17,7 @@ import pytest
 from queasy_py.store.embedded import EmbeddedServer
 from tests.chaos.run import run_chaos
 
-SECONDS = 25.0  # of chaos; with the start and the drain the test takes 30-40 s
+SECONDS = 45.0  # of chaos; with the start and the drain the test takes about a minute
 SEED = 4
 #: seconds into the chaos phase at which a server fault is made due (each kind once, in
 #: turn), besides those the disruption choice makes
@@ -58,8 +58,8 @@ def test_chaos_short(
             print(path.read_text(errors="replace")[-4000:])
     assert not summary.violations, "\n".join(summary.violations[:50])
     details = summary.details
-    assert summary.jobs >= 1000, summary.line
-    assert summary.kills >= 5, summary.line
+    assert summary.jobs >= 2000, summary.line
+    assert summary.kills >= 10, summary.line
     for fault in ("oom", "flushes", "redis_freezes"):
         assert details[fault] >= 1, (fault, details)
     for hostile in ("wake", "push", "fcall_refused", "api_refused"):

@@ -210,3 +210,17 @@ def test_a_job_record_with_garbage_counts_runs_with_them_as_0(rt: Runtime, own: 
     events = rt.wait_events("q", 2)
     assert sorted(e["outcome"] for e in events) == ["finished", "finished"]
     assert sup.proc.poll() is None, sup.log()
+
+
+def test_a_supervisor_started_while_the_server_refuses_writes_waits(rt: Runtime, own: Own) -> None:
+    """Its first heartbeat is refused (OOM): an outage from the start, not an exit."""
+    rt.queue("q").dispatch({"tag": "later"})
+    own.r.config_set("maxmemory-policy", "noeviction")
+    own.r.config_set("maxmemory", 1)
+    sup = rt.start({"q": queue_spec()}, workers=1)
+    wait_for(lambda: "first heartbeat failed" in sup.log(), what="the refused first beat")
+    time.sleep(1.0)
+    assert sup.proc.poll() is None, sup.log()
+    own.r.config_set("maxmemory", 0)
+    rt.wait_records(1, "end", tag="later", timeout=20)
+    assert sup.proc.poll() is None, sup.log()

@@ -37,6 +37,11 @@ MAX_ROUNDS = 4
 Asks = list[tuple[QueueState, list[WorkerProc]]]
 
 
+def _digits(raw: bytes) -> bool:
+    """A field of a push message as the library writes it: 1-15 decimal digits."""
+    return 0 < len(raw) <= 15 and raw.isdigit()
+
+
 class Rounds:
     def __init__(
         self,
@@ -347,11 +352,10 @@ class Rounds:
             if kind == "push":
                 self._pushed(state, data)
                 continue
-            try:
-                at = int(data) / 1000.0
-            except (ValueError, TypeError, AttributeError):
+            if not _digits(data):
                 self.malformed("wake-up", data)
                 continue
+            at = int(data) / 1000.0
             state.ready_at = min(state.ready_at, at)
             state.woken = min(state.woken, at)
 
@@ -363,6 +367,9 @@ class Rounds:
             self.marks.add(message)
             return
         job_id, token, run_at, retries, stalls, timeouts, data = fields
+        if not all(_digits(f) for f in (run_at, retries, stalls, timeouts)):
+            self.malformed("job record", fields[:6])  # anyone may PUBLISH: digits only
+            return
         job = self._running(
             state,
             job_id,

@@ -249,8 +249,12 @@ class Supervisor:
         previous = self._install_signals()
         try:
             self.workers.ensure()
-            self.heartbeat.beat(self.r, self.client.id)
-            self.heartbeat.last_ok = time.monotonic()
+            try:
+                self.heartbeat.beat_or_reload(self.r, self.client.id)
+                self.heartbeat.last_ok = time.monotonic()
+            except (redis.RedisError, OSError) as exc:  # an outage from the start: the
+                log.error("first heartbeat failed: %s", exc)  # heartbeat thread retries
+                self.heartbeat.last_ok = 0.0  # liveness unknown until it answers
             self.heartbeat.start()
             self.wakeup.ensure()
             log.info(

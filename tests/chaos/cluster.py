@@ -194,30 +194,25 @@ class Cluster:
 
     @staticmethod
     def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
-        """Signal a supervisor's process group and its workers' (each worker leads a session
-        of its own): a kill or a freeze of the whole machine. For SIGKILL the supervisor is
-        stopped first, so it neither notices nor replaces its dying workers."""
         try:
-            workers = [c.pid for c in psutil.Process(pgid).children()]
-        except psutil.Error:
-            workers = []
-        steps = [(pgid, sig)] + [(worker, sig) for worker in workers]
-        if sig == signal.SIGKILL:  # stop it, kill its workers, then it
-            steps = [(pgid, signal.SIGSTOP)] + steps[1:] + [(pgid, sig)]
-        for group, signum in steps:
-            try:
-                os.killpg(group, signum)
-            except (ProcessLookupError, PermissionError):
-                pass
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def _signal_all(self, slot: Slot, sig: int, workers: list[int] | None = None) -> None:
-        """`sig` to the supervisor's process group, then to each worker's own group: workers
-        may lead their own session (then the supervisor's group does not hold them)."""
+        """`sig` to the supervisor's process group and to each worker's own group (workers
+        lead their own session). A SIGKILL stops the supervisor first, then kills its workers,
+        then it: it neither replaces them nor hands them jobs meanwhile (a machine lost)."""
         if workers is None:
             workers = self.workers_of(slot)
-        self._kill_group(slot.pid, sig)
+        if sig == signal.SIGKILL:
+            self._kill_group(slot.pid, signal.SIGSTOP)
+        else:
+            self._kill_group(slot.pid, sig)
         for pid in workers:
             self._kill_group(pid, sig)  # no such group: the workers were in the first one
+        if sig == signal.SIGKILL:
+            self._kill_group(slot.pid, sig)
 
     def kill_group(self, slot: Slot, restart_in: float) -> None:
         """SIGKILL a supervisor with its workers (a machine lost)."""
