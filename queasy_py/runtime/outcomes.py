@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,3 +119,25 @@ def on_dequeue(job: Running, spec: ListenOptions, base: str, fail_base: str | No
         message = f"job timed out {job.timeout_count} times (max_timeouts={spec.max_timeouts})"
         return fail(job, base, fail_base, error_dict("TimeoutError", message, "stall"), "", "")
     return None
+
+
+def ack_commands(
+    client_id: str, acks: list[Ack], maxlens: dict[str, int]
+) -> tuple[list[tuple], list[list[Ack]]]:
+    """The FCALLs of `acks`, one per (op, queue, fail queue) group (an ack marked `alone` is
+    its own group), and the acks of each; `maxlens` maps a base key to its events maxlen."""
+    grouped: dict[tuple, list[Ack]] = defaultdict(list)
+    for ack in acks:
+        alone = id(ack) if ack.alone else None
+        grouped[(ack.op, ack.base, ack.fail_base, alone)].append(ack)
+    commands: list[tuple] = []
+    groups = []
+    for (op, base, fail_base, _), items in grouped.items():
+        keys = [base] if fail_base is None else [base, fail_base]
+        args: list[Any] = ["FCALL", f"queasy_{op}", len(keys), *keys, "", client_id]
+        args.append(maxlens[base])
+        for ack in items:
+            args.extend(ack.args)
+        commands.append(tuple(args))
+        groups.append(items)
+    return commands, groups

@@ -61,6 +61,7 @@ class Rounds:
         self.r = r  # the loop's own connection: every call bounded in time
         self.states = states
         self.states_by_base = {s.base: s for s in states.values()}
+        self.maxlens = {s.base: s.spec.events_maxlen for s in states.values()}
         self.workers = workers
         self.events = events
         self.pipe = pipe
@@ -121,7 +122,7 @@ class Rounds:
             return
         acks = self.acks[:]
         self.acks.clear()
-        commands, ack_groups = self._ack_commands(client_id, acks)
+        commands, ack_groups = outcomes.ack_commands(client_id, acks, self.maxlens)
         nonce = uuid.uuid4().hex[:12]
         for state, procs in asks:
             commands.append(
@@ -156,23 +157,6 @@ class Rounds:
         """The round pipe is readable: run the callbacks of the replies that arrived."""
         self.pipe.read()
         self.events.watch("redis", self.pipe.socket())
-
-    def _ack_commands(self, client_id: str, acks: list[outcomes.Ack]) -> tuple[list, list[list]]:
-        grouped: dict[tuple, list[outcomes.Ack]] = defaultdict(list)
-        for ack in acks:
-            alone = id(ack) if ack.alone else None
-            grouped[(ack.op, ack.base, ack.fail_base, alone)].append(ack)
-        commands: list[tuple] = []
-        groups = []
-        for (op, base, fail_base, _), items in grouped.items():
-            maxlen = self.states_by_base[base].spec.events_maxlen
-            keys = [base] if fail_base is None else [base, fail_base]
-            args: list[Any] = ["FCALL", f"queasy_{op}", len(keys), *keys, "", client_id, maxlen]
-            for ack in items:
-                args.extend(ack.args)
-            commands.append(tuple(args))
-            groups.append(items)
-        return commands, groups
 
     # ------------------------------------------------------------------ replies
 
