@@ -14,10 +14,24 @@ derive the keys below from it (same slot, so cluster routing holds).
   key                  type    holds
   B:waiting            zset    id -> run_at (ms) of waiting and delayed jobs (not blocked)
   B:job:<id>           hash    the waiting/delayed/blocked record of <id>:
-                               id, data, run_at, retry_count, stall_count, timeout_count
+                               id, data, run_at, retry_count, stall_count, timeout_count,
+                               enqueued_at (ms of the dispatch that made it), attempts (times
+                               leased), and after a failed attempt its last error: error_name,
+                               error_kind, error_message, traceback, error_at (ms)
                                (+ u_data, u_reset, u_run_at 'replace'|'clamp', u_lo, u_hi:
                                the composed updates of a blocked job, see run_at_update)
   B:active:<id>        hash    the active record of <id>: same fields + client, token, leased_at
+  B:ended:<id>         hash    the record of a job that ended, kept for the retention: the
+                               active (or, cancelled, waiting) record's fields + state
+                               ('finished'|'failed'|'cancelled'), ended_at, started_at, pid,
+                               host (a failure's error in the error fields; result: the
+                               handler's JSON return value when the queue stores results)
+  B:finished           zset    id -> ended_at (ms) of each retained record of that state, the
+  B:failed             zset    index the retention trims (oldest first, a few per call) and
+  B:cancelled          zset    listings page through
+  B:stats              hash    finished, failed: totals since a reset; finished:<minute>,
+                               failed:<minute>: jobs that ended in that minute (epoch ms //
+                               60000), the last hour's kept
   B:blocked            set     ids whose record in B:job:<id> waits for the active one
   B:expiry             zset    client id -> expiry (ms) of each client holding leases here
   B:fresh              zset    client id -> until when (ms) it is fresh: half its expiry window
@@ -30,8 +44,13 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:seq                string  counter of push lease tokens ('p<n>')
   B:events             stream  one entry per job outcome (capped, MAXLEN ~): id, queue, outcome,
                                run_at, started_at, ended_at, client, pid, retry_count,
-                               stall_count, timeout_count, error_name, error_kind
+                               stall_count, timeout_count, error_name, error_kind,
+                               error_message, traceback (its last EVENT_TRACEBACK bytes),
+                               enqueued_at (README "Outcome events": the schema, versioned
+                               with this library)
   B:wake               channel PUBLISHed when a dispatch may make a job ready earlier
+  B:done:<id>          channel PUBLISHed <state> when job <id> ends: finished or failed (when
+                               the call asks to notify: the queue stores results), cancelled
   B:push:<client>      channel a job pushed to <client> (already leased to it), one per message:
                                "id\ntoken\nrun_at\nretry_count\nstall_count\ntimeout_count\ndata"
                                (ids hold no whitespace; data is last and may hold anything)
@@ -51,15 +70,26 @@ Result codes (queasy_py/store/library.py maps them to an enum):
   dispatch: 1 created, 2 updated (waiting job), 3 blocked (new), 4 blocked (updated)
   finish/retry/fail: 0 ok, 1 stale (this client no longer holds that lease)
   dequeue/bump: status 0 ok, 2 swept (this client was swept as dead; start over)
+
+Retention: finish, fail and cancel keep the record of each job that ended (B:ended:<id>)
+while it is among the newest `keep count` of its state and younger than `keep ms`; each call
+drops at most (jobs it ended + 2) of the oldest records beyond that, so no call does O(N) work
+and the records shrink back after the retention is lowered.
 ]]
 
-local VERSION = '1.2.1'
+local VERSION = '2.0.0'
 local OWNER = 'queasy_py' -- queasy_library returns OWNER .. ' ' .. VERSION: our marker
 local TOMBSTONE_MS = 86400000
 local MAX_MS = 253402300799999 -- 9999-12-31T23:59:59.999Z
 local MAX_COUNT = 999999999999 -- events maxlen, batch limit, expiry window, pid
 local MAX_ID_CHARS = 256
-local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count'}
+local MAX_TEXT = 65536 -- bytes of an error message, a traceback, a host name
+local EVENT_TRACEBACK = 1024 -- bytes of a traceback an event keeps (its end)
+local MAX_PAGE = 1000 -- jobs per call of queasy_jobs, queasy_requeue, queasy_purge
+local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
+  'attempts', 'enqueued_at'}
+local ERROR_FIELDS = {'error_name', 'error_kind', 'error_message', 'traceback', 'error_at'}
+local END_STATES = {finished = true, failed = true, cancelled = true}
 
 -- ---------------------------------------------------------------- checks (before any write)
 
@@ -163,6 +193,24 @@ local function check_json(arg, name, n)
   end
 end
 
+-- Free text (an error message, a traceback, a host name): a string of at most MAX_TEXT bytes.
+local function text(arg, name, n)
+  if type(arg) ~= 'string' or #arg > MAX_TEXT then
+    invalid(label(name, n) .. ' must be text of at most ' .. MAX_TEXT .. ' bytes, got '
+      .. (type(arg) == 'string' and (#arg .. ' bytes') or 'nothing'))
+  end
+  return arg
+end
+
+-- A count bounded by MAX_PAGE, at least 1.
+local function page(arg, name)
+  local n = whole(arg, name, MAX_PAGE)
+  if n < 1 then
+    invalid(name .. ' must be 1..' .. MAX_PAGE .. ', got 0')
+  end
+  return n
+end
+
 local function groups(args, from, width, name)
   if (#args - from + 1) % width ~= 0 then
     invalid(name .. ': ARGV from ' .. from .. ' must come in groups of ' .. width .. ', got '
@@ -196,14 +244,29 @@ local function read_job(key)
   return {
     id = v[1], data = v[2] or '', run_at = field_int(v[3], MAX_MS),
     retry_count = field_int(v[4], MAX_MS), stall_count = field_int(v[5], MAX_MS),
-    timeout_count = field_int(v[6], MAX_MS),
+    timeout_count = field_int(v[6], MAX_MS), attempts = field_int(v[7], MAX_MS),
+    enqueued_at = field_int(v[8], MAX_MS),
   }
 end
 
+-- Write the fields of `job` that change while it lives (the others stay in the hash).
 local function write_job(key, job)
   redis.call('HSET', key, 'id', job.id, 'data', job.data, 'run_at', int(job.run_at),
     'retry_count', int(job.retry_count), 'stall_count', int(job.stall_count),
     'timeout_count', int(job.timeout_count))
+end
+
+-- A new waiting/blocked record of a job dispatched at `now` (never leased yet).
+local function new_record(key, id, data, run_at, now)
+  redis.call('HSET', key, 'id', id, 'data', data, 'run_at', int(run_at), 'retry_count', 0,
+    'stall_count', 0, 'timeout_count', 0, 'enqueued_at', int(now), 'attempts', 0)
+end
+
+-- The error of an attempt that failed: {name, kind, message, traceback} (strings), or nil.
+-- It is written into the job's record as its last error, at `now`.
+local function write_error(key, err, now)
+  redis.call('HSET', key, 'error_name', err.name, 'error_kind', err.kind,
+    'error_message', err.message, 'traceback', err.traceback, 'error_at', int(now))
 end
 
 local RUN_AT_MODES = {replace = true, keep = true, if_later = true, if_earlier = true}
@@ -270,22 +333,44 @@ local function emit(B, maxlen, fields)
   end
 end
 
+-- The last `limit` bytes of `s`, not starting inside a UTF-8 sequence.
+local function tail(s, limit)
+  if #s <= limit then
+    return s
+  end
+  local from = #s - limit + 1
+  while from <= #s and string.find(string.sub(s, from, from), '[\128-\191]') do
+    from = from + 1
+  end
+  return string.sub(s, from)
+end
+
+local NO_ERROR = {name = '', kind = '', message = '', traceback = ''}
+
 -- `job.client` is the client that held it ('' for a job that was not active).
--- `pid` and `started_at` are strings ('' or checked digits).
-local function outcome_event(B, maxlen, now, outcome, job, pid, started_at, err_name, err_kind)
+-- `pid` and `started_at` are strings ('' or checked digits); `err` as in write_error, or nil.
+local function outcome_event(B, maxlen, now, outcome, job, pid, started_at, err)
+  if maxlen == 0 then
+    return
+  end
+  err = err or NO_ERROR
   emit(B, maxlen, {
     'id', job.id, 'queue', string.match(B, '}:(.*)$'), 'outcome', outcome,
     'run_at', int(job.run_at), 'started_at', started_at, 'ended_at', int(now),
     'client', job.client or '', 'pid', pid,
     'retry_count', int(job.retry_count), 'stall_count', int(job.stall_count),
     'timeout_count', int(job.timeout_count),
-    'error_name', err_name, 'error_kind', err_kind,
+    'error_name', err.name, 'error_kind', err.kind, 'error_message', err.message,
+    'traceback', tail(err.traceback, EVENT_TRACEBACK),
+    'enqueued_at', job.enqueued_at and job.enqueued_at > 0 and int(job.enqueued_at) or '',
   })
 end
 
 -- Put `job` (leaving the active state) back in waiting at run_at, merging the update of a
--- blocked job with its id, if any, so one job with that id remains.
-local function requeue(B, job, run_at)
+-- blocked job with its id, if any, so one job with that id remains. Its record moves (the
+-- fields it gathered stay: enqueued_at, attempts, the last error); `err` (or nil) becomes its
+-- last error, at `now`.
+local function requeue(B, job, run_at, err, now)
   local id = job.id
   local bkey = B .. ':job:' .. id
   local blocked = redis.call('HMGET', bkey, 'data', 'run_at', 'u_data', 'u_run_at', 'u_reset',
@@ -294,7 +379,7 @@ local function requeue(B, job, run_at)
     if blocked[3] == '1' then
       job.data = blocked[1]
     end
-    local record_run_at = tonumber(blocked[2])
+    local record_run_at = field_int(blocked[2], MAX_MS)
     local kind, lo, hi = run_at_update(blocked[4], blocked[6], blocked[7], record_run_at)
     run_at = apply_update(kind, lo, hi, record_run_at, run_at)
     if blocked[5] == '1' then
@@ -304,19 +389,97 @@ local function requeue(B, job, run_at)
     redis.call('SREM', B .. ':blocked', id)
   end
   job.run_at = run_at
-  redis.call('DEL', B .. ':active:' .. id)
+  redis.call('RENAME', B .. ':active:' .. id, bkey)
+  redis.call('HDEL', bkey, 'client', 'token', 'leased_at')
   write_job(bkey, job)
+  if err ~= nil then
+    write_error(bkey, err, now)
+  end
   redis.call('ZADD', B .. ':waiting', int(run_at), id)
 end
 
--- The active job `id` has ended: drop it and promote a blocked job with its id, if any.
+-- A job's record `key` ends in `state` with the fields `extra` ({field, value, ...}): it
+-- becomes B:ended:<id> (replacing the record of an earlier end of that id), or, `keep`
+-- false (a retention of 0), is dropped with any such earlier record. The caller adds kept
+-- ones to B:<state> (`ZADD` once per call) and trims.
+local function end_record(B, key, id, state, extra, keep)
+  local ekey = B .. ':ended:' .. id
+  local earlier = false
+  if not keep or redis.call('RENAMENX', key, ekey) == 0 then
+    earlier = redis.call('HGET', ekey, 'state')
+    if END_STATES[earlier] then
+      redis.call('ZREM', B .. ':' .. earlier, id)
+    end
+    if keep then
+      redis.call('RENAME', key, ekey)
+    else
+      redis.call('DEL', key, ekey)
+      return
+    end
+  end
+  redis.call('HSET', ekey, 'state', state, unpack(extra))
+end
+
+-- Drop the oldest records of B:<state> beyond the newest `count` and those that ended
+-- before now - age_ms: at most `budget` per call (a call that ended n jobs passes n + 2, so
+-- the records shrink back when the retention is lowered).
+local function trim(B, state, now, count, age_ms, budget)
+  local zkey = B .. ':' .. state
+  local n = math.max(redis.call('ZCARD', zkey) - count,
+    redis.call('ZCOUNT', zkey, '-inf', '(' .. int(now - age_ms)))
+  n = math.min(n, budget)
+  if n > 0 then
+    local ids = redis.call('ZRANGE', zkey, 0, n - 1)
+    for i, id in ipairs(ids) do
+      ids[i] = B .. ':ended:' .. id
+    end
+    redis.call('DEL', unpack(ids))
+    redis.call('ZREMRANGEBYRANK', zkey, 0, n - 1)
+  end
+end
+
+-- Keep the records of this call's ended jobs (`scored`: {ended_at, id, ...}) and trim.
+local function retain(B, state, now, keep_count, keep_ms, scored)
+  if #scored > 0 and keep_count > 0 and keep_ms > 0 then
+    redis.call('ZADD', B .. ':' .. state, unpack(scored))
+  end
+  trim(B, state, now, keep_count, keep_ms, #scored / 2 + 2)
+end
+
+-- Count `n` jobs that ended in `state` ('finished'|'failed') at `now`: the total since a
+-- reset and this minute's count. A minute's first count drops the buckets older than an hour.
+local function tally(B, state, now, n)
+  if n == 0 then
+    return
+  end
+  local skey = B .. ':stats'
+  local minute = math.floor(now / 60000)
+  local bucket = state .. ':' .. int(minute)
+  local v = redis.call('HMGET', skey, state, bucket)
+  local fresh = field_int(v[2], MAX_MS) == 0
+  redis.call('HSET', skey, state, int(field_int(v[1], MAX_MS) + n),
+    bucket, int(field_int(v[2], MAX_MS) + n))
+  if fresh then
+    local stale = {}
+    for _, f in ipairs(redis.call('HKEYS', skey)) do
+      local m = tonumber(string.match(f, ':(%d+)$'))
+      if m ~= nil and m < minute - 60 then
+        stale[#stale + 1] = f
+      end
+    end
+    if #stale > 0 then
+      redis.call('HDEL', skey, unpack(stale))
+    end
+  end
+end
+
+-- The active job `id` has ended: promote a blocked job with its id, if any.
 -- `any_blocked` false (B:blocked is empty) saves a lookup.
-local function retire(B, id, any_blocked)
-  redis.call('DEL', B .. ':active:' .. id)
+local function promote(B, id, any_blocked)
   if any_blocked and redis.call('SREM', B .. ':blocked', id) == 1 then
     local bkey = B .. ':job:' .. id
     redis.call('HDEL', bkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
-    local run_at = int(tonumber(redis.call('HGET', bkey, 'run_at')))
+    local run_at = int(field_int(redis.call('HGET', bkey, 'run_at'), MAX_MS))
     redis.call('ZADD', B .. ':waiting', run_at, id)
     redis.call('PUBLISH', B .. ':wake', run_at)
   end
@@ -326,7 +489,7 @@ end
 -- swept client's record is gone or re-leased). Returns the active record or nil when stale.
 local function leased(B, client, id, token)
   local v = redis.call('HMGET', B .. ':active:' .. id, 'id', 'data', 'run_at', 'retry_count',
-    'stall_count', 'timeout_count', 'client', 'token')
+    'stall_count', 'timeout_count', 'client', 'token', 'enqueued_at')
   if v[7] ~= client or v[8] ~= token then
     return nil
   end
@@ -335,16 +498,17 @@ local function leased(B, client, id, token)
     id = v[1], data = v[2] or '', run_at = field_int(v[3], MAX_MS),
     retry_count = field_int(v[4], MAX_MS), stall_count = field_int(v[5], MAX_MS),
     timeout_count = field_int(v[6], MAX_MS), client = client,
+    enqueued_at = field_int(v[9], MAX_MS),
   }
 end
 
--- The loop of finish, retry and fail: for each group of `width` ARGV from index 4 (id and
--- token first), `act(job, i)` runs on the job when `client` still holds its lease (when
+-- The loop of finish, retry and fail: for each group of `width` ARGV from index `from` (id
+-- and token first), `act(job, i)` runs on the job when `client` still holds its lease (when
 -- `usable(i)` is true, if given; else the lease is left alone). Returns one code per job:
 -- 0 ok, 1 stale.
-local function each_leased(B, client, args, width, act, usable)
+local function each_leased(B, client, args, from, width, act, usable)
   local codes = {}
-  for i = 4, #args, width do
+  for i = from, #args, width do
     local job = nil
     if usable == nil or usable(i) then
       job = leased(B, client, args[i], args[i + 1])
@@ -360,12 +524,13 @@ local function each_leased(B, client, args, width, act, usable)
 end
 
 -- Check the ack ARGV shared by finish, retry and fail: client, maxlen, whole groups of
--- `width`, and a worker pid and started_at ('' or digits) at offsets `pid_at`, `pid_at + 1`.
-local function check_acks(args, width, pid_at, name)
+-- `width` from index `from`, and a worker pid and started_at ('' or digits) at offsets
+-- `pid_at`, `pid_at + 1` of each group.
+local function check_acks(args, from, width, pid_at, name)
   check_id(args[2], 'client id')
   local maxlen = whole(args[3], 'events maxlen', MAX_COUNT)
-  groups(args, 4, width, name)
-  for i = 4, #args, width do
+  groups(args, from, width, name)
+  for i = from, #args, width do
     if args[i + pid_at] ~= '' then
       whole(args[i + pid_at], 'worker pid', MAX_COUNT)
     end
@@ -374,6 +539,24 @@ local function check_acks(args, width, pid_at, name)
     end
   end
   return args[2], maxlen
+end
+
+-- Check the ARGV 4-7 of finish and fail (how their records are kept) and return them as
+-- {count, ms, host, notify}.
+local function check_ends(args)
+  return {
+    count = whole(args[4], 'keep count', MAX_COUNT),
+    ms = whole(args[5], 'keep ms', MAX_MS),
+    host = text(args[6], 'host'),
+    notify = flag(args[7], 'notify'),
+  }
+end
+
+-- The error of a group: name, message and traceback at ARGV i, i + 1, i + 2 (checked).
+local function check_error(args, i, n)
+  text(args[i], 'error name', n)
+  text(args[i + 1], 'error message', n)
+  text(args[i + 2], 'traceback', n)
 end
 
 -- Sweep one dead client (expiry passed), other than `self`: its active jobs go back to
@@ -389,8 +572,11 @@ local function sweep_one(B, now, self, maxlen)
         if job ~= nil then
           job.stall_count = job.stall_count + 1
           job.client = client
-          outcome_event(B, maxlen, now, 'stalled', job, '', '', 'StallError', 'stall')
-          requeue(B, job, now)
+          local err = {name = 'StallError', kind = 'stall', traceback = '',
+            message = 'its supervisor (client ' .. client .. ') was swept as dead: no heartbeat '
+              .. 'for its expiry'}
+          outcome_event(B, maxlen, now, 'stalled', job, '', '', err)
+          requeue(B, job, now, err, now)
         end
       end
       redis.call('DEL', lkey)
@@ -416,12 +602,13 @@ local function keep_alive(B, now, client, expiry_ms)
   return true
 end
 
--- Check out the job `id` (its record in B:job:<id>, with no active record; the caller
--- removes it from B:waiting) to `client` under `token`.
-local function lease(B, now, id, client, token)
-  local akey = B .. ':active:' .. id
-  redis.call('RENAME', B .. ':job:' .. id, akey)
-  redis.call('HSET', akey, 'client', client, 'token', token, 'leased_at', int(now))
+-- Check out the job `job` (its record in B:job:<id>, with no active record; the caller
+-- removes it from B:waiting) to `client` under `token`: one more attempt.
+local function lease(B, now, job, client, token)
+  local akey = B .. ':active:' .. job.id
+  redis.call('RENAME', B .. ':job:' .. job.id, akey)
+  redis.call('HSET', akey, 'client', client, 'token', token, 'leased_at', int(now),
+    'attempts', int(job.attempts + 1))
 end
 
 -- The fresh clients parked on B, as a list of {client, slots}: a client is fresh while at
@@ -464,7 +651,7 @@ local function push(B, now, id, parked)
       local job = read_job(B .. ':job:' .. id)
       redis.call('PUBLISH', channel, table.concat({job.id, token, int(job.run_at),
         int(job.retry_count), int(job.stall_count), int(job.timeout_count), job.data}, '\n'))
-      lease(B, now, id, client, token)
+      lease(B, now, job, client, token)
       redis.call('ZREM', B .. ':waiting', id)
       redis.call('HSET', B .. ':lease:' .. client, id, token)
       best[2] = best[2] - 1
@@ -478,6 +665,24 @@ local function push(B, now, id, parked)
     best[2] = 0
     redis.call('HDEL', B .. ':parked', client)
   end
+end
+
+-- A new record of job `id` dispatched at `now`: waiting (B:waiting at run_at; returns 1),
+-- or blocked behind its active job (`is_active`; the dispatch's flags kept as its update;
+-- returns 3).
+local function add_job(B, id, data, run_at, now, is_active, update_data, mode, reset)
+  local jkey = B .. ':job:' .. id
+  new_record(jkey, id, data, run_at, now)
+  if is_active then
+    local kind, lo, hi = then_merge('clamp', nil, nil, mode, run_at)
+    redis.call('HSET', jkey, 'u_data', update_data and '1' or '0', 'u_run_at', kind,
+      'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
+      'u_reset', reset and '1' or '0')
+    redis.call('SADD', B .. ':blocked', id)
+    return 3
+  end
+  redis.call('ZADD', B .. ':waiting', int(run_at), id)
+  return 1
 end
 
 local function next_run_at(B)
@@ -540,19 +745,7 @@ local function dispatch(keys, args)
       is_active = redis.call('EXISTS', akey) == 1
     end
     if existing == nil then
-      redis.call('HSET', jkey, 'id', id, 'data', data, 'run_at', int(run_at),
-        'retry_count', 0, 'stall_count', 0, 'timeout_count', 0)
-      if is_active then
-        local kind, lo, hi = then_merge('clamp', nil, nil, mode, run_at)
-        redis.call('HSET', jkey, 'u_data', update_data and '1' or '0', 'u_run_at', kind,
-          'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
-          'u_reset', reset and '1' or '0')
-        redis.call('SADD', B .. ':blocked', id)
-        codes[#codes + 1] = 3
-      else
-        redis.call('ZADD', B .. ':waiting', int(run_at), id)
-        codes[#codes + 1] = 1
-      end
+      codes[#codes + 1] = add_job(B, id, data, run_at, now, is_active, update_data, mode, reset)
     else
       local old_run_at = existing.run_at
       if update_data then
@@ -603,24 +796,138 @@ KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  events maxlen (0: no event)
 ARGV[3]  id
-Returns: 1 if a job was removed, else 0.
-Emits:   event outcome=cancelled.
+ARGV[4]  keep count: cancelled records kept (0: none; see Retention)
+ARGV[5]  keep ms: how long cancelled records are kept
+Returns: 1 if a job was removed (its record kept as cancelled), else 0.
+Emits:   event outcome=cancelled; PUBLISH B:done:<id> 'cancelled'.
 ]]
 local function cancel(keys, args)
   local B = keys[1]
   local now = clock(args[1])
   local maxlen = whole(args[2], 'events maxlen', MAX_COUNT)
   local id = args[3]
+  local keep_count = whole(args[4], 'keep count', MAX_COUNT)
+  local keep_ms = whole(args[5], 'keep ms', MAX_MS)
   local jkey = B .. ':job:' .. id
   local job = read_job(jkey)
   if job == nil then
     return 0
   end
-  redis.call('DEL', jkey)
   redis.call('ZREM', B .. ':waiting', id)
-  redis.call('SREM', B .. ':blocked', id)
-  outcome_event(B, maxlen, now, 'cancelled', job, '', '', '', '')
+  if redis.call('SREM', B .. ':blocked', id) == 1 then
+    redis.call('HDEL', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
+  end
+  outcome_event(B, maxlen, now, 'cancelled', job, '', '', nil)
+  end_record(B, jkey, id, 'cancelled', {'ended_at', int(now)}, keep_count > 0 and keep_ms > 0)
+  retain(B, 'cancelled', now, keep_count, keep_ms, {int(now), id})
+  redis.call('PUBLISH', B .. ':done:' .. id, 'cancelled')
   return 1
+end
+
+--[[ queasy_requeue: put failed jobs (their kept records) back in waiting, to run now.
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2]  cutoff (ms or '': now): with no ids, take the records that failed at or before it
+ARGV[3]  limit (1..MAX_PAGE): with no ids, how many of the oldest such records
+ARGV[4..] ids (optional, at most MAX_PAGE; the id rules): these records (an id without a
+          failed record is skipped)
+Returns: {requeued, cutoff}: how many records were requeued, and the cutoff used (pass it
+         again to go on without taking jobs that failed since). Each becomes a new job with
+         its data and counts 0, waiting (or blocked behind an active job with its id); an
+         id that already has a waiting or blocked job keeps that one. The records go.
+Emits:   PUBLISH B:wake when a job was made waiting; no event (a requeue is a dispatch).
+]]
+local function requeue_failed(keys, args)
+  local B = keys[1]
+  local now = clock(args[1])
+  local cutoff = now
+  if args[2] ~= '' then
+    cutoff = ms(args[2], 'cutoff')
+  end
+  local limit = page(args[3], 'limit')
+  if #args - 3 > MAX_PAGE then
+    invalid('at most ' .. MAX_PAGE .. ' ids per call, got ' .. (#args - 3))
+  end
+  local ids = {}
+  for i = 4, #args do
+    ids[#ids + 1] = check_id(args[i], 'id', i - 3)
+  end
+  if #ids == 0 then
+    ids = redis.call('ZRANGE', B .. ':failed', '-inf', int(cutoff), 'BYSCORE', 'LIMIT', 0,
+      limit)
+  end
+  local done, wake = 0, false
+  for _, id in ipairs(ids) do
+    local ekey = B .. ':ended:' .. id
+    local v = redis.call('HMGET', ekey, 'state', 'data')
+    if v[1] == 'failed' then
+      if redis.call('EXISTS', B .. ':job:' .. id) == 0 then
+        local is_active = redis.call('EXISTS', B .. ':active:' .. id) == 1
+        if add_job(B, id, v[2] or 'null', now, now, is_active, true, 'replace', true) == 1 then
+          wake = true
+        end
+      end
+      redis.call('DEL', ekey)
+      redis.call('ZREM', B .. ':failed', id)
+      done = done + 1
+    end
+  end
+  if wake then
+    redis.call('PUBLISH', B .. ':wake', int(now))
+  end
+  return {done, int(cutoff)}
+end
+
+--[[ queasy_purge: remove up to `limit` jobs of one state. Never touches an active job.
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2]  state: 'waiting' (ready now) | 'delayed' | 'blocked' | 'finished' | 'failed' |
+         'cancelled' (the last three: the kept records)
+ARGV[3]  limit (1..MAX_PAGE)
+Returns: the number removed (fewer than limit: that state is empty, but for jobs that came
+         meanwhile).
+Emits:   nothing: no event, no PUBLISH (a purge is an operator's clean-up, not an outcome).
+]]
+local function purge(keys, args)
+  local B = keys[1]
+  local now = clock(args[1])
+  local state = args[2]
+  local limit = page(args[3], 'limit')
+  local ids, records
+  if state == 'waiting' or state == 'delayed' then
+    local low, high = '-inf', int(now)
+    if state == 'delayed' then
+      low, high = '(' .. int(now), '+inf'
+    end
+    ids = redis.call('ZRANGE', B .. ':waiting', low, high, 'BYSCORE', 'LIMIT', 0, limit)
+    records = ':job:'
+    if #ids > 0 then
+      redis.call('ZREM', B .. ':waiting', unpack(ids))
+    end
+  elseif state == 'blocked' then
+    ids = redis.call('SRANDMEMBER', B .. ':blocked', limit)
+    records = ':job:'
+    if #ids > 0 then
+      redis.call('SREM', B .. ':blocked', unpack(ids))
+    end
+  elseif END_STATES[state] then
+    ids = redis.call('ZRANGE', B .. ':' .. state, 0, limit - 1)
+    records = ':ended:'
+    if #ids > 0 then
+      redis.call('ZREMRANGEBYRANK', B .. ':' .. state, 0, #ids - 1)
+    end
+  else
+    invalid('state must be waiting, delayed, blocked, finished, failed or cancelled, got '
+      .. shown(state))
+  end
+  if #ids > 0 then
+    local dels = {}
+    for i, id in ipairs(ids) do
+      dels[i] = B .. records .. id
+    end
+    redis.call('DEL', unpack(dels))
+  end
+  return #ids
 end
 
 -- ---------------------------------------------------------------- lease cycle: dequeue ... fail
@@ -672,7 +979,7 @@ local function dequeue(keys, args)
         redis.call('SADD', B .. ':blocked', id) -- its record waits for the active one
       else
         local token = nonce .. '.' .. (#leases / 2 + 1)
-        lease(B, now, id, client, token)
+        lease(B, now, job, client, token)
         leases[#leases + 1] = id
         leases[#leases + 1] = token
         out[#out + 1] = id
@@ -705,19 +1012,50 @@ KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  client id
 ARGV[3]  events maxlen
-ARGV[4..] quadruples: id, token, worker pid ('' or digits), started_at ('' or ms)
+ARGV[4]  keep count: finished records kept (0: none; see Retention)
+ARGV[5]  keep ms: how long finished records are kept
+ARGV[6]  host of the client (free text, '' unknown), written into the records
+ARGV[7]  notify '1'|'0': PUBLISH B:done:<id> 'finished' for each job (the queue stores results)
+ARGV[8..] quintuples: id, token, worker pid ('' or digits), started_at ('' or ms), result
+          ('' none, else JSON: the handler's return value, kept in the record)
 Returns: one code per job: 0 ok, 1 stale (lease lost; nothing changed).
+Refuses: a result that is not JSON (INVALID, nothing written).
 Emits:   event outcome=finished. A blocked job with the same id becomes waiting.
 ]]
 local function finish(keys, args)
   local B = keys[1]
   local now = clock(args[1])
-  local client, maxlen = check_acks(args, 4, 2, 'queasy_finish')
-  local any_blocked = redis.call('EXISTS', B .. ':blocked') == 1
-  return each_leased(B, client, args, 4, function(job, i)
-    outcome_event(B, maxlen, now, 'finished', job, args[i + 2], args[i + 3], '', '')
-    retire(B, job.id, any_blocked)
+  local client, maxlen = check_acks(args, 8, 5, 2, 'queasy_finish')
+  local ends = check_ends(args)
+  strict_json(function()
+    for i = 8, #args, 5 do
+      if args[i + 4] ~= '' then
+        check_json(args[i + 4], 'result', (i - 3) / 5)
+      end
+    end
   end)
+  local any_blocked = redis.call('EXISTS', B .. ':blocked') == 1
+  local keep = ends.count > 0 and ends.ms > 0
+  local scored = {}
+  local codes = each_leased(B, client, args, 8, 5, function(job, i)
+    outcome_event(B, maxlen, now, 'finished', job, args[i + 2], args[i + 3], nil)
+    local extra = {'ended_at', int(now), 'started_at', args[i + 3], 'pid', args[i + 2],
+      'host', ends.host}
+    if args[i + 4] ~= '' then
+      extra[#extra + 1] = 'result'
+      extra[#extra + 1] = args[i + 4]
+    end
+    end_record(B, B .. ':active:' .. job.id, job.id, 'finished', extra, keep)
+    scored[#scored + 1] = int(now)
+    scored[#scored + 1] = job.id
+    promote(B, job.id, any_blocked)
+    if ends.notify then
+      redis.call('PUBLISH', B .. ':done:' .. job.id, 'finished')
+    end
+  end)
+  retain(B, 'finished', now, ends.count, ends.ms, scored)
+  tally(B, 'finished', now, #scored / 2)
+  return codes
 end
 
 --[[ queasy_retry: put active jobs back in waiting at a given time.
@@ -725,15 +1063,18 @@ KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  client id
 ARGV[3]  events maxlen
-ARGV[4..] groups of 7: id, token, run_at (ms), kind, worker pid, started_at, error name
+ARGV[4..] groups of 9: id, token, run_at (ms), kind, worker pid, started_at, error name,
+          error message, traceback (free text, '' none)
           kind: 'retry' (retry_count + 1), 'timeout' (timeout_count + 1),
                 'stall' (stall_count + 1), 'release' (no count: shutdown hand-back),
                 'return' (no count, no event: a pushed job the client had no room for;
                 its parked slots are cleared and B:wake is PUBLISHed)
 Returns: one code per job: 0 ok, 1 stale (also for an unknown kind: the lease is kept).
-Refuses: a run_at not integer ms in 0..MAX_MS (INVALID, nothing written).
+Refuses: a run_at not integer ms in 0..MAX_MS, error text over MAX_TEXT bytes (INVALID,
+         nothing written).
 Emits:   event outcome=retried|timed_out|stalled|released (none for 'return'). A blocked
          job's update is applied to the retried job (data, run_at, counts per its flags).
+         The error of a retry, timeout or stall becomes the job's last error.
 ]]
 local RETRY_KINDS = {
   retry = {'retry_count', 'retried', 'retriable'},
@@ -745,20 +1086,22 @@ local RETRY_KINDS = {
 local function retry(keys, args)
   local B = keys[1]
   local now = clock(args[1])
-  local client, maxlen = check_acks(args, 7, 4, 'queasy_retry')
-  for i = 4, #args, 7 do
+  local client, maxlen = check_acks(args, 4, 9, 4, 'queasy_retry')
+  for i = 4, #args, 9 do
     ms(args[i + 2], 'retry run_at')
+    check_error(args, i + 6, (i + 5) / 9)
   end
-  return each_leased(B, client, args, 7, function(job, i)
+  return each_leased(B, client, args, 4, 9, function(job, i)
     local kind = RETRY_KINDS[args[i + 3]]
     if kind[1] ~= nil then
       job[kind[1]] = job[kind[1]] + 1
     end
+    local err = {name = args[i + 6], kind = kind[3], message = args[i + 7],
+      traceback = args[i + 8]}
     if kind[2] ~= nil then
-      outcome_event(B, maxlen, now, kind[2], job, args[i + 4], args[i + 5], args[i + 6],
-        kind[3])
+      outcome_event(B, maxlen, now, kind[2], job, args[i + 4], args[i + 5], err)
     end
-    requeue(B, job, tonumber(args[i + 2]))
+    requeue(B, job, tonumber(args[i + 2]), kind[3] ~= '' and err or nil, now)
     if kind[2] == nil then
       redis.call('HDEL', B .. ':parked', client)
       redis.call('PUBLISH', B .. ':wake', int(job.run_at))
@@ -774,39 +1117,61 @@ KEYS[2]  F: base key of the fail queue (same hash tag), or absent when there is 
 ARGV[1]  now (ms or '')
 ARGV[2]  client id
 ARGV[3]  events maxlen (of B)
-ARGV[4..] groups of 8: id, token, fail job id (the id rules; '' without F), fail job data
+ARGV[4]  keep count: failed records kept (0: none; see Retention)
+ARGV[5]  keep ms: how long failed records are kept
+ARGV[6]  host of the client (free text, '' unknown), written into the records
+ARGV[7]  notify '1'|'0': PUBLISH B:done:<id> 'failed' for each job (the queue stores results)
+ARGV[8..] groups of 10: id, token, fail job id (the id rules; '' without F), fail job data
           (JSON built by the supervisor from the job's record; '' without F), worker pid,
-          started_at, error name, error kind
+          started_at, error name, error kind, error message, traceback (free text)
 Returns: one code per job: 0 ok, 1 stale (nothing changed, no fail job).
-Refuses: with F, a fail job id that breaks the id rules (INVALID, nothing written).
-Emits:   event outcome=failed on B; PUBLISH F:wake.
+Refuses: with F, a fail job id that breaks the id rules; error text over MAX_TEXT bytes
+         (INVALID, nothing written).
+Emits:   event outcome=failed on B; PUBLISH F:wake. The error is kept in the job's record.
 ]]
 local function fail(keys, args)
   local B, F = keys[1], keys[2]
   local now = clock(args[1])
-  local client, maxlen = check_acks(args, 8, 4, 'queasy_fail')
-  if F ~= nil then
-    for i = 4, #args, 8 do
-      check_id(args[i + 2], 'fail job id')
+  local client, maxlen = check_acks(args, 8, 10, 4, 'queasy_fail')
+  local ends = check_ends(args)
+  for i = 8, #args, 10 do
+    local n = (i + 2) / 10
+    if F ~= nil then
+      check_id(args[i + 2], 'fail job id', n)
     end
+    text(args[i + 6], 'error name', n)
+    text(args[i + 7], 'error kind', n)
+    text(args[i + 8], 'error message', n)
+    text(args[i + 9], 'traceback', n)
   end
   local any_blocked = redis.call('EXISTS', B .. ':blocked') == 1
-  local dispatched = false
-  local codes = each_leased(B, client, args, 8, function(job, i)
-    outcome_event(B, maxlen, now, 'failed', job, args[i + 4], args[i + 5], args[i + 6],
-      args[i + 7])
-    retire(B, job.id, any_blocked)
+  local keep = ends.count > 0 and ends.ms > 0
+  local scored = {}
+  local codes = each_leased(B, client, args, 8, 10, function(job, i)
+    local err = {name = args[i + 6], kind = args[i + 7], message = args[i + 8],
+      traceback = args[i + 9]}
+    outcome_event(B, maxlen, now, 'failed', job, args[i + 4], args[i + 5], err)
+    local akey = B .. ':active:' .. job.id
+    write_error(akey, err, now)
+    end_record(B, akey, job.id, 'failed', {'ended_at', int(now), 'started_at', args[i + 5],
+      'pid', args[i + 4], 'host', ends.host}, keep)
+    scored[#scored + 1] = int(now)
+    scored[#scored + 1] = job.id
+    promote(B, job.id, any_blocked)
+    if ends.notify then
+      redis.call('PUBLISH', B .. ':done:' .. job.id, 'failed')
+    end
     if F ~= nil then
       local fid = args[i + 2]
-      write_job(F .. ':job:' .. fid, {id = fid, data = args[i + 3], run_at = now,
-        retry_count = 0, stall_count = 0, timeout_count = 0})
+      new_record(F .. ':job:' .. fid, fid, args[i + 3], now, now)
       redis.call('ZADD', F .. ':waiting', int(now), fid)
-      dispatched = true
     end
   end)
-  if dispatched then
+  if F ~= nil and #scored > 0 then
     redis.call('PUBLISH', F .. ':wake', int(now))
   end
+  retain(B, 'failed', now, ends.count, ends.ms, scored)
+  tally(B, 'failed', now, #scored / 2)
   return codes
 end
 
@@ -876,56 +1241,226 @@ end
 
 -- ---------------------------------------------------------------- reads: no writes
 
---[[ queasy_get_job: one job's record and state (read-only).
+local HIDDEN = {token = true, u_data = true, u_run_at = true, u_reset = true, u_lo = true,
+  u_hi = true}
+
+-- The fields of record `key` as {field, value, ...}, without the lease token and the update
+-- fields of a blocked job (and without data unless `with_data`); nil when there is none.
+local function describe(key, with_data)
+  local flat = redis.call('HGETALL', key)
+  if #flat == 0 then
+    return nil
+  end
+  local out = {}
+  for i = 1, #flat, 2 do
+    if not HIDDEN[flat[i]] and (with_data or flat[i] ~= 'data') then
+      out[#out + 1] = flat[i]
+      out[#out + 1] = flat[i + 1]
+    end
+  end
+  return out
+end
+
+local function lookup(fields, name)
+  for i = 1, #fields, 2 do
+    if fields[i] == name then
+      return fields[i + 1]
+    end
+  end
+  return nil
+end
+
+-- {state, fields} of the waiting, delayed or blocked record of `id`, or nil.
+local function queued(B, id, now, with_data)
+  local rec = describe(B .. ':job:' .. id, with_data)
+  if rec == nil then
+    return nil
+  end
+  if redis.call('SISMEMBER', B .. ':blocked', id) == 1 then
+    return {'blocked', rec}
+  elseif field_int(lookup(rec, 'run_at'), MAX_MS) > now then
+    return {'delayed', rec}
+  end
+  return {'waiting', rec}
+end
+
+-- {state, fields} of an ended record `key` (its state field), or nil.
+local function ended(key, with_data)
+  local rec = describe(key, with_data)
+  if rec == nil then
+    return nil
+  end
+  return {lookup(rec, 'state') or 'finished', rec}
+end
+
+--[[ queasy_get_job: one job's state and record (read-only).
 KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  id
-Returns: nil, or {state, id, data, run_at, retry_count, stall_count, timeout_count}:
-         the active record if there is one, else the waiting one.
-         state: 'active' | 'blocked' | 'waiting' | 'delayed'
+Returns: nil, or {state, {field, value, ...}}: the active record if there is one, else the
+         waiting one, else the record of its end while the retention keeps it.
+         state: 'active' | 'blocked' | 'waiting' | 'delayed' | 'finished' | 'failed' |
+         'cancelled'. Fields: those of the key layout (not the lease token, nor a blocked
+         job's update fields).
 ]]
 local function get_job(keys, args)
   local B = keys[1]
   local now = clock(args[1])
   local id = args[2]
-  local job = read_job(B .. ':active:' .. id)
-  local state = 'active'
-  if job == nil then
-    job = read_job(B .. ':job:' .. id)
-    if job == nil then
-      return nil
-    end
-    if redis.call('SISMEMBER', B .. ':blocked', id) == 1 then
-      state = 'blocked'
-    elseif job.run_at > now then
-      state = 'delayed'
-    else
-      state = 'waiting'
-    end
+  local rec = describe(B .. ':active:' .. id, true)
+  if rec ~= nil then
+    return {'active', rec}
   end
-  return {state, job.id, job.data, int(job.run_at), job.retry_count, job.stall_count,
-    job.timeout_count}
+  return queued(B, id, now, true) or ended(B .. ':ended:' .. id, true)
 end
 
---[[ queasy_counts: jobs per state (read-only).
+--[[ queasy_jobs: one page of the jobs of a state (read-only: each call bounded; a listing
+of the whole queue is a loop of calls that hands on the cursor).
 KEYS[1]  B
 ARGV[1]  now (ms or '')
-Returns: {waiting, delayed, blocked, active}
+ARGV[2]  state: 'waiting' (ready now) | 'delayed' | 'blocked' | 'active' | 'finished' |
+         'failed' | 'cancelled'
+ARGV[3]  cursor: '0' for the first page, then the one the page before returned
+ARGV[4]  limit: jobs per page (1..MAX_PAGE; a blocked or active page may hold a few more)
+ARGV[5]  with data '1'|'0': include each record's data
+Returns: {next cursor ('0' after the last page), {state, {field, value, ...}}, ...}:
+         waiting and delayed by run_at, finished, failed and cancelled newest first, blocked
+         and active in scan order. A page may miss or repeat a job that changed state since
+         the page before.
+Refuses: an unknown state, a malformed cursor, a limit out of range.
+]]
+local function jobs(keys, args)
+  local B = keys[1]
+  local now = clock(args[1])
+  local state = args[2]
+  local cursor = args[3]
+  local limit = page(args[4], 'limit')
+  local with_data = flag(args[5], 'with data')
+  local out = {'0'}
+  if state == 'active' then
+    local i, c = string.match(cursor or '', '^(%d+)%.(%d+)$')
+    if cursor == '0' then
+      i, c = '1', '0'
+    elseif i == nil or #i > 15 or #c > 20 then
+      invalid('cursor of active jobs must be 0 or <n>.<n>, got ' .. shown(cursor))
+    end
+    i = tonumber(i)
+    local clients = redis.call('ZRANGE', B .. ':expiry', 0, -1)
+    local calls = 0
+    while i <= #clients and #out - 1 < limit and calls < 10 do
+      calls = calls + 1
+      local scan = redis.call('HSCAN', B .. ':lease:' .. clients[i], c, 'COUNT', limit)
+      for k = 1, #scan[2], 2 do
+        local rec = describe(B .. ':active:' .. scan[2][k], with_data)
+        if rec ~= nil then
+          out[#out + 1] = {'active', rec}
+        end
+      end
+      c = scan[1]
+      if c == '0' then
+        i = i + 1
+      end
+    end
+    if i <= #clients then
+      out[1] = int(i) .. '.' .. c
+    end
+    return out
+  end
+  local at = whole(cursor, 'cursor', MAX_MS)
+  if state == 'blocked' then
+    local scan = redis.call('SSCAN', B .. ':blocked', cursor, 'COUNT', limit)
+    out[1] = scan[1]
+    for _, id in ipairs(scan[2]) do
+      local rec = describe(B .. ':job:' .. id, with_data)
+      if rec ~= nil then
+        out[#out + 1] = {'blocked', rec}
+      end
+    end
+    return out
+  end
+  local ids, total, from
+  if state == 'waiting' or state == 'delayed' then
+    local ready = redis.call('ZCOUNT', B .. ':waiting', '-inf', int(now))
+    if state == 'waiting' then
+      from, total = 0, ready
+    else
+      from, total = ready, redis.call('ZCARD', B .. ':waiting')
+    end
+    local first = from + at
+    ids = {}
+    if first < total then
+      ids = redis.call('ZRANGE', B .. ':waiting', first, math.min(first + limit, total) - 1)
+    end
+    for _, id in ipairs(ids) do
+      local rec = describe(B .. ':job:' .. id, with_data)
+      if rec ~= nil then
+        out[#out + 1] = {state, rec}
+      end
+    end
+  elseif END_STATES[state] then
+    local zkey = B .. ':' .. state
+    from, total = 0, redis.call('ZCARD', zkey)
+    ids = redis.call('ZRANGE', zkey, at, at + limit - 1, 'REV')
+    for _, id in ipairs(ids) do
+      local rec = ended(B .. ':ended:' .. id, with_data)
+      if rec ~= nil then
+        out[#out + 1] = rec
+      end
+    end
+  else
+    invalid('state must be waiting, delayed, blocked, active, finished, failed or cancelled, '
+      .. 'got ' .. shown(state))
+  end
+  if from + at + #ids < total then
+    out[1] = int(at + #ids)
+  end
+  return out
+end
+
+--[[ queasy_counts: jobs per state, and how many ended (read-only).
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+Returns: {waiting, delayed, blocked, active, finished, failed, finished_last_minute,
+          failed_last_minute, finished_last_hour, failed_last_hour}: finished and failed are
+          totals since the last reset of B:stats; the last minute and hour are estimated from
+          per-minute counts (the oldest minute weighed by the part of it still in the window).
 ]]
 local function counts(keys, args)
   local B = keys[1]
-  local now = int(clock(args[1]))
+  local now = clock(args[1])
   -- every lease holder is in B:expiry (a swept client's leases are gone with it)
   local active = 0
   for _, client in ipairs(redis.call('ZRANGE', B .. ':expiry', 0, -1)) do
     active = active + redis.call('HLEN', B .. ':lease:' .. client)
   end
-  return {
-    redis.call('ZCOUNT', B .. ':waiting', '-inf', now),
-    redis.call('ZCOUNT', B .. ':waiting', '(' .. now, '+inf'),
+  local out = {
+    redis.call('ZCOUNT', B .. ':waiting', '-inf', int(now)),
+    redis.call('ZCOUNT', B .. ':waiting', '(' .. int(now), '+inf'),
     redis.call('SCARD', B .. ':blocked'),
     active,
   }
+  local minute = math.floor(now / 60000)
+  local left = 1 - (now % 60000) / 60000 -- the part of the oldest minute still in the window
+  local windows = {}
+  for k, state in ipairs({'finished', 'failed'}) do
+    local names = {state}
+    for m = minute - 60, minute do
+      names[#names + 1] = state .. ':' .. int(m)
+    end
+    local v = redis.call('HMGET', B .. ':stats', unpack(names))
+    out[#out + 1] = field_int(v[1], MAX_MS)
+    local hour = field_int(v[2], MAX_MS) * left
+    for j = 3, #v do
+      hour = hour + field_int(v[j], MAX_MS)
+    end
+    local last = field_int(v[#v], MAX_MS) + field_int(v[#v - 1], MAX_MS) * left
+    windows[k] = {math.floor(last + 0.5), math.floor(hour + 0.5)}
+  end
+  out[#out + 1] = windows[1][1]
+  out[#out + 1] = windows[2][1]
+  out[#out + 1] = windows[1][2]
+  out[#out + 1] = windows[2][2]
+  return out
 end
 
 --[[ queasy_leases: the jobs a client holds (read-only), to reconcile after a lost reply.
@@ -959,6 +1494,8 @@ end
 
 redis.register_function('queasy_dispatch', dispatch)
 redis.register_function('queasy_cancel', cancel)
+redis.register_function('queasy_requeue', requeue_failed)
+redis.register_function('queasy_purge', purge)
 redis.register_function('queasy_dequeue', dequeue)
 redis.register_function('queasy_finish', finish)
 redis.register_function('queasy_retry', retry)
@@ -969,6 +1506,8 @@ redis.register_function('queasy_unpark', unpark)
 redis.register_function{function_name = 'queasy_get_job', callback = get_job,
   flags = {'no-writes'}}
 redis.register_function{function_name = 'queasy_counts', callback = counts,
+  flags = {'no-writes'}}
+redis.register_function{function_name = 'queasy_jobs', callback = jobs,
   flags = {'no-writes'}}
 redis.register_function{function_name = 'queasy_leases', callback = leases,
   flags = {'no-writes'}}
