@@ -53,7 +53,7 @@ Result codes (queasy_py/store/library.py maps them to an enum):
   dequeue/bump: status 0 ok, 2 swept (this client was swept as dead; start over)
 ]]
 
-local VERSION = '1.2.1'
+local VERSION = '1.3.0'
 local OWNER = 'queasy_py' -- queasy_library returns OWNER .. ' ' .. VERSION: our marker
 local TOMBSTONE_MS = 86400000
 local MAX_MS = 253402300799999 -- 9999-12-31T23:59:59.999Z
@@ -101,6 +101,15 @@ end
 -- A time: integer ms since the epoch, 0 ..= MAX_MS (year 9999). Fractions are refused.
 local function ms(arg, name, n)
   return whole(arg, name .. ' (integer ms since the epoch)', MAX_MS, n)
+end
+
+-- A time for a retry: absolute ms since the epoch, or '+<ms>' from `now` (the server's clock,
+-- so a supervisor with a skewed clock does not shift its backoffs), capped at MAX_MS.
+local function run_at_from(arg, now, name, n)
+  if type(arg) == 'string' and string.sub(arg, 1, 1) == '+' then
+    return math.min(MAX_MS, now + whole(string.sub(arg, 2), name .. ' delay (+ms)', MAX_MS, n))
+  end
+  return ms(arg, name, n)
 end
 
 local function clock(arg)
@@ -725,13 +734,15 @@ KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  client id
 ARGV[3]  events maxlen
-ARGV[4..] groups of 7: id, token, run_at (ms), kind, worker pid, started_at, error name
+ARGV[4..] groups of 7: id, token, run_at, kind, worker pid, started_at, error name
+          run_at: ms since the epoch, or '+<ms>': that long after now (the server's clock)
           kind: 'retry' (retry_count + 1), 'timeout' (timeout_count + 1),
                 'stall' (stall_count + 1), 'release' (no count: shutdown hand-back),
                 'return' (no count, no event: a pushed job the client had no room for;
                 its parked slots are cleared and B:wake is PUBLISHed)
 Returns: one code per job: 0 ok, 1 stale (also for an unknown kind: the lease is kept).
-Refuses: a run_at not integer ms in 0..MAX_MS (INVALID, nothing written).
+Refuses: a run_at not integer ms in 0..MAX_MS nor '+' and integer ms (INVALID, nothing
+         written). now + delay is capped at MAX_MS.
 Emits:   event outcome=retried|timed_out|stalled|released (none for 'return'). A blocked
          job's update is applied to the retried job (data, run_at, counts per its flags).
 ]]
@@ -746,8 +757,9 @@ local function retry(keys, args)
   local B = keys[1]
   local now = clock(args[1])
   local client, maxlen = check_acks(args, 7, 4, 'queasy_retry')
+  local run_ats = {}
   for i = 4, #args, 7 do
-    ms(args[i + 2], 'retry run_at')
+    run_ats[i] = run_at_from(args[i + 2], now, 'retry run_at')
   end
   return each_leased(B, client, args, 7, function(job, i)
     local kind = RETRY_KINDS[args[i + 3]]
@@ -758,7 +770,7 @@ local function retry(keys, args)
       outcome_event(B, maxlen, now, kind[2], job, args[i + 4], args[i + 5], args[i + 6],
         kind[3])
     end
-    requeue(B, job, tonumber(args[i + 2]))
+    requeue(B, job, run_ats[i])
     if kind[2] == nil then
       redis.call('HDEL', B .. ':parked', client)
       redis.call('PUBLISH', B .. ':wake', int(job.run_at))
