@@ -133,6 +133,15 @@ local function ms(arg, name, n)
   return whole(arg, name .. ' (integer ms since the epoch)', MAX_MS, n)
 end
 
+-- A time for a retry: absolute ms since the epoch, or '+<ms>' from `now` (the server's clock,
+-- so a supervisor with a skewed clock does not shift its backoffs), capped at MAX_MS.
+local function run_at_from(arg, now, name, n)
+  if type(arg) == 'string' and string.sub(arg, 1, 1) == '+' then
+    return math.min(MAX_MS, now + whole(string.sub(arg, 2), name .. ' delay (+ms)', MAX_MS, n))
+  end
+  return ms(arg, name, n)
+end
+
 local function clock(arg)
   if arg ~= nil and arg ~= '' then
     return ms(arg, 'now')
@@ -1063,15 +1072,16 @@ KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  client id
 ARGV[3]  events maxlen
-ARGV[4..] groups of 9: id, token, run_at (ms), kind, worker pid, started_at, error name,
+ARGV[4..] groups of 9: id, token, run_at, kind, worker pid, started_at, error name,
           error message, traceback (free text, '' none)
+          run_at: ms since the epoch, or '+<ms>': that long after now (the server's clock)
           kind: 'retry' (retry_count + 1), 'timeout' (timeout_count + 1),
                 'stall' (stall_count + 1), 'release' (no count: shutdown hand-back),
                 'return' (no count, no event: a pushed job the client had no room for;
                 its parked slots are cleared and B:wake is PUBLISHed)
 Returns: one code per job: 0 ok, 1 stale (also for an unknown kind: the lease is kept).
-Refuses: a run_at not integer ms in 0..MAX_MS, error text over MAX_TEXT bytes (INVALID,
-         nothing written).
+Refuses: a run_at not integer ms in 0..MAX_MS nor '+' and integer ms, error text over
+         MAX_TEXT bytes (INVALID, nothing written). now + delay is capped at MAX_MS.
 Emits:   event outcome=retried|timed_out|stalled|released (none for 'return'). A blocked
          job's update is applied to the retried job (data, run_at, counts per its flags).
          The error of a retry, timeout or stall becomes the job's last error.
@@ -1087,8 +1097,9 @@ local function retry(keys, args)
   local B = keys[1]
   local now = clock(args[1])
   local client, maxlen = check_acks(args, 4, 9, 4, 'queasy_retry')
+  local run_ats = {}
   for i = 4, #args, 9 do
-    ms(args[i + 2], 'retry run_at')
+    run_ats[i] = run_at_from(args[i + 2], now, 'retry run_at')
     check_error(args, i + 6, (i + 5) / 9)
   end
   return each_leased(B, client, args, 4, 9, function(job, i)
@@ -1101,7 +1112,7 @@ local function retry(keys, args)
     if kind[2] ~= nil then
       outcome_event(B, maxlen, now, kind[2], job, args[i + 4], args[i + 5], err)
     end
-    requeue(B, job, tonumber(args[i + 2]), kind[3] ~= '' and err or nil, now)
+    requeue(B, job, run_ats[i], kind[3] ~= '' and err or nil, now)
     if kind[2] == nil then
       redis.call('HDEL', B .. ':parked', client)
       redis.call('PUBLISH', B .. ':wake', int(job.run_at))

@@ -177,11 +177,13 @@ class Runtime:
         workers: int = 1,
         cwd: Path | None = None,
         sys_path: list[str] | None = None,
+        clock_skew: float = 0.0,
         **settings: Any,
     ) -> Supervisor:
         """Start a supervisor listening on `queues` ({name: queue_spec(...)}). With `cwd` it
         runs there, started as a script (like a console script: the working directory is not
-        on its sys.path); `sys_path` entries go first on its sys.path once it is running."""
+        on its sys.path); `sys_path` entries go first on its sys.path once it is running;
+        `clock_skew` seconds are added to the supervisor's clock (not its workers')."""
         config = {
             "url": self.url,
             "prefix": self.prefix,
@@ -189,6 +191,7 @@ class Runtime:
             "settings": {**SETTINGS, **settings},
             "queues": queues,
             "sys_path": sys_path or [],
+            "clock_skew": clock_skew,
         }
         main = (
             ["-m", "tests.supervisor_main"]

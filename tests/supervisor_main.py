@@ -2,7 +2,8 @@
 
 CONFIG_JSON: {"url": ..., "prefix": ..., "workers": n, "settings": {Client keywords},
 "queues": {name: {"handler": module path, **listen options}}, "sys_path": [entries put first
-on sys.path once queasy_py is imported] (optional)}. Logs go to stderr; the exit
+on sys.path once queasy_py is imported] (optional), "clock_skew": seconds added to this
+process's time.time() (optional: a host whose clock is off; its workers keep the true time)}. Logs go to stderr; the exit
 code is client.run()'s. tests/runtime_helpers.py starts it in a new session (process group).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 
 from queasy_py import Client
 
@@ -23,6 +25,10 @@ def main(config: dict) -> int:
     )
     logging.getLogger("redis").setLevel(logging.WARNING)
     sys.path[:0] = config.get("sys_path", [])
+    skew = float(config.get("clock_skew", 0.0))
+    if skew:
+        true_time = time.time
+        time.time = lambda: true_time() + skew  # type: ignore[assignment]
     with Client(
         config["url"], config["workers"], prefix=config["prefix"], **config["settings"]
     ) as client:

@@ -116,7 +116,7 @@ def test_the_largest_time_is_written_as_an_integer_everywhere(lua: Lua, r: redis
     assert (event["run_at"], event["ended_at"]) == (str(MAX_MS), str(MAX_MS))
 
 
-@pytest.mark.parametrize("run_at", ["1e17", "1.5", str(MAX_MS + 1)])
+@pytest.mark.parametrize("run_at", ["1e17", "1.5", str(MAX_MS + 1), "+", "+-5", "+1.5", "+1e9"])
 def test_retry_refuses_a_bad_run_at_before_any_write(
     lua: Lua, r: redis.Redis, prefix: str, run_at: str
 ) -> None:
@@ -295,3 +295,20 @@ def test_a_waiting_entry_of_an_active_job_never_overwrites_its_lease(
     assert lua.finish("c1", active) == Ack.OK  # the blocked record is promoted as usual
     assert lua.get_job("a")["data"] == '"blocked"'
     assert lua.dequeue("c2", limit=5).ids == ["a"]
+
+
+def test_a_relative_retry_time_counts_from_the_servers_clock(
+    lua: Lua, r: redis.Redis
+) -> None:
+    """'+ms' is added to the server's TIME (now ''), not to any client's clock; capped at the
+    largest time."""
+    job = lua.take("rel", client="c1")
+    late = lua.take("late", client="c1", now=MAX_MS - 10)
+    server_ms = int(r.time()[0]) * 1000
+    args = [job.id, job.token, "+5000", "retry", "42", "", "ValueError"]
+    assert lua.call("queasy_retry", [lua.B], "", "c1", 100, *args) == [Ack.OK]
+    run_at = int(r.hget(lua.B + ":job:rel", "run_at"))
+    assert server_ms + 5000 <= run_at <= server_ms + 5000 + 2000
+    assert r.zscore(lua.B + ":waiting", "rel") == run_at
+    assert lua.retry("c1", late, run_at="+999999", now=MAX_MS - 10) == Ack.OK
+    assert r.hget(lua.B + ":job:late", "run_at") == str(MAX_MS)

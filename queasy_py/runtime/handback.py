@@ -58,7 +58,6 @@ def hand_back_unknown(
 ) -> None:
     """Hand back (to waiting, no count) every lease of this client whose token is not in
     `held` (a dequeue whose reply was lost, a finish the server lost)."""
-    now_ms = int(time.time() * 1000)
     for state in states.values():
         pairs = r.fcall_ro("queasy_leases", 1, state.base, "", client_id)
         lost = [
@@ -70,6 +69,6 @@ def hand_back_unknown(
             log.warning(
                 "handing back job %s of %s (its dequeue reply was lost)", job_id, state.name
             )
-            args = [job_id, token, now_ms, "release", "", "", ""]
+            args = [job_id, token, "+0", "release", "", "", ""]
             fcall(r, "queasy_retry", [state.base], ["", client_id, state.spec.events_maxlen, *args])
         state.ready_at = 0.0  # dequeue next round, which parks the free slots again

@@ -25,6 +25,22 @@ def expiry_ms(interval: float) -> int:
     return int(interval * 2000)
 
 
+class ServerClock:
+    """How far the server's clock is ahead of this host's (seconds, measured by each beat):
+    times the server sends (next run_at, wake-ups) are compared with this host's clock."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def local(self, server_ms: int) -> float:
+        """A server time (ms since the epoch) on this host's clock, in seconds."""
+        return server_ms / 1000.0 - self.offset
+
+    def measure(self, server: tuple[int, int], before: float, after: float) -> None:
+        """From a TIME reply (seconds, µs) read between `before` and `after` (time.time())."""
+        self.offset = server[0] + server[1] / 1e6 - (before + after) / 2
+
+
 class Heartbeat(threading.Thread):
     def __init__(
         self,
@@ -48,17 +64,21 @@ class Heartbeat(threading.Thread):
         self.failing = False  # the last beat failed (logged once until one works again)
         self.last_ok = time.monotonic()
         self._redis: redis.Redis | None = None
+        self.clock = ServerClock()
 
     @property
     def expiry_ms(self) -> int:
         return expiry_ms(self.interval)
 
     def beat(self, r: redis.Redis, client_id: str) -> bool:
-        """Bump every queue; False when this client was swept."""
+        """Bump every queue (and read the server's clock); False when this client was swept."""
         with r.pipeline(transaction=False) as pipe:
+            pipe.time()
             for base, maxlen in self.bases.items():
                 fcall(pipe, "queasy_bump", [base], ["", client_id, self.expiry_ms, maxlen])
-            statuses = pipe.execute()
+            before = time.time()
+            server, *statuses = pipe.execute()
+            self.clock.measure(server, before, time.time())
         return all(int(s) != Status.SWEPT for s in statuses)
 
     def beat_or_reload(self, r: redis.Redis, client_id: str) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,16 +38,35 @@ def finish(job: Running, base: str, pid: int, started: int) -> Ack:
     return Ack("finish", base, None, [job.id, job.token, pid, started])
 
 
+#: a retry's run_at meaning "now" on the server's clock
+NOW = "+0"
+
+
+def after(seconds: float) -> str:
+    """A retry's run_at `seconds` from now on the server's clock (the library adds it to its
+    own TIME, so a supervisor whose clock is off does not shift its retries)."""
+    return f"+{max(0, int(seconds * 1000))}"
+
+
+def ready_at(run_at: int | str, now: float, local: Callable[[int], float]) -> float:
+    """When a retry sent with `run_at` (server ms, or after()'s '+ms') is ready, in this
+    host's seconds (`local` converts a server time)."""
+    if isinstance(run_at, str) and run_at.startswith("+"):
+        return now + int(run_at[1:]) / 1000.0
+    return local(int(run_at))
+
+
 def retry(
     job: Running,
     base: str,
-    run_at_ms: int,
+    run_at: int | str,
     kind: str,
     pid: int | str,
     started: int | str,
     error_name: str = "",
 ) -> Ack:
-    return Ack("retry", base, None, [job.id, job.token, run_at_ms, kind, pid, started, error_name])
+    """Back to waiting at `run_at`: ms since the epoch, or after(seconds) / NOW."""
+    return Ack("retry", base, None, [job.id, job.token, run_at, kind, pid, started, error_name])
 
 
 def fail(
@@ -104,10 +124,10 @@ def on_result(
         return fail(job, base, fail_base, described, pid, started)
     retry_at = error.get("retry_at")
     if isinstance(retry_at, int | float) and not isinstance(retry_at, bool):
-        at = max(now, float(retry_at))
+        delay = float(retry_at) - now  # the handler's time, on this host's clock
     else:
-        at = now + backoff_seconds(spec, job.retry_count)
-    return retry(job, base, int(at * 1000), "retry", pid, started, str(error.get("name")))
+        delay = backoff_seconds(spec, job.retry_count)
+    return retry(job, base, after(delay), "retry", pid, started, str(error.get("name")))
 
 
 def on_dequeue(job: Running, spec: ListenOptions, base: str, fail_base: str | None) -> Ack | None:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..client import Client
     from ..store.pipe import RedisPipe
     from ..store.pubsub import Message, Wakeup
+    from .heartbeat import ServerClock
 
 log = logging.getLogger("queasy_py")
 
@@ -56,6 +57,7 @@ class Rounds:
         expiry_ms: int,
         poll_interval: float,
         on_swept: Callable[[], None],
+        clock: ServerClock,
     ) -> None:
         self.client = client
         self.r = r  # the loop's own connection: every call bounded in time
@@ -70,6 +72,7 @@ class Rounds:
         self.expiry_ms = expiry_ms
         self.poll_interval = poll_interval
         self.on_swept = on_swept
+        self.clock = clock  # the server's clock: its times are compared with this host's
         self.stopping = False
         self.reconcile = False
         self.marks: set[bytes] = set()  # unpark marks seen on the push channels
@@ -190,7 +193,8 @@ class Rounds:
         for ack in acks:  # a retried job is ready at its run_at: wake then, not at the next poll
             if ack.op == "retry":
                 state = self.states_by_base[ack.base]
-                state.ready_at = min(state.ready_at, int(ack.args[2]) / 1000.0)
+                at = outcomes.ready_at(ack.args[2], now, self.clock.local)
+                state.ready_at = min(state.ready_at, at)
         for group, codes in zip(ack_groups, replies, strict=False):
             if isinstance(codes, redis.ResponseError):
                 refused = self._ack_refused(group, codes) or refused
@@ -251,7 +255,7 @@ class Rounds:
             return
         jobs = [reply[i : i + 7] for i in range(2, len(reply), 7)]
         if len(jobs) < len(procs):
-            state.ready_at = int(next_run_at) / 1000.0 if next_run_at else float("inf")
+            state.ready_at = self.clock.local(int(next_run_at)) if next_run_at else float("inf")
             # a wake-up that came while the dequeue was on its way is not in its reply
             state.ready_at = min(state.ready_at, now + self.poll_interval, state.woken)
         else:
@@ -279,7 +283,7 @@ class Rounds:
                 self.workers.release(spec.size, [proc])
                 placed = self.workers.reserve(spec.size)
                 if placed is None:
-                    ack = outcomes.retry(job, state.base, int(now * 1000), "release", "", "")
+                    ack = outcomes.retry(job, state.base, outcomes.NOW, "release", "", "")
                     self.acks.append(ack)
                     continue
                 proc = placed
@@ -339,7 +343,7 @@ class Rounds:
             if not _digits(data):
                 self.malformed("wake-up", data)
                 continue
-            at = int(data) / 1000.0
+            at = self.clock.local(int(data))
             state.ready_at = min(state.ready_at, at)
             state.woken = min(state.woken, at)
 

@@ -94,6 +94,7 @@ class Supervisor:
             self.expiry_ms,
             self.poll_interval,
             self._swept,
+            self.heartbeat.clock,
         )
 
     def _add_state(self, queue: Queue, spec: ListenOptions, fail_base: str | None) -> None:

@@ -254,9 +254,13 @@ class Workers:
         started: int | str,
         error_name: str = "TimeoutError",
     ) -> outcomes.Ack:
-        """Retry now, counting `kind` ('timeout', 'stall', 'release')."""
-        base = self.states[job.queue].base
-        return outcomes.retry(job, base, int(time.time() * 1000), kind, pid, started, error_name)
+        """Retry, counting `kind` ('timeout', 'stall', 'release'): a timed-out job after the
+        queue's backoff for its timeout count (like any retry), the others at once."""
+        state = self.states[job.queue]
+        run_at = outcomes.NOW
+        if kind == "timeout":
+            run_at = outcomes.after(outcomes.backoff_seconds(state.spec, job.timeout_count))
+        return outcomes.retry(job, state.base, run_at, kind, pid, started, error_name)
 
     def requeue_held(self, proc: WorkerProc, kind: str, error_name: str) -> None:
         """Retry every job `proc` held: a timed-out one as a timeout, the others as `kind`."""
