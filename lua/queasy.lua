@@ -893,8 +893,9 @@ ARGV[1]  now (ms or '')
 ARGV[2]  state: 'waiting' (ready now) | 'delayed' | 'blocked' | 'finished' | 'failed' |
          'cancelled' (the last three: the kept records)
 ARGV[3]  limit (1..MAX_PAGE)
-Returns: the number removed (fewer than limit: that state is empty, but for jobs that came
-         meanwhile).
+Returns: {removed, left}: the number removed, and how many of that state are left (a caller
+         looping until none are left stops after `removed + left` of the first call, so
+         jobs that keep coming cannot keep it going).
 Emits:   nothing: no event, no PUBLISH (a purge is an operator's clean-up, not an outcome).
 ]]
 local function purge(keys, args)
@@ -902,7 +903,7 @@ local function purge(keys, args)
   local now = clock(args[1])
   local state = args[2]
   local limit = page(args[3], 'limit')
-  local ids, records
+  local ids, records, left
   if state == 'waiting' or state == 'delayed' then
     local low, high = '-inf', int(now)
     if state == 'delayed' then
@@ -913,18 +914,21 @@ local function purge(keys, args)
     if #ids > 0 then
       redis.call('ZREM', B .. ':waiting', unpack(ids))
     end
+    left = redis.call('ZCOUNT', B .. ':waiting', low, high)
   elseif state == 'blocked' then
     ids = redis.call('SRANDMEMBER', B .. ':blocked', limit)
     records = ':job:'
     if #ids > 0 then
       redis.call('SREM', B .. ':blocked', unpack(ids))
     end
+    left = redis.call('SCARD', B .. ':blocked')
   elseif END_STATES[state] then
     ids = redis.call('ZRANGE', B .. ':' .. state, 0, limit - 1)
     records = ':ended:'
     if #ids > 0 then
       redis.call('ZREMRANGEBYRANK', B .. ':' .. state, 0, #ids - 1)
     end
+    left = redis.call('ZCARD', B .. ':' .. state)
   else
     invalid('state must be waiting, delayed, blocked, finished, failed or cancelled, got '
       .. shown(state))
@@ -936,7 +940,7 @@ local function purge(keys, args)
     end
     redis.call('DEL', unpack(dels))
   end
-  return #ids
+  return {#ids, left}
 end
 
 -- ---------------------------------------------------------------- lease cycle: dequeue ... fail

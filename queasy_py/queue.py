@@ -1,4 +1,5 @@
-"""The producer API of one queue: dispatch, cancel, get_job, counts (and listen)."""
+"""The producer API of one queue: dispatch, cancel, get_job, counts, result (and listen),
+and what operators need: jobs by state, requeue of failed jobs, purge, the outcome events."""
 
 from __future__ import annotations
 
@@ -7,14 +8,13 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import orjson
 import redis
 
-from . import defaults, validate
-from .errors import InvalidInput
-from .job import JobInfo
-from .store import fields
-from .store.keys import QueueKeys
+from . import defaults, records, validate
+from .errors import InvalidInput, ResultTimeout
+from .job import END_STATES, JobInfo
+from .store import stream
+from .store.keys import QueueKeys, RegistryKeys
 from .store.library import fcall, lua_error
 
 if TYPE_CHECKING:
@@ -23,6 +23,13 @@ if TYPE_CHECKING:
 
 #: jobs per FCALL in dispatch_many (the chunks are pipelined in one round trip)
 DISPATCH_CHUNK = 500
+#: jobs per call of queasy_jobs (the most), queasy_requeue and queasy_purge
+PAGE = 1000
+LISTED = ("waiting", "delayed", "blocked", "active", *END_STATES)
+#: what purge("all") removes, in this order: every state but active
+PURGED = ("waiting", "delayed", "blocked", "cancelled", "finished", "failed")
+#: the longest wait of result() on one read before it looks at the job again
+RESULT_WAIT = 3600.0
 
 
 def new_job_id() -> str:
@@ -38,6 +45,7 @@ class QueueBase:
         self.client = client
         self.name = validate.queue_name(name)
         self.keys = QueueKeys(client.prefix, self.name, tag or self.name)
+        self.registered = False  # its name is in the registry of queues (Client.queues)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -99,29 +107,56 @@ class QueueBase:
         return chunks, args[0::3]
 
     def _cancel_args(self, job_id: str) -> list:
-        return ["", defaults.EVENTS_MAXLEN, validate.job_id(job_id)]
+        keep = defaults.KEEP_CANCELLED
+        keep_ms = int(keep["seconds"] * 1000)
+        return ["", defaults.EVENTS_MAXLEN, validate.job_id(job_id), keep["count"], keep_ms]
 
     def _job_info(self, row: list | None) -> JobInfo | None:
-        if row is None:
+        return records.job_info(self.name, row)
+
+    def _jobs_args(self, state: str, cursor: str, limit: int, with_data: bool) -> list:
+        if state not in LISTED:
+            raise InvalidInput(f"state must be one of {', '.join(LISTED)}, not {state!r}")
+        if not isinstance(cursor, str) or not cursor or len(cursor) > 40:
+            raise InvalidInput(f"cursor must be '0' or the one a page returned, not {cursor!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE:
+            raise InvalidInput(f"limit must be an int 1..{PAGE}, not {limit!r}")
+        return ["", state, cursor, limit, "1" if with_data else "0"]
+
+    @staticmethod
+    def _purged(state: str) -> tuple[str, ...]:
+        if state == "all":
+            return PURGED
+        if state not in PURGED:
+            raise InvalidInput(
+                f"purge state must be one of {', '.join(PURGED)} or all (never active), "
+                f"not {state!r}"
+            )
+        return (state,)
+
+    @staticmethod
+    def _requeue_chunks(ids: Iterable[str]) -> list[list[str]]:
+        if isinstance(ids, str):
+            raise InvalidInput("ids must be a list of job ids, not a str")
+        checked = [validate.job_id(i) for i in ids]
+        return [checked[i : i + PAGE] for i in range(0, len(checked), PAGE)]
+
+    @staticmethod
+    def _deadline(timeout: float | None) -> float | None:
+        if timeout is None:
             return None
-        state, jid, data, run_at, retries, stalls, timeouts = row
-        # numbers through store.fields: Lua writes large ones in exponent form ('2.5e+14'),
-        # and a field written by hand may hold anything (read as 0, never an exception)
-        return JobInfo(
-            id=fields.text(jid),
-            queue=self.name,
-            data=orjson.loads(data),
-            state=fields.text(state),  # type: ignore[arg-type]
-            run_at=fields.ms_to_seconds(run_at, 0.0),
-            retry_count=fields.to_int(retries, 0),
-            stall_count=fields.to_int(stalls, 0),
-            timeout_count=fields.to_int(timeouts, 0),
-        )
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
+            0 <= timeout <= validate.MAX_DURATION
+        ):
+            raise InvalidInput(f"timeout must be None or seconds >= 0, not {timeout!r}")
+        return time.monotonic() + timeout
+
+    def _timed_out(self, job_id: str, timeout: float | None) -> ResultTimeout:
+        return ResultTimeout(f"job {job_id} of {self.name} did not end within {timeout}s")
 
     @staticmethod
     def _counts(row: list) -> dict[str, int]:
-        values = (fields.to_int(value, 0) for value in row)
-        return dict(zip(("waiting", "delayed", "blocked", "active"), values, strict=True))
+        return records.counts(row)
 
 
 class Queue(QueueBase):
@@ -149,6 +184,7 @@ class Queue(QueueBase):
         args = self._dispatch_args(
             data, id, run_at, delay, update_data, update_run_at, reset_counts
         )
+        self._register()
         try:
             self.client.fastcall("queasy_dispatch", [self.keys.base], args)
         except redis.ResponseError as exc:
@@ -165,6 +201,7 @@ class Queue(QueueBase):
         """Dispatch many jobs in pipelined batches. Every job is checked before any is sent."""
         chunks, ids = self._dispatch_many_args(jobs, update_data, update_run_at, reset_counts)
         if chunks:
+            self._register()
             with self.client.redis.pipeline(transaction=False) as pipe:
                 for args in chunks:
                     fcall(pipe, "queasy_dispatch", [self.keys.base], args)
@@ -173,6 +210,12 @@ class Queue(QueueBase):
                 except redis.ResponseError as exc:
                     raise lua_error(exc) from None
         return ids
+
+    def _register(self) -> None:
+        """Put this queue's name in the registry (Client.queues), once per Queue object."""
+        if not self.registered:
+            self.client.redis.sadd(RegistryKeys(self.client.prefix).queues, self.name)
+            self.registered = True
 
     # ------------------------------------------------------------------ inspect
 
@@ -185,15 +228,96 @@ class Queue(QueueBase):
             raise lua_error(exc) from None
 
     def get_job(self, job_id: str) -> JobInfo | None:
-        """The active job with this id, else the waiting (or delayed/blocked) one, else None."""
+        """The active job with this id, else the waiting (or delayed/blocked) one, else the
+        record of its end (finished, failed, cancelled) while it is kept; else None."""
         validate.job_id(job_id)
         return self._job_info(
             self.client.redis.fcall_ro("queasy_get_job", 1, self.keys.base, "", job_id)
         )
 
     def counts(self) -> dict[str, int]:
-        """Jobs per state: {"waiting", "delayed", "blocked", "active"}."""
+        """Jobs per state {"waiting", "delayed", "blocked", "active"}, the totals of
+        "finished" and "failed" since reset_totals(), and those of the last minute and hour
+        ("finished_last_minute", "failed_last_minute", "finished_last_hour",
+        "failed_last_hour"; the last minute's is the per-minute rate)."""
         return self._counts(self.client.redis.fcall_ro("queasy_counts", 1, self.keys.base, ""))
+
+    def reset_totals(self) -> None:
+        """Start the finished and failed totals (and their per-minute counts) from 0."""
+        self.client.redis.delete(self.keys.stats)
+
+    def jobs(
+        self, state: str, cursor: str = "0", limit: int = 100, with_data: bool = False
+    ) -> tuple[list[JobInfo], str]:
+        """One page of the jobs in `state` (waiting, delayed, blocked, active, finished,
+        failed, cancelled) and the cursor of the next page ("0" after the last): pass it
+        back for the next. Each call is bounded (`limit` <= 1000); waiting and delayed come
+        by run_at, ended ones newest first. `data` is None unless `with_data`."""
+        args = self._jobs_args(state, cursor, limit, with_data)
+        reply = self.client.redis.fcall_ro("queasy_jobs", 1, self.keys.base, *args)
+        return records.page(self.name, reply)
+
+    def requeue_failed(self, ids: Iterable[str] | None = None) -> int:
+        """Dispatch failed jobs (their kept records) again, to run now with counts 0: those
+        with these ids, or every one that had failed when this was called. Their records
+        go; returns how many were requeued."""
+        total = 0
+        if ids is not None:
+            for chunk in self._requeue_chunks(ids):
+                total += self._call("queasy_requeue", ["", "", PAGE, *chunk])[0]
+            return total
+        cutoff = ""
+        while True:
+            done, cutoff = self._call("queasy_requeue", ["", cutoff, PAGE])
+            total += done
+            if done < PAGE:
+                return total
+
+    def purge(self, state: str) -> int:
+        """Remove the jobs in `state` (waiting, delayed, blocked, finished, failed, cancelled,
+        or all of those); never an active job. Returns how many were removed. No event is
+        written for them."""
+        total = 0
+        for name in self._purged(state):
+            bound = None
+            while True:
+                removed, left = self._call("queasy_purge", ["", name, PAGE])
+                total += removed
+                bound = removed + left if bound is None else bound - removed
+                if removed < PAGE or bound <= 0:
+                    break
+        return total
+
+    def result(self, job_id: str, timeout: float | None = None) -> Any:
+        """Wait for job `job_id` to end and return its handler's return value (None if its
+        queue does not store results). JobFailed when it failed for good or was cancelled,
+        JobNotFound for an unknown id, ResultTimeout after `timeout` seconds. The waiter is
+        woken by the end itself (a message on the job's channel, published when the
+        queue stores results; a queue that does not is seen at the timeout only)."""
+        validate.job_id(job_id)
+        deadline = self._deadline(timeout)
+        with self.client.redis.pubsub(ignore_subscribe_messages=True) as pubsub:
+            pubsub.subscribe(self.keys.done(job_id))
+            while True:  # subscribed first: an end after this look is a message
+                done, value = records.outcome(self.get_job(job_id), job_id, self.name)
+                if done:
+                    return value
+                left = RESULT_WAIT if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise self._timed_out(job_id, timeout)
+                pubsub.get_message(timeout=min(left, RESULT_WAIT))
+
+    def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
+        """Up to `count` outcome events after event id `after` ("0": the oldest kept),
+        oldest first; each event's `event_id` is the `after` of the next read (README
+        "Outcome events")."""
+        return stream.read(self.client.redis, self.keys.events, after, count)
+
+    def _call(self, name: str, args: list) -> Any:
+        try:
+            return fcall(self.client.redis, name, [self.keys.base], args)
+        except redis.ResponseError as exc:
+            raise lua_error(exc) from None
 
     # ------------------------------------------------------------------ listen
 
