@@ -123,6 +123,9 @@ def test_a_permanent_error_fails_at_once_into_the_fail_handler(
     rt.queue("q").dispatch(data, id="job-1", run_at=run_at)
 
     (fail,) = rt.wait_records(1, "fail")
+    trace = fail["given"][2].pop("traceback")  # the handler's, as the worker formatted it
+    assert trace.startswith("Traceback (most recent call last):\n")
+    assert trace.rstrip().endswith(f"{name}: no way") and "in misbehave" in trace
     assert fail["given"] == [
         data,
         job_record("job-1", "q", run_at),
@@ -137,7 +140,7 @@ def test_a_permanent_error_fails_at_once_into_the_fail_handler(
         "permanent",
     )
     assert [e["outcome"] for e in rt.wait_events("q-fail", 1, tag="q")] == ["finished"]
-    assert rt.queue("q").get_job("job-1") is None
+    assert rt.queue("q").get_job("job-1").state == "failed"  # type: ignore[union-attr]
 
 
 def test_exhausted_retries_go_to_the_fail_handler_as_retriable(rt: Runtime) -> None:
@@ -149,6 +152,7 @@ def test_exhausted_retries_go_to_the_fail_handler_as_retriable(rt: Runtime) -> N
     rt.queue("q").dispatch(data, id="x", run_at=run_at)
 
     (fail,) = rt.wait_records(1, "fail")
+    assert fail["given"][2].pop("traceback").rstrip().endswith("ValueError: boom")
     assert [s["retry_count"] for s in rt.records("start", tag="x")] == [0, 1, 2]
     # the fail handler sees the job as last run: run_at is that of its last retry
     last_run_at = fail["given"][1]["run_at"]
@@ -171,7 +175,7 @@ def test_without_a_fail_handler_a_failed_job_is_removed(rt: Runtime) -> None:
     rt.queue("q").dispatch({"tag": "p", "raise": "permanent"}, id="p")
     (failed,) = rt.wait_events("q", 1)
     assert failed["outcome"] == "failed"
-    assert rt.queue("q").get_job("p") is None
+    assert rt.queue("q").get_job("p").state == "failed"  # type: ignore[union-attr]
     assert rt.events("q-fail", tag="q") == []
 
 
