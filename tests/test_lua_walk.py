@@ -116,7 +116,9 @@ class Walk:
                     groups += [id, token, pid, started]
                 elif op == "retry":
                     kind = rng.choice(KINDS)
-                    groups += [id, token, self.pick([self.now, self.now + 3_000, "+0", "+3000"], BAD_TIMES + ["+", "+-1", "+1.5"]), kind]
+                    good = [self.now, self.now + 3_000, "+0", "+3000"]
+                    run_at = self.pick(good, BAD_TIMES + ["+", "+-1", "+1.5"])
+                    groups += [id, token, run_at, kind]
                     groups += [pid, started, "ValueError"]
                 else:
                     fid = self.pick([f"f{rng.randint(1, 9)}"], ["f\n1"])
