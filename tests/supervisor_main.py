@@ -4,8 +4,8 @@ CONFIG_JSON: {"url": ..., "prefix": ..., "workers": n, "settings": {Client keywo
 "queues": {name: {"handler": module path, **listen options}}, "sys_path": [entries put first
 on sys.path once queasy_py is imported] (optional), "clock_skew": seconds added to this
 process's time.time() (optional: a host whose clock is off; its workers keep the true
-time)}. Logs go to stderr; the exit code is client.run()'s. tests/runtime_helpers.py
-starts it in a new session (process group).
+time)}. Logs go to stderr; the exit code is client.run()'s. tests/runtime_helpers.py starts
+it in a new session (process group).
 """
 
 from __future__ import annotations

@@ -180,13 +180,18 @@ def on_result(
         described["kind"] = "retriable"
         return fail(job, base, fail_base, described, pid, started)
     retry_at = error.get("retry_at")
+    run_at: int | str
     if isinstance(retry_at, int | float) and not isinstance(retry_at, bool):
-        delay = float(retry_at) - now  # the handler's time, on this host's clock
+        # a wall-clock time the handler chose (like dispatch's run_at): kept as it is;
+        # one already past is "now" on the server's clock
+        run_at = int(retry_at * 1000) if retry_at > now else NOW
+        delay = float(retry_at) - now
     else:
         delay = backoff_seconds(spec, job.retry_count)
+        run_at = after(delay)
     retrying(job, described, delay, spec)
     name, message = described["name"] or "", described["message"] or ""
-    return retry(job, base, after(delay), "retry", pid, started, name, message, trace)
+    return retry(job, base, run_at, "retry", pid, started, name, message, trace)
 
 
 def on_dequeue(job: Running, spec: ListenOptions, base: str, fail_base: str | None) -> Ack | None:
