@@ -884,7 +884,7 @@ local function requeue_failed(keys, args)
   if wake then
     redis.call('PUBLISH', B .. ':wake', int(now))
   end
-  return {done, int(cutoff)}
+  return {done, cutoff}
 end
 
 --[[ queasy_purge: remove up to `limit` jobs of one state. Never touches an active job.
@@ -1258,6 +1258,11 @@ end
 
 local HIDDEN = {token = true, u_data = true, u_run_at = true, u_reset = true, u_lo = true,
   u_hi = true}
+-- number fields, read as the library reads them (field_int: garbage is 0); those marked
+-- false may also be '' (unknown)
+local NUMBERS = {run_at = true, retry_count = true, stall_count = true, timeout_count = true,
+  attempts = true, enqueued_at = true, leased_at = true, ended_at = true, error_at = true,
+  started_at = false, pid = false}
 
 -- The fields of record `key` as {field, value, ...}, without the lease token and the update
 -- fields of a blocked job (and without data unless `with_data`); nil when there is none.
@@ -1268,9 +1273,13 @@ local function describe(key, with_data)
   end
   local out = {}
   for i = 1, #flat, 2 do
-    if not HIDDEN[flat[i]] and (with_data or flat[i] ~= 'data') then
-      out[#out + 1] = flat[i]
-      out[#out + 1] = flat[i + 1]
+    local name, value = flat[i], flat[i + 1]
+    if not HIDDEN[name] and (with_data or name ~= 'data') then
+      if NUMBERS[name] or (NUMBERS[name] == false and value ~= '') then
+        value = int(field_int(value, MAX_MS))
+      end
+      out[#out + 1] = name
+      out[#out + 1] = value
     end
   end
   return out

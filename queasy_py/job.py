@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-State = Literal[
-    "waiting", "delayed", "blocked", "active", "finished", "failed", "cancelled"
-]
+State = Literal["waiting", "delayed", "blocked", "active", "finished", "failed", "cancelled"]
 #: the states of a job that has not ended, and those of a record kept after its end
 LIVE_STATES = ("waiting", "delayed", "blocked", "active")
 END_STATES = ("finished", "failed", "cancelled")

@@ -145,8 +145,10 @@ class QueueBase:
     def _deadline(timeout: float | None) -> float | None:
         if timeout is None:
             return None
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
-            0 <= timeout <= validate.MAX_DURATION
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not (0 <= timeout <= validate.MAX_DURATION)
         ):
             raise InvalidInput(f"timeout must be None or seconds >= 0, not {timeout!r}")
         return time.monotonic() + timeout

@@ -111,8 +111,13 @@ def outcome(info: JobInfo | None, job_id: str, queue: str) -> tuple[bool, Any]:
         return True, info.result
     error = info.last_error or {}
     if info.state == "cancelled":
-        error = {"name": "Cancelled", "kind": "cancelled", "message": "the job was cancelled",
-                 "traceback": None, "at": info.ended_at}
+        error = {
+            "name": "Cancelled",
+            "kind": "cancelled",
+            "message": "the job was cancelled",
+            "traceback": None,
+            "at": info.ended_at,
+        }
     raise JobFailed(
         f"job {job_id} of {queue} {info.state}: {error.get('name')}: {error.get('message')}",
         info,

@@ -137,9 +137,7 @@ class Lua:
         pages = [(st, dict(zip(flat[0::2], flat[1::2], strict=True))) for st, flat in row[1:]]
         return row[0], pages
 
-    def requeue(
-        self, *ids: str, now: int = NOW, cutoff: Any = "", limit: int = 100
-    ) -> list[int]:
+    def requeue(self, *ids: str, now: int = NOW, cutoff: Any = "", limit: int = 100) -> list[int]:
         return self.call("queasy_requeue", [self.B], now, cutoff, limit, *ids)
 
     def purge(self, state: str, limit: int = 100, now: int = NOW) -> int:

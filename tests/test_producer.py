@@ -110,7 +110,8 @@ def test_counts_per_state(q: Queue, lua: Lua) -> None:
     q.dispatch("x")
     q.dispatch("x", delay=3600)
     assert q.counts() == {"waiting": 2, "delayed": 1, "blocked": 1, "active": 1} | {
-        name: 0 for name in COUNTS[4:]  # nothing ended yet
+        name: 0
+        for name in COUNTS[4:]  # nothing ended yet
     }
 
 

@@ -196,7 +196,9 @@ def test_a_job_dispatched_again_while_active_runs_after_it_never_alongside(rt: R
     rt.wait_records(1, "end", tag="v2")
     assert [e["outcome"] for e in rt.wait_events("q", 2)] == ["finished", "finished"]
     assert len(rt.records("start")) == 2
-    assert q.get_job("one") is None
+    last = q.get_job("one")  # the record of the second run's end: one job with that id
+    assert last is not None and last.state == "finished" and last.data["tag"] == "v2"
+    assert live(q.counts()) == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
 
 
 def test_units_in_flight_never_exceed_a_workers_capacity(rt: Runtime) -> None:

@@ -142,8 +142,13 @@ def retrying(job: Running, error: dict[str, Any], delay: float, spec: ListenOpti
     )
     trace = error.get("traceback")
     if trace and log.isEnabledFor(logging.DEBUG):
-        log.debug("traceback of job %s of %s (attempt %d):\n%s", job.id, job.queue,
-                  attempt(job), str(trace).rstrip())
+        log.debug(
+            "traceback of job %s of %s (attempt %d):\n%s",
+            job.id,
+            job.queue,
+            attempt(job),
+            str(trace).rstrip(),
+        )
 
 
 def backoff_seconds(spec: ListenOptions, retry_count: int) -> float:

@@ -88,8 +88,11 @@ def invalid_result(job: Any, reason: str) -> dict[str, Any]:
     (not JSON, or too large): a permanent failure of that job alone."""
     return {
         "name": "InvalidResult",
-        "message": _text(f"the handler of {job.queue} job {job.id} returned a value that "
-                         f"cannot be stored as its result: {reason}", "?"),
+        "message": _text(
+            f"the handler of {job.queue} job {job.id} returned a value that "
+            f"cannot be stored as its result: {reason}",
+            "?",
+        ),
         "kind": "permanent",
         "retry_at": None,
         "traceback": None,

@@ -191,7 +191,14 @@ class Workers:
             result = item[3] if len(item) > 3 and isinstance(item[3], str) else ""
             self.acks.append(
                 outcomes.on_result(
-                    job, state.spec, state.base, state.fail_base, error, proc.pid, started, now,
+                    job,
+                    state.spec,
+                    state.base,
+                    state.fail_base,
+                    error,
+                    proc.pid,
+                    started,
+                    now,
                     result,
                 )
             )
@@ -292,9 +299,7 @@ class Workers:
             )
         return outcomes.retry(job, state.base, run_at, kind, pid, started, error_name, message)
 
-    def requeue_held(
-        self, proc: WorkerProc, kind: str, error_name: str, message: str = ""
-    ) -> None:
+    def requeue_held(self, proc: WorkerProc, kind: str, error_name: str, message: str = "") -> None:
         """Retry every job `proc` held: a timed-out one as a timeout, the others as `kind`."""
         for job in list(proc.jobs.values()):
             if job.timed_out:
