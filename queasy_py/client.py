@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -71,6 +72,7 @@ class Client:
             raise
         self._fastcall = FastCall(self._redis)
         self.library_version: str | None = None  # set by ready()
+        self._connecting = threading.Lock()
         self.id = new_client_id()
         self._queues: dict[str, Queue] = {}
         self._supervisor: Supervisor | None = None
@@ -80,9 +82,10 @@ class Client:
         """Connect and load the function library, if not done yet (the first call that needs
         Redis does it): ConnectionFailed after `attempts` tries (CONNECT_BACKOFF doubling),
         AuthenticationFailed, VersionMismatch. A failed try is tried again by the next call."""
-        if self.library_version is None:
-            wait_reachable(self._redis, self.url, attempts)
-            self.library_version = ensure_loaded(self._redis)
+        with self._connecting:  # threads making their first calls at once connect once
+            if self.library_version is None:
+                wait_reachable(self._redis, self.url, attempts)
+                self.library_version = ensure_loaded(self._redis)
         return self
 
     @property
