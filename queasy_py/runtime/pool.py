@@ -190,6 +190,8 @@ def start_worker(handlers: dict[str, str], env_extra: dict[str, str]) -> WorkerP
     terminal's Ctrl-C included, and it exits with its group when its pipe closes)."""
     ours, theirs = socket.socketpair()
     env = dict(os.environ)
+    # workers log at the supervisor's level (`queasy --log-level`), format defaults.LOG_FORMAT
+    env[defaults.LOG_LEVEL_ENV] = str(logging.getLogger().getEffectiveLevel())
     env.update(env_extra)
     try:
         process = WorkerPopen(
