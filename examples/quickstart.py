@@ -11,8 +11,8 @@ import logging
 import threading
 import time
 
-from handlers import dead_letter
 from queasy_py import Client
+from queasy_py.handlers import dead_letter
 from queasy_py.job import LIVE_STATES
 
 
@@ -30,7 +30,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     with Client(workers=2) as client:
         emails = client.queue("emails")
-        emails.listen("send_email", fail_handler="handlers.dead_letter", min_backoff=0.5)
+        emails.listen("send_email", fail_handler="queasy_py.handlers.dead_letter", min_backoff=0.5)
 
         ids = emails.dispatch_many([{"data": {"to": f"user{i}@example.com"}} for i in range(10)])
         emails.dispatch({"to": "later@example.com"}, delay=1.0)

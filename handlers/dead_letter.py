@@ -1,9 +1,9 @@
 """Fail handler: record each failed job, with its error, in a capped per-queue Redis list.
 
-    queue.listen("myapp.jobs", fail_handler="handlers.dead_letter")
+    queue.listen("myapp.jobs", fail_handler="queasy_py.handlers.dead_letter")
 
 The list of queue `emails` is `QueueKeys(...).dead_letters` (newest first); read it with
-`handlers.dead_letter.read(client.queue("emails"))`. It keeps the newest MAX_ENTRIES
+`queasy_py.handlers.dead_letter.read(client.queue("emails"))`. It keeps the newest MAX_ENTRIES
 (env QUEASY_DEAD_LETTER_MAX, default 10,000). It records only into the list of the queue its
 fail queue belongs to; a record naming another queue is refused (PermanentError).
 """

@@ -1,6 +1,6 @@
 """Fail handler that keeps a periodic job alive: re-dispatch the failed job by its id.
 
-    queue.listen("myapp.hourly", fail_handler="handlers.reschedule")
+    queue.listen("myapp.hourly", fail_handler="queasy_py.handlers.reschedule")
 
 A periodic job re-dispatches itself (same id, update_run_at="if_earlier") when it runs. If it
 fails for good, or its worker keeps crashing, this handler dispatches it again with its

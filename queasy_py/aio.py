@@ -5,7 +5,8 @@
         job_id = await q.dispatch({"to": "a@example.com"})
         print(await q.get_job(job_id), await q.counts())
 
-Running handlers (listen/run) stays with the synchronous Client.
+AsyncQueue has Queue's producer methods (dispatch, dispatch_many, cancel, get_job, counts)
+and fail_queue; running handlers (listen/run) stays with the synchronous Client.
 """
 
 from __future__ import annotations
@@ -68,9 +69,18 @@ class AsyncClient:
         return self
 
     def queue(self, name: str) -> AsyncQueue:
+        """The queue called `name` (1-100 chars of A-Z a-z 0-9 _ . : -)."""
+        return self._queue(name, None)
+
+    def _queue(self, name: str, tag: str | None) -> AsyncQueue:
         queue = self._queues.get(name)
         if queue is None:
-            queue = self._queues[name] = AsyncQueue(self, name)
+            queue = self._queues[name] = AsyncQueue(self, name, tag)
+        elif tag is not None and queue.keys.tag != tag:
+            raise InvalidInput(
+                f"queue {name!r} is already in use with hash tag {queue.keys.tag!r}; "
+                f"it cannot also be the fail queue of {tag!r}"
+            )
         return queue
 
     async def close(self) -> None:
@@ -87,7 +97,14 @@ class AsyncClient:
 
 
 class AsyncQueue(QueueBase):
+    """A named queue of an AsyncClient: Queue's producer methods, awaitable."""
+
     client: AsyncClient
+
+    @property
+    def fail_queue(self) -> AsyncQueue:
+        """The queue of this queue's fail jobs (same hash tag, name + '-fail'), as Queue's."""
+        return self.client._queue(self.name + defaults.FAIL_QUEUE_SUFFIX, self.keys.tag)
 
     async def _fcall(self, name: str, args: list) -> Any:
         await self.client.ready()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -14,7 +15,7 @@ from .errors import InvalidInput, QueasyError
 from .options import check_setting
 from .queue import Queue
 from .store.calls import FastCall
-from .store.connection import connect, mask_url, new_client_id
+from .store.connection import mask_url, new_client_id, producer_client, wait_reachable
 from .store.keys import RegistryKeys
 from .store.library import ensure_loaded
 
@@ -28,6 +29,10 @@ log = logging.getLogger("queasy_py")
 
 class Client:
     """A connection to Redis. `url` None: $QUEASY_REDIS_URL, else an embedded server.
+
+    Making one does not connect (a module-level client imports while Redis is down): the
+    first call that needs Redis connects and loads the function library (ready()), as
+    AsyncClient does; a bad URL is refused at once (ConfigError).
 
     `workers` is the number of worker subprocesses a supervisor started by run() uses
     (default os.cpu_count(); 0 makes a producer-only client). Other supervisor settings
@@ -62,17 +67,41 @@ class Client:
             url = self.server.url
             log.info("no Redis URL given: using an embedded server at %s", mask_url(url))
         self.url = url
-        self.redis: redis.Redis = connect(url)
-        self.fastcall = FastCall(self.redis)
-        try:
-            self.library_version = ensure_loaded(self.redis)
+        try:  # a bad URL is a ConfigError now; the connection is made by the first call
+            self._redis: redis.Redis = producer_client(url)
         except BaseException:
             self.close()
             raise
+        self._fastcall = FastCall(self._redis)
+        self.library_version: str | None = None  # set by ready()
+        self._connecting = threading.Lock()
         self.id = new_client_id()
         self._queues: dict[str, Queue] = {}
         self._supervisor: Supervisor | None = None
         self.listeners: dict[str, tuple[Queue, ListenOptions]] = {}
+
+    def ready(self, attempts: int = defaults.CONNECT_ATTEMPTS) -> Client:
+        """Connect and load the function library, if not done yet (the first call that needs
+        Redis does it): ConnectionFailed after `attempts` tries (CONNECT_BACKOFF doubling),
+        AuthenticationFailed, VersionMismatch. A failed try is tried again by the next call."""
+        with self._connecting:  # threads making their first calls at once connect once
+            if self.library_version is None:
+                wait_reachable(self._redis, self.url, attempts)
+                self.library_version = ensure_loaded(self._redis)
+        return self
+
+    @property
+    def redis(self) -> redis.Redis:
+        """The producer's redis.Redis (bytes replies), connected and with the library loaded."""
+        if self.library_version is None:
+            self.ready()
+        return self._redis
+
+    @property
+    def fastcall(self) -> FastCall:
+        if self.library_version is None:
+            self.ready()
+        return self._fastcall
 
     def __repr__(self) -> str:
         return f"<Client {self.id} {mask_url(self.url)}>"
@@ -131,6 +160,7 @@ class Client:
             raise QueasyError("run() needs at least one queue.listen(...) first")
         if self.settings["workers"] == 0:
             raise QueasyError("this client was made with workers=0 (producer only): it cannot run")
+        self.ready()
         self._supervisor = Supervisor(self)
         try:
             return self._supervisor.run()
@@ -144,13 +174,20 @@ class Client:
             supervisor.request_stop()
 
     def close(self) -> None:
-        self.redis.close()
+        redis_client = getattr(self, "_redis", None)  # None: the URL was refused
+        if redis_client is not None:
+            redis_client.close()
         if self.server is not None:
             self.server.stop()
             self.server = None
 
     def __enter__(self) -> Client:
-        return self
+        """Connects (ready()), as `async with AsyncClient(...)` does."""
+        try:
+            return self.ready()
+        except BaseException:
+            self.close()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.close()

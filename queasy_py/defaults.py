@@ -32,6 +32,10 @@ RUN_CONNECT_TIMEOUT = 120.0
 URL_ENV = "QUEASY_REDIS_URL"
 #: environment variable of the key prefix (set for worker processes by their supervisor)
 PREFIX_ENV = "QUEASY_PREFIX"
+#: environment variable of the workers' logging level (set by their supervisor: its own)
+LOG_LEVEL_ENV = "QUEASY_LOG_LEVEL"
+#: log line format of the `queasy` command and of every worker process
+LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
 #: capacity units of one worker process
 WORKER_UNITS = 100
 #: seconds the scheduling loop waits on one Redis call at most (its own connections; a frozen

@@ -6,8 +6,9 @@ SIGKILL, SIGSTOP/SIGCONT) like a terminal's Ctrl-C does; each worker leads a ses
 own (`signal_all` reaches them too), and teardown kills them all. Handlers
 (tests/runtime_handlers/) append records to `<prefix>:records`, read by `rt.records()`.
 
-The handler package is not called tests/handlers: pytest puts tests/ on sys.path, where a
-`handlers` package would shadow the project's top-level `handlers` package.
+The handler package is not called tests/handlers: pytest puts tests/ on sys.path, where it
+would be a top-level `handlers` package (the project's own ready-made handlers are
+queasy_py.handlers and install no top-level name).
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ def test_a_server_without_functions_is_a_clear_error(
     tmp_path: Path, no_functions_server: EmbeddedServer
 ) -> None:
     with pytest.raises(QueasyError, match=re.escape("needs Redis >= 7.0 or Valkey >= 7.2")):
-        Client(no_functions_server.url)
+        Client(no_functions_server.url).ready()
     path = write_config(tmp_path, '[queues.q]\nhandler = "tests.runtime_handlers.act"\n')
     code, out = queasy("run", "--redis", no_functions_server.url, path)
     assert code == exitcodes.VERSION == 5

@@ -1,6 +1,7 @@
-"""The ready-made fail handlers (handlers/reschedule.py, handlers/dead_letter.py) act only on
-the queue their fail queue belongs to: a record written straight into a fail queue that names
-another queue is refused (PermanentError), and nothing of that queue is touched."""
+"""The ready-made fail handlers (queasy_py.handlers.reschedule and .dead_letter, source in
+handlers/) act only on the queue their fail queue belongs to: a record written straight into a
+fail queue that names another queue is refused (PermanentError), and nothing of that queue is
+touched."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import pytest
 import redis
 from runtime_helpers import ACT, Runtime, queue_spec
 
-from handlers import dead_letter
-from handlers._fail_record import fail_record
 from queasy_py import Job, PermanentError
+from queasy_py.handlers import dead_letter
+from queasy_py.handlers._fail_record import fail_record
 from queasy_py.store.keys import QueueKeys
 
 ERROR = {"name": "Boom", "message": "failed for good", "kind": "permanent"}
@@ -35,7 +36,9 @@ def record(queue: str, job_id: str) -> list:
     return [{"n": 1}, job, ERROR]
 
 
-@pytest.mark.parametrize("handler", ["handlers.reschedule", "handlers.dead_letter"])
+@pytest.mark.parametrize(
+    "handler", ["queasy_py.handlers.reschedule", "queasy_py.handlers.dead_letter"]
+)
 def test_a_fail_record_naming_another_queue_is_refused(
     rt: Runtime, r: redis.Redis, prefix: str, handler: str
 ) -> None:
@@ -54,7 +57,7 @@ def test_a_fail_record_naming_another_queue_is_refused(
     assert events["genuine"]["outcome"] == "finished"
     assert victim_keys(r, prefix) == []
     assert r.lrange(QueueKeys(prefix, "victim", "victim").dead_letters, 0, -1) == []
-    if handler == "handlers.reschedule":
+    if handler == "queasy_py.handlers.reschedule":
         job = q.get_job("j1")
         assert job is not None and job.state == "delayed"  # re-dispatched into q itself
     else:

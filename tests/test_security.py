@@ -155,7 +155,7 @@ def queasy_url(locked_server: EmbeddedServer, admin: redis.Redis) -> Iterator[st
 
 def test_a_password_in_the_url_authenticates(locked_server: EmbeddedServer) -> None:
     with pytest.raises(Exception, match="refused the credentials"):
-        Client(bare_url(locked_server))  # no password: NOAUTH
+        Client(bare_url(locked_server)).ready()  # no password: NOAUTH
     with Client(with_user(bare_url(locked_server), "", ADMIN_PW), prefix=PREFIX) as client:
         job_id = client.queue("auth").dispatch({"n": 1})
         assert client.queue("auth").get_job(job_id).data == {"n": 1}  # type: ignore[union-attr]
@@ -378,7 +378,7 @@ def test_a_user_without_fcall_gets_a_clear_error(
     admin.execute_command(*line.split())
     try:
         with pytest.raises(QueasyError, match="may not call the queasy functions") as caught:
-            Client(with_user(bare_url(locked_server), "nofcall", SECRET), prefix=PREFIX)
+            Client(with_user(bare_url(locked_server), "nofcall", SECRET), prefix=PREFIX).ready()
         assert SECRET not in str(caught.value)
     finally:
         admin.acl_deluser("nofcall")

@@ -138,7 +138,7 @@ def test_an_untrusted_certificate_is_refused(tls_server: tuple, tmp_path: Path) 
     server, port, _ = tls_server
     other_ca = make_certs(tmp_path)["ca"]  # a CA that did not sign the server's certificate
     with pytest.raises(ConnectionFailed, match="certificate verify failed"):
-        Client(tls_url(server, port, other_ca), prefix=PREFIX)
+        Client(tls_url(server, port, other_ca), prefix=PREFIX).ready()
 
 
 def test_a_certificate_for_another_name_is_refused(tls_server: tuple) -> None:
@@ -147,7 +147,7 @@ def test_a_certificate_for_another_name_is_refused(tls_server: tuple) -> None:
     server, port, ca = tls_server
     wrong_name = tls_url(server, port, ca).replace("127.0.0.1", "localhost")
     with pytest.raises(ConnectionFailed, match="certificate verify failed"):
-        Client(wrong_name, prefix=PREFIX)
+        Client(wrong_name, prefix=PREFIX).ready()
     # ... unless the URL says otherwise
     with Client(wrong_name + "&ssl_check_hostname=false", prefix=PREFIX) as client:
         assert client.queue("tls").counts()["waiting"] == 0

@@ -7,7 +7,8 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
 import orjson
 
@@ -29,23 +30,47 @@ from . import exitcodes
 log = logging.getLogger("queasy_py")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="queasy", description=__doc__)
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
-    sub = parser.add_subparsers(dest="command", required=True)
+#: the levels --log-level takes (any case)
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
-    run = sub.add_parser("run", help="run a supervisor from a TOML config")
+
+def log_level(text: str) -> str:
+    level = text.upper()
+    if level not in LEVELS:
+        raise argparse.ArgumentTypeError(f"unknown level {text!r} (one of {', '.join(LEVELS)})")
+    return level
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with each error on one line and exit code CONFIG (2), no usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(exitcodes.CONFIG, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="queasy", description=__doc__)
+    level_help = "logging level of the command and its workers: DEBUG, INFO (default), WARNING, ..."
+    parser.add_argument("--log-level", type=log_level, default="INFO", help=level_help)
+    # also after the subcommand; SUPPRESS: not given there, the value before it (or INFO) holds
+    common = Parser(add_help=False)
+    common.add_argument("--log-level", type=log_level, default=argparse.SUPPRESS, help=level_help)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", parents=[common], help="run a supervisor from a TOML config")
     run.add_argument(
         "config", nargs="?", help="TOML file (default: [tool.queasy] in ./pyproject.toml)"
     )
     run.add_argument("--redis", help="Redis URL (overrides the config's `redis`)")
     run.add_argument("--workers", type=int, help="worker processes (overrides `workers`)")
 
-    server = sub.add_parser("server", help="run an embedded Valkey server in the foreground")
+    server = sub.add_parser(
+        "server", parents=[common], help="run an embedded Valkey server in the foreground"
+    )
     server.add_argument("--port", type=int, default=6379, help="port on 127.0.0.1 (default 6379)")
     server.add_argument("--dir", help="data directory (default: a new one under the state dir)")
 
-    dispatch = sub.add_parser("dispatch", help="dispatch one job")
+    dispatch = sub.add_parser("dispatch", parents=[common], help="dispatch one job")
     dispatch.add_argument("queue")
     dispatch.add_argument("data", help="the job's data as JSON")
     dispatch.add_argument("--id", help="job id (default: generated)")
@@ -53,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     dispatch.add_argument("--redis", help=f"Redis URL (default ${defaults.URL_ENV})")
     dispatch.add_argument("--prefix", default=defaults.PREFIX)
 
-    cancel = sub.add_parser("cancel", help="cancel a waiting, delayed or blocked job")
+    cancel = sub.add_parser(
+        "cancel", parents=[common], help="cancel a waiting, delayed or blocked job"
+    )
     cancel.add_argument("queue")
     cancel.add_argument("id")
     cancel.add_argument("--redis", help=f"Redis URL (default ${defaults.URL_ENV})")
@@ -68,21 +95,35 @@ def producer_url(arg: str | None) -> str:
     return url
 
 
-def connect_retrying(make: Callable[[], Client]) -> Client:
-    """Retry an unreachable server with backoff for RUN_CONNECT_TIMEOUT (not bad credentials)."""
+def app_on_path() -> None:
+    """Put the working directory on sys.path, after the installed packages (a file there never
+    shadows one of them), so that `queasy run` in an app's directory imports `myapp.jobs` as
+    celery, rq, dramatiq and arq do. The workers get this sys.path (runtime.pool)."""
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != cwd] + [cwd]
+
+
+def connect_retrying(client: Client) -> None:
+    """Wait for an unreachable server for RUN_CONNECT_TIMEOUT with backoff, logging one line
+    per try (refused credentials, a bad URL or a server without Functions are not retried)."""
     deadline = time.monotonic() + defaults.RUN_CONNECT_TIMEOUT
     delay = 1.0
+    tries = 1
     while True:
         try:
-            return make()
+            client.ready(attempts=1)
+            return
         except AuthenticationFailed:
             raise
         except ConnectionFailed as exc:
             if time.monotonic() + delay > deadline:
-                raise
-            log.error("%s; retrying in %.0fs", exc, delay)
+                raise ConnectionFailed(
+                    f"{exc} (gave up after {tries} tries in {defaults.RUN_CONNECT_TIMEOUT:g}s)"
+                ) from None
+            log.warning("%s; retrying in %.0fs (try %d)", exc, delay, tries)
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
+            tries += 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -93,10 +134,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.workers < 1:
             raise ConfigError(f"--workers must be >= 1, not {args.workers}")
         workers = args.workers
-    client = connect_retrying(
-        lambda: Client(args.redis or conf.redis, workers, prefix=conf.prefix, **settings)
-    )
+    app_on_path()
+    client = Client(args.redis or conf.redis, workers, prefix=conf.prefix, **settings)
     try:
+        connect_retrying(client)
         log.info("queasy run: %s on %s", conf.source, mask_url(client.url))
         for name, (handler, options) in conf.queues.items():
             client.queue(name).listen(handler, **options)
@@ -143,10 +184,8 @@ ERRORS: list[tuple[type[BaseException], int]] = [
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
-    )
+    # the supervisor's workers log at this level too, in this format (runtime.pool)
+    logging.basicConfig(level=args.log_level, format=defaults.LOG_FORMAT)
     try:
         return COMMANDS[args.command](args)
     except QueasyError as exc:
@@ -155,6 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = exitcodes.VERSION
         log.error("%s", exc)
         return code
+    except KeyboardInterrupt:  # Ctrl-C before a supervisor took over the signals
+        log.warning("interrupted: queasy %s stopped", args.command)
+        return exitcodes.INTERRUPTED
 
 
 if __name__ == "__main__":

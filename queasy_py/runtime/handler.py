@@ -25,8 +25,20 @@ def load(path: str) -> tuple[Handle, bool]:
     except Exception as exc:  # any import-time error of user code
         raise HandlerError(
             f"handler module {path!r} failed to import: {type(exc).__name__}: {exc}"
+            + moved_hint(path, exc)
         ) from exc
     handle = getattr(module, "handle", None)
     if not callable(handle):
         raise HandlerError(f"handler module {path!r} has no callable handle(data, job)")
     return handle, inspect.iscoroutinefunction(handle)
+
+
+#: the ready-made handlers, once the top-level package `handlers`, now queasy_py.handlers
+READY_MADE = {"handlers.dead_letter", "handlers.reschedule"}
+
+
+def moved_hint(path: str, exc: Exception) -> str:
+    """Where a ready-made handler named by its old, gone name is now."""
+    if path in READY_MADE and isinstance(exc, ModuleNotFoundError):
+        return f" (the ready-made handlers moved: name it 'queasy_py.{path}')"
+    return ""

@@ -193,6 +193,8 @@ def start_worker(
     return values of the queues in `results` are sent back (they store results)."""
     ours, theirs = socket.socketpair()
     env = dict(os.environ)
+    # workers log at the supervisor's level (`queasy --log-level`), format defaults.LOG_FORMAT
+    env[defaults.LOG_LEVEL_ENV] = str(logging.getLogger().getEffectiveLevel())
     env.update(env_extra)
     try:
         process = WorkerPopen(

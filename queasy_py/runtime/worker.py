@@ -236,6 +236,14 @@ def exit_with_everything() -> None:
     os._exit(0)
 
 
+def log_level() -> int:
+    """The supervisor's logging level (pool.start_worker), else INFO."""
+    try:
+        return int(os.environ.get(defaults.LOG_LEVEL_ENV, logging.INFO))
+    except ValueError:
+        return logging.INFO
+
+
 def _not_now(signum: int, frame: object) -> None:
     """SIGINT and SIGTERM to a worker: ignored (its supervisor stops it)."""
 
@@ -249,11 +257,7 @@ def main(pipe: Pipe, handlers: dict[str, str], results: frozenset[str] = frozens
     # and every process a job started would then shrug off SIGTERM and SIGINT too.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _not_now)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s worker[%(process)d] %(levelname)s %(message)s",
-    )
+    logging.basicConfig(level=log_level(), stream=sys.stderr, format=defaults.LOG_FORMAT)
     try:
         runner = Runner(pipe, handlers, results)
     except Exception as exc:

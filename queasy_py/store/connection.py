@@ -21,6 +21,8 @@ log = logging.getLogger("queasy_py")
 R = TypeVar("R")
 
 
+#: the URL schemes redis-py connects with
+SCHEMES = ("redis", "rediss", "unix")
 #: what may follow the `@` that ends the credentials: a host (name, IPv4 or [IPv6]) and port
 _HOST_AFTER_AT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]*)(:[^/?#@]*)?(?=$|[/?#])")
 #: query arguments that hold secrets (redis-py: password=, ssl_password=, ...)
@@ -60,11 +62,17 @@ def mask_url(url: str) -> str:
 
 
 def check_url(url: str) -> None:
-    """ConfigError (not an outage: never retried) for a URL redis-py would misread.
+    """ConfigError (not an outage: never retried) for a URL redis-py would refuse or misread.
 
     A password holding an unencoded `/`, `?` or `#` ends the host part early for a URL
     parser, which then takes part of the password for the host or port.
     """
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme not in SCHEMES:
+        raise ConfigError(
+            f"invalid Redis URL {mask_url(url)}: it must start with "
+            f"{', '.join(s + '://' for s in SCHEMES)}"
+        )
     span = _credentials(url, in_query=False)
     if span is not None and any(c in url[span[0] : span[1]] for c in "/?#"):
         raise ConfigError(
@@ -82,30 +90,51 @@ def connect(
 
     A URL that does not parse is a ConfigError, raised at once (retrying cannot help).
     """
-    r = from_url(redis.Redis, url, socket_connect_timeout=5.0, socket_keepalive=True)
+    r = producer_client(url)
+    try:
+        wait_reachable(r, url, attempts, backoff)
+    except BaseException:
+        r.close()
+        raise
+    return r
+
+
+def producer_client(url: str) -> redis.Redis:
+    """A redis.Redis for the producer API; it connects on its first command (from_url checks
+    the URL at once)."""
+    return from_url(redis.Redis, url, socket_connect_timeout=5.0, socket_keepalive=True)
+
+
+def wait_reachable(
+    r: redis.Redis,
+    url: str,
+    attempts: int = defaults.CONNECT_ATTEMPTS,
+    backoff: float = defaults.CONNECT_BACKOFF,
+) -> None:
+    """PING `r` up to `attempts` times (backoff doubling): ConnectionFailed naming the masked
+    URL if it never answers, AuthenticationFailed at once for refused credentials. With one
+    attempt nothing is logged (the caller retries and logs once per try)."""
     delay = backoff
     for attempt in range(1, attempts + 1):
         try:
             r.ping()
-            return r
+            return
         except redis.AuthenticationError as exc:
-            r.close()
             raise AuthenticationFailed(
                 f"Redis at {mask_url(url)} refused the credentials: {exc}"
             ) from None
         except redis.ResponseError as exc:
             if "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
-                r.close()
                 raise AuthenticationFailed(
                     f"Redis at {mask_url(url)} refused the credentials: {exc}"
                 ) from None
-            r.close()
             raise QueasyError(f"Redis at {mask_url(url)} answered PING with {exc}") from None
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            r.connection_pool.disconnect()
             if attempt == attempts:
-                r.close()
+                tries = f" after {attempts} attempts" if attempts > 1 else ""
                 raise ConnectionFailed(
-                    f"cannot connect to Redis at {mask_url(url)} after {attempts} attempts: {exc}"
+                    f"cannot connect to Redis at {mask_url(url)}{tries}: {exc}"
                 ) from None
             log.warning(
                 "cannot connect to Redis at %s (attempt %d of %d): %s; retrying in %.1fs",

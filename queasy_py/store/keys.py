@@ -57,7 +57,7 @@ class QueueKeys:
 
     @property
     def dead_letters(self) -> str:
-        """The capped list handlers/dead_letter.py records failures into."""
+        """The capped list queasy_py.handlers.dead_letter records failures into."""
         return f"{self.base}:dead"
 
 

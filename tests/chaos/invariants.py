@@ -15,7 +15,7 @@ supervisor explains why (the group was frozen, swept, and its worker ran on afte
      has ended, unless L is a zombie. A non-zombie attempt without the lease is a violation.
   2. No re-run: a job with a unique id (work and fail queues) has at most one terminal outcome
      (finished or failed), and no non-zombie attempt starts after it. Periodic ids are exempt:
-     handlers.reschedule re-dispatches their old data on purpose.
+     queasy_py.handlers.reschedule re-dispatches their old data on purpose.
   3. No early start: t >= run_at - 50 ms, and for work jobs t >= the not-before of the dispatch.
   4. Nothing lost (after the drain): every dispatched work job has a `finished` outcome or
      its fail handler started with its id; every `failed` outcome reached a fail handler (a

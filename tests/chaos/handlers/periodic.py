@@ -1,6 +1,6 @@
 """Handler of the periodic ids: re-dispatch itself (same id, run_at if earlier), then misbehave
-at random like a work job. Sometimes it fails before re-dispatching: handlers.reschedule, its
-fail handler, must then keep the chain alive."""
+at random like a work job. Sometimes it fails before re-dispatching:
+queasy_py.handlers.reschedule, its fail handler, must then keep the chain alive."""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
-"""Fail handler of the periodic queue: record, then handlers.reschedule keeps the id alive."""
+"""Fail handler of the periodic queue: record, then queasy_py.handlers.reschedule keeps the id
+alive."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from handlers import reschedule
 from queasy_py import Job
+from queasy_py.handlers import reschedule
 
 from . import ended_on_error, record
 from .failed import start
