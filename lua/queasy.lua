@@ -22,10 +22,13 @@ derive the keys below from it (same slot, so cluster routing holds).
                                the composed updates of a blocked job, see run_at_update)
   B:active:<id>        hash    the active record of <id>: same fields + client, token, leased_at
   B:ended:<id>         hash    the record of a job that ended, kept for the retention: the
-                               active (or, cancelled, waiting) record's fields + state
-                               ('finished'|'failed'|'cancelled'), ended_at, started_at, pid,
-                               host (a failure's error in the error fields; result: the
-                               handler's JSON return value when the queue stores results)
+                               active (or, cancelled, waiting) record as it was (a failure's
+                               error in the error fields; result: the handler's JSON return
+                               value when the queue stores results)
+  B:ends               hash    id -> the end of each kept record: "<state> <ended_at> <started_at>
+                               <worker pid> <host>" (state 'finished'|'failed'|'cancelled';
+                               '-' for a start or pid unknown; the host last, it may hold
+                               spaces): written once per call for all the jobs it ended
   B:finished           zset    id -> ended_at (ms) of each retained record of that state, the
   B:failed             zset    index the retention trims (oldest first, a few per call) and
   B:cancelled          zset    listings page through
@@ -87,7 +90,7 @@ local MAX_TEXT = 65536 -- bytes of an error message, a traceback, a host name
 local EVENT_TRACEBACK = 1024 -- bytes of a traceback an event keeps (its end)
 local MAX_PAGE = 1000 -- jobs per call of queasy_jobs, queasy_requeue, queasy_purge
 local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
-  'attempts', 'enqueued_at'}
+  'attempts'}
 local ERROR_FIELDS = {'error_name', 'error_kind', 'error_message', 'traceback', 'error_at'}
 local END_STATES = {finished = true, failed = true, cancelled = true}
 
@@ -253,9 +256,17 @@ local function read_job(key)
   return {
     id = v[1], data = v[2] or '', run_at = field_int(v[3], MAX_MS),
     retry_count = field_int(v[4], MAX_MS), stall_count = field_int(v[5], MAX_MS),
-    timeout_count = field_int(v[6], MAX_MS), attempts = field_int(v[7], MAX_MS),
-    enqueued_at = field_int(v[8], MAX_MS),
+    timeout_count = field_int(v[6], MAX_MS), attempts = v[7],
   }
+end
+
+-- A number field as the library writes it (1-15 decimal digits) as it is, else ''
+-- (unknown): for fields only passed on, as the enqueued_at of an event.
+local function digits(v)
+  if type(v) == 'string' and #v <= 15 and string.find(v, '^%d+$') then
+    return v
+  end
+  return ''
 end
 
 -- Write the fields of `job` that change while it lives (the others stay in the hash).
@@ -355,23 +366,33 @@ local function tail(s, limit)
 end
 
 local NO_ERROR = {name = '', kind = '', message = '', traceback = ''}
+local QUEUE_NAMES = {} -- B -> its queue's name (the events' `queue` field)
 
--- `job.client` is the client that held it ('' for a job that was not active).
--- `pid` and `started_at` are strings ('' or checked digits); `err` as in write_error, or nil.
+-- `job.client` is the client that held it ('' for a job that was not active);
+-- `job.enqueued_at` its field as stored (passed on through digits). `pid` and `started_at`
+-- are strings ('' or checked digits); `err` as in write_error, or nil.
 local function outcome_event(B, maxlen, now, outcome, job, pid, started_at, err)
   if maxlen == 0 then
     return
   end
   err = err or NO_ERROR
+  local queue = QUEUE_NAMES[B]
+  if queue == nil then
+    queue = string.match(B, '}:(.*)$')
+    QUEUE_NAMES[B] = queue
+  end
+  local trace = err.traceback
+  if #trace > EVENT_TRACEBACK then
+    trace = tail(trace, EVENT_TRACEBACK)
+  end
   emit(B, maxlen, {
-    'id', job.id, 'queue', string.match(B, '}:(.*)$'), 'outcome', outcome,
+    'id', job.id, 'queue', queue, 'outcome', outcome,
     'run_at', int(job.run_at), 'started_at', started_at, 'ended_at', int(now),
     'client', job.client or '', 'pid', pid,
     'retry_count', int(job.retry_count), 'stall_count', int(job.stall_count),
     'timeout_count', int(job.timeout_count),
     'error_name', err.name, 'error_kind', err.kind, 'error_message', err.message,
-    'traceback', tail(err.traceback, EVENT_TRACEBACK),
-    'enqueued_at', job.enqueued_at and job.enqueued_at > 0 and int(job.enqueued_at) or '',
+    'traceback', trace, 'enqueued_at', digits(job.enqueued_at),
   })
 end
 
@@ -407,26 +428,43 @@ local function requeue(B, job, run_at, err, now)
   redis.call('ZADD', B .. ':waiting', int(run_at), id)
 end
 
--- A job's record `key` ends in `state` with the fields `extra` ({field, value, ...}): it
--- becomes B:ended:<id> (replacing the record of an earlier end of that id), or, `keep`
--- false (a retention of 0), is dropped with any such earlier record. The caller adds kept
--- ones to B:<state> (`ZADD` once per call) and trims.
-local function end_record(B, key, id, state, extra, keep)
+-- The state of an end ('finished 1700000000000 ...', see B:ends), or nil.
+local function end_state(v)
+  local state = v and string.match(v, '^(%a+)')
+  return END_STATES[state] and state or nil
+end
+
+-- An end as B:ends holds it: "<state> <ended_at> <started_at> <pid> <host>" ('-' for the
+-- started_at and pid of a job that did not run, or unknown; the host last: it may hold
+-- spaces).
+local function ending(state, ended, started, pid, host)
+  return state .. ' ' .. ended .. ' ' .. (started == '' and '-' or started) .. ' '
+    .. (pid == '' and '-' or pid) .. ' ' .. host
+end
+
+-- A job's record `key` ends: it becomes B:ended:<id> (replacing the record of an earlier end
+-- of that id), with the `extra` field-value pairs if any (a result, a failure's error
+-- fields); or, `keep` false (a retention of 0), it is dropped with any such earlier record.
+-- The caller writes the end into B:ends and the id into B:<state> (once per call: retain).
+local function end_record(B, key, id, keep, extra)
   local ekey = B .. ':ended:' .. id
-  local earlier = false
   if not keep or redis.call('RENAMENX', key, ekey) == 0 then
-    earlier = redis.call('HGET', ekey, 'state')
-    if END_STATES[earlier] then
+    local earlier = end_state(redis.call('HGET', B .. ':ends', id))
+    if earlier then
       redis.call('ZREM', B .. ':' .. earlier, id)
     end
-    if keep then
-      redis.call('RENAME', key, ekey)
-    else
+    if not keep then
+      if earlier then
+        redis.call('HDEL', B .. ':ends', id)
+      end
       redis.call('DEL', key, ekey)
       return
     end
+    redis.call('RENAME', key, ekey)
   end
-  redis.call('HSET', ekey, 'state', state, unpack(extra))
+  if extra ~= nil then
+    redis.call('HSET', ekey, unpack(extra))
+  end
 end
 
 -- Drop the oldest records of B:<state> beyond the newest `count` and those that ended
@@ -439,18 +477,22 @@ local function trim(B, state, now, count, age_ms, budget)
   n = math.min(n, budget)
   if n > 0 then
     local ids = redis.call('ZRANGE', zkey, 0, n - 1)
+    local records = {}
     for i, id in ipairs(ids) do
-      ids[i] = B .. ':ended:' .. id
+      records[i] = B .. ':ended:' .. id
     end
-    redis.call('DEL', unpack(ids))
+    redis.call('DEL', unpack(records))
+    redis.call('HDEL', B .. ':ends', unpack(ids))
     redis.call('ZREMRANGEBYRANK', zkey, 0, n - 1)
   end
 end
 
--- Keep the records of this call's ended jobs (`scored`: {ended_at, id, ...}) and trim.
-local function retain(B, state, now, keep_count, keep_ms, scored)
+-- Keep the records of this call's ended jobs (`scored`: {ended_at, id, ...}, `ends`: {id,
+-- end, ...}) and trim.
+local function retain(B, state, now, keep_count, keep_ms, scored, ends)
   if #scored > 0 and keep_count > 0 and keep_ms > 0 then
     redis.call('ZADD', B .. ':' .. state, unpack(scored))
+    redis.call('HSET', B .. ':ends', unpack(ends))
   end
   trim(B, state, now, keep_count, keep_ms, #scored / 2 + 2)
 end
@@ -506,8 +548,7 @@ local function leased(B, client, id, token)
   return {
     id = v[1], data = v[2] or '', run_at = field_int(v[3], MAX_MS),
     retry_count = field_int(v[4], MAX_MS), stall_count = field_int(v[5], MAX_MS),
-    timeout_count = field_int(v[6], MAX_MS), client = client,
-    enqueued_at = field_int(v[9], MAX_MS),
+    timeout_count = field_int(v[6], MAX_MS), client = client, enqueued_at = v[9],
   }
 end
 
@@ -581,6 +622,7 @@ local function sweep_one(B, now, self, maxlen)
         if job ~= nil then
           job.stall_count = job.stall_count + 1
           job.client = client
+          job.enqueued_at = redis.call('HGET', B .. ':active:' .. id, 'enqueued_at')
           local err = {name = 'StallError', kind = 'stall', traceback = '',
             message = 'its supervisor (client ' .. client .. ') was swept as dead: no heartbeat '
               .. 'for its expiry'}
@@ -617,7 +659,7 @@ local function lease(B, now, job, client, token)
   local akey = B .. ':active:' .. job.id
   redis.call('RENAME', B .. ':job:' .. job.id, akey)
   redis.call('HSET', akey, 'client', client, 'token', token, 'leased_at', int(now),
-    'attempts', int(job.attempts + 1))
+    'attempts', int(field_int(job.attempts, MAX_MS) + 1))
 end
 
 -- The fresh clients parked on B, as a list of {client, slots}: a client is fresh while at
@@ -822,13 +864,15 @@ local function cancel(keys, args)
   if job == nil then
     return 0
   end
+  job.enqueued_at = redis.call('HGET', jkey, 'enqueued_at')
   redis.call('ZREM', B .. ':waiting', id)
   if redis.call('SREM', B .. ':blocked', id) == 1 then
     redis.call('HDEL', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
   end
   outcome_event(B, maxlen, now, 'cancelled', job, '', '', nil)
-  end_record(B, jkey, id, 'cancelled', {'ended_at', int(now)}, keep_count > 0 and keep_ms > 0)
-  retain(B, 'cancelled', now, keep_count, keep_ms, {int(now), id})
+  end_record(B, jkey, id, keep_count > 0 and keep_ms > 0, nil)
+  retain(B, 'cancelled', now, keep_count, keep_ms, {int(now), id},
+    {id, ending('cancelled', int(now), '', '', '')})
   redis.call('PUBLISH', B .. ':done:' .. id, 'cancelled')
   return 1
 end
@@ -868,15 +912,16 @@ local function requeue_failed(keys, args)
   local done, wake = 0, false
   for _, id in ipairs(ids) do
     local ekey = B .. ':ended:' .. id
-    local v = redis.call('HMGET', ekey, 'state', 'data')
-    if v[1] == 'failed' then
+    if end_state(redis.call('HGET', B .. ':ends', id)) == 'failed' then
       if redis.call('EXISTS', B .. ':job:' .. id) == 0 then
         local is_active = redis.call('EXISTS', B .. ':active:' .. id) == 1
-        if add_job(B, id, v[2] or 'null', now, now, is_active, true, 'replace', true) == 1 then
+        local data = redis.call('HGET', ekey, 'data') or 'null'
+        if add_job(B, id, data, now, now, is_active, true, 'replace', true) == 1 then
           wake = true
         end
       end
       redis.call('DEL', ekey)
+      redis.call('HDEL', B .. ':ends', id)
       redis.call('ZREM', B .. ':failed', id)
       done = done + 1
     end
@@ -927,6 +972,7 @@ local function purge(keys, args)
     records = ':ended:'
     if #ids > 0 then
       redis.call('ZREMRANGEBYRANK', B .. ':' .. state, 0, #ids - 1)
+      redis.call('HDEL', B .. ':ends', unpack(ids))
     end
     left = redis.call('ZCARD', B .. ':' .. state)
   else
@@ -1040,33 +1086,36 @@ local function finish(keys, args)
   local now = clock(args[1])
   local client, maxlen = check_acks(args, 8, 5, 2, 'queasy_finish')
   local ends = check_ends(args)
-  strict_json(function()
-    for i = 8, #args, 5 do
-      if args[i + 4] ~= '' then
-        check_json(args[i + 4], 'result', (i - 3) / 5)
-      end
+  for i = 8, #args, 5 do
+    if args[i + 4] ~= '' then -- results: checked like job data (the strict decoder is set once)
+      strict_json(function()
+        for k = i, #args, 5 do
+          if args[k + 4] ~= '' then
+            check_json(args[k + 4], 'result', (k - 3) / 5)
+          end
+        end
+      end)
+      break
     end
-  end)
+  end
   local any_blocked = redis.call('EXISTS', B .. ':blocked') == 1
   local keep = ends.count > 0 and ends.ms > 0
-  local scored = {}
+  local ended = int(now)
+  local scored, done = {}, {}
   local codes = each_leased(B, client, args, 8, 5, function(job, i)
     outcome_event(B, maxlen, now, 'finished', job, args[i + 2], args[i + 3], nil)
-    local extra = {'ended_at', int(now), 'started_at', args[i + 3], 'pid', args[i + 2],
-      'host', ends.host}
-    if args[i + 4] ~= '' then
-      extra[#extra + 1] = 'result'
-      extra[#extra + 1] = args[i + 4]
-    end
-    end_record(B, B .. ':active:' .. job.id, job.id, 'finished', extra, keep)
-    scored[#scored + 1] = int(now)
+    end_record(B, B .. ':active:' .. job.id, job.id, keep,
+      args[i + 4] ~= '' and {'result', args[i + 4]} or nil)
+    scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
+    done[#done + 1] = job.id
+    done[#done + 1] = ending('finished', ended, args[i + 3], args[i + 2], ends.host)
     promote(B, job.id, any_blocked)
     if ends.notify then
       redis.call('PUBLISH', B .. ':done:' .. job.id, 'finished')
     end
   end)
-  retain(B, 'finished', now, ends.count, ends.ms, scored)
+  retain(B, 'finished', now, ends.count, ends.ms, scored, done)
   tally(B, 'finished', now, #scored / 2)
   return codes
 end
@@ -1161,17 +1210,19 @@ local function fail(keys, args)
   end
   local any_blocked = redis.call('EXISTS', B .. ':blocked') == 1
   local keep = ends.count > 0 and ends.ms > 0
-  local scored = {}
+  local ended = int(now)
+  local scored, done = {}, {}
   local codes = each_leased(B, client, args, 8, 10, function(job, i)
     local err = {name = args[i + 6], kind = args[i + 7], message = args[i + 8],
       traceback = args[i + 9]}
     outcome_event(B, maxlen, now, 'failed', job, args[i + 4], args[i + 5], err)
-    local akey = B .. ':active:' .. job.id
-    write_error(akey, err, now)
-    end_record(B, akey, job.id, 'failed', {'ended_at', int(now), 'started_at', args[i + 5],
-      'pid', args[i + 4], 'host', ends.host}, keep)
-    scored[#scored + 1] = int(now)
+    end_record(B, B .. ':active:' .. job.id, job.id, keep, {'error_name', err.name,
+      'error_kind', err.kind, 'error_message', err.message, 'traceback', err.traceback,
+      'error_at', ended})
+    scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
+    done[#done + 1] = job.id
+    done[#done + 1] = ending('failed', ended, args[i + 5], args[i + 4], ends.host)
     promote(B, job.id, any_blocked)
     if ends.notify then
       redis.call('PUBLISH', B .. ':done:' .. job.id, 'failed')
@@ -1185,7 +1236,7 @@ local function fail(keys, args)
   if F ~= nil and #scored > 0 then
     redis.call('PUBLISH', F .. ':wake', int(now))
   end
-  retain(B, 'failed', now, ends.count, ends.ms, scored)
+  retain(B, 'failed', now, ends.count, ends.ms, scored, done)
   tally(B, 'failed', now, #scored / 2)
   return codes
 end
@@ -1266,20 +1317,31 @@ local NUMBERS = {run_at = true, retry_count = true, stall_count = true, timeout_
 
 -- The fields of record `key` as {field, value, ...}, without the lease token and the update
 -- fields of a blocked job (and without data unless `with_data`); nil when there is none.
-local function describe(key, with_data)
+local function describe(key, with_data, ended_as)
   local flat = redis.call('HGETALL', key)
   if #flat == 0 then
     return nil
   end
   local out = {}
+  if ended_as then -- the end of an ended record (B:ends), as separate fields
+    local state, ended, started, pid, host =
+      string.match(ended_as, '^(%a+) (%S+) (%S+) (%S+) ?(.*)$')
+    out = {'state', state or 'finished', 'ended_at', ended or '', 'started_at', started or '-',
+      'pid', pid or '-', 'host', host or ''}
+  end
   for i = 1, #flat, 2 do
     local name, value = flat[i], flat[i + 1]
     if not HIDDEN[name] and (with_data or name ~= 'data') then
-      if NUMBERS[name] or (NUMBERS[name] == false and value ~= '') then
-        value = int(field_int(value, MAX_MS))
-      end
       out[#out + 1] = name
       out[#out + 1] = value
+    end
+  end
+  for i = 1, #out, 2 do
+    local kind, value = NUMBERS[out[i]], out[i + 1]
+    if value == '-' then
+      out[i + 1] = ''
+    elseif kind or (kind == false and value ~= '') then
+      out[i + 1] = int(field_int(value, MAX_MS))
     end
   end
   return out
@@ -1309,8 +1371,9 @@ local function queued(B, id, now, with_data)
 end
 
 -- {state, fields} of an ended record `key` (its state field), or nil.
-local function ended(key, with_data)
-  local rec = describe(key, with_data)
+local function ended(B, id, with_data)
+  local done = redis.call('HGET', B .. ':ends', id) or ''
+  local rec = describe(B .. ':ended:' .. id, with_data, done)
   if rec == nil then
     return nil
   end
@@ -1335,7 +1398,7 @@ local function get_job(keys, args)
   if rec ~= nil then
     return {'active', rec}
   end
-  return queued(B, id, now, true) or ended(B .. ':ended:' .. id, true)
+  return queued(B, id, now, true) or ended(B, id, true)
 end
 
 --[[ queasy_jobs: one page of the jobs of a state (read-only: each call bounded; a listing
@@ -1426,7 +1489,7 @@ local function jobs(keys, args)
     from, total = 0, redis.call('ZCARD', zkey)
     ids = redis.call('ZRANGE', zkey, at, at + limit - 1, 'REV')
     for _, id in ipairs(ids) do
-      local rec = ended(B .. ':ended:' .. id, with_data)
+      local rec = ended(B, id, with_data)
       if rec ~= nil then
         out[#out + 1] = rec
       end

@@ -313,7 +313,15 @@ def check_error(id: str, record: dict) -> None:
 def check_ended(B: str, raw: dict) -> None:
     """Each kept record of an ended job is in the index of its state (score: its end), and
     each index entry has its record; the retention holds every state to MAX_KEEP."""
-    ended = {k[len(B) + 7 :]: v for k, (_, v) in raw.items() if k.startswith(B + ":ended:")}
+    ended = {k[len(B) + 7 :]: dict(v) for k, (_, v) in raw.items() if k.startswith(B + ":ended:")}
+    ends = raw.get(B + ":ends", (None, {}))[1]
+    assert set(ends) == set(ended), "every kept record has its end, and only those"
+    for id, record in ended.items():  # its end: "<state> <ended_at> <started_at> <pid> <host>"
+        state, ended_at, started, pid, _ = ends[id].split(" ", 4)
+        assert state in END_STATES and is_int(ended_at), (id, record)
+        assert (started, pid) == ("-", "-") or state != "cancelled", (id, record)
+        assert all(is_int(v) or v == "-" for v in (started, pid)), (id, record)
+        record.update(state=state, ended_at=ended_at)
     indexed: dict[str, str] = {}
     for state in END_STATES:
         index = dict(raw.get(f"{B}:{state}", (None, []))[1])
@@ -328,8 +336,6 @@ def check_ended(B: str, raw: dict) -> None:
         assert record["id"] == id
         for field in ("run_at", "retry_count", "stall_count", "timeout_count", "ended_at", *LIFE):
             assert is_int(record[field]), (id, field, record[field])
-        if record["state"] != "cancelled":
-            assert is_int(record["started_at"], True) and is_int(record["pid"], True), record
         assert "token" not in record or record["state"] != "cancelled", record
         check_error(id, record)
         assert "result" not in record or record["state"] == "finished", record

@@ -142,7 +142,8 @@ def test_a_blocked_job_cancelled_keeps_no_update_fields(lua: Lua) -> None:
     assert lua.cancel("a") == 1
     assert lua.get_job("a")["state"] == "active"  # the live job first
     record = lua.r.hgetall(f"{lua.B}:ended:a")
-    assert record["state"] == "cancelled" and not [f for f in record if f.startswith("u_")]
+    assert lua.r.hget(f"{lua.B}:ends", "a") == f"cancelled {NOW} - - "  # it never ran
+    assert record["data"] == '"blocked"' and not [f for f in record if f.startswith("u_")]
     assert lua.finish("c1", active) == Ack.OK
     assert lua.record("a")["state"] == "finished"  # its end replaces the cancelled record
     assert ended(lua, "cancelled") == [] and ended(lua, "finished") == ["a"]
