@@ -81,6 +81,9 @@ and the records shrink back after the retention is lowered.
 ]]
 
 local VERSION = '2.0.0'
+-- the functions called per job, as locals (a global is two table lookups per use); the
+-- globals exist only while a function runs: `entry` (registration) sets them
+local call, format = nil, nil
 local OWNER = 'queasy_py' -- queasy_library returns OWNER .. ' ' .. VERSION: our marker
 local TOMBSTONE_MS = 86400000
 local MAX_MS = 253402300799999 -- 9999-12-31T23:59:59.999Z
@@ -149,7 +152,7 @@ local function clock(arg)
   if arg ~= nil and arg ~= '' then
     return ms(arg, 'now')
   end
-  local t = redis.call('TIME')
+  local t = call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
@@ -235,7 +238,7 @@ end
 -- Every number written to Redis (hash fields, scores, stream fields, messages) is an integer
 -- string: a Lua number would go as '%.14g' ('2.5340230079999e+14', '1e+20').
 local function int(n)
-  return string.format('%d', n)
+  return format('%d', n)
 end
 
 -- A number field of a record as an integer in 0 ..= high; a field written around the library
@@ -249,7 +252,7 @@ local function field_int(v, high)
 end
 
 local function read_job(key)
-  local v = redis.call('HMGET', key, unpack(JOB_FIELDS))
+  local v = call('HMGET', key, unpack(JOB_FIELDS))
   if v[1] == false then
     return nil
   end
@@ -269,23 +272,32 @@ local function digits(v)
   return ''
 end
 
+-- A number field as an integer string: as it is when the library wrote it, else as
+-- field_int reads it (garbage is '0'); cheaper than a round trip through a number.
+local function passed(v)
+  if type(v) == 'string' and #v <= 15 and string.find(v, '^%d+$') then
+    return v
+  end
+  return int(field_int(v, MAX_MS))
+end
+
 -- Write the fields of `job` that change while it lives (the others stay in the hash).
 local function write_job(key, job)
-  redis.call('HSET', key, 'id', job.id, 'data', job.data, 'run_at', int(job.run_at),
+  call('HSET', key, 'id', job.id, 'data', job.data, 'run_at', int(job.run_at),
     'retry_count', int(job.retry_count), 'stall_count', int(job.stall_count),
     'timeout_count', int(job.timeout_count))
 end
 
 -- A new waiting/blocked record of a job dispatched at `now` (never leased yet).
 local function new_record(key, id, data, run_at, now)
-  redis.call('HSET', key, 'id', id, 'data', data, 'run_at', int(run_at), 'retry_count', 0,
+  call('HSET', key, 'id', id, 'data', data, 'run_at', int(run_at), 'retry_count', 0,
     'stall_count', 0, 'timeout_count', 0, 'enqueued_at', int(now), 'attempts', 0)
 end
 
 -- The error of an attempt that failed: {name, kind, message, traceback} (strings), or nil.
 -- It is written into the job's record as its last error, at `now`.
 local function write_error(key, err, now)
-  redis.call('HSET', key, 'error_name', err.name, 'error_kind', err.kind,
+  call('HSET', key, 'error_name', err.name, 'error_kind', err.kind,
     'error_message', err.message, 'traceback', err.traceback, 'error_at', int(now))
 end
 
@@ -349,7 +361,7 @@ end
 
 local function emit(B, maxlen, fields)
   if maxlen > 0 then
-    redis.call('XADD', B .. ':events', 'MAXLEN', '~', maxlen, '*', unpack(fields))
+    call('XADD', B .. ':events', 'MAXLEN', '~', maxlen, '*', unpack(fields))
   end
 end
 
@@ -368,13 +380,12 @@ end
 local NO_ERROR = {name = '', kind = '', message = '', traceback = ''}
 local QUEUE_NAMES = {} -- B -> its queue's name (the events' `queue` field)
 
--- `job.client` is the client that held it ('' for a job that was not active);
--- `job.enqueued_at` its field as stored (passed on through digits). `pid` and `started_at`
--- are strings ('' or checked digits); `err` as in write_error, or nil.
+-- The event of an outcome of `job` at `now` (ms, a string), appended to B:events unless
+-- `maxlen` is 0; returns its fields (END_OF reads them). `job.client` is the client that held
+-- it ('' for a job that was not active); `job.enqueued_at` its field as stored (passed on
+-- through digits). `pid` and `started_at` are strings ('' or checked digits); `err` as in
+-- write_error, or nil.
 local function outcome_event(B, maxlen, now, outcome, job, pid, started_at, err)
-  if maxlen == 0 then
-    return
-  end
   err = err or NO_ERROR
   local queue = QUEUE_NAMES[B]
   if queue == nil then
@@ -385,15 +396,18 @@ local function outcome_event(B, maxlen, now, outcome, job, pid, started_at, err)
   if #trace > EVENT_TRACEBACK then
     trace = tail(trace, EVENT_TRACEBACK)
   end
-  emit(B, maxlen, {
+  local fields = {
     'id', job.id, 'queue', queue, 'outcome', outcome,
-    'run_at', int(job.run_at), 'started_at', started_at, 'ended_at', int(now),
+    'run_at', job.run_at_s or int(job.run_at), 'started_at', started_at, 'ended_at', now,
     'client', job.client or '', 'pid', pid,
-    'retry_count', int(job.retry_count), 'stall_count', int(job.stall_count),
-    'timeout_count', int(job.timeout_count),
+    'retry_count', job.retry_s or int(job.retry_count),
+    'stall_count', job.stall_s or int(job.stall_count),
+    'timeout_count', job.timeout_s or int(job.timeout_count),
     'error_name', err.name, 'error_kind', err.kind, 'error_message', err.message,
     'traceback', trace, 'enqueued_at', digits(job.enqueued_at),
-  })
+  }
+  emit(B, maxlen, fields)
+  return fields
 end
 
 -- Put `job` (leaving the active state) back in waiting at run_at, merging the update of a
@@ -403,7 +417,7 @@ end
 local function requeue(B, job, run_at, err, now)
   local id = job.id
   local bkey = B .. ':job:' .. id
-  local blocked = redis.call('HMGET', bkey, 'data', 'run_at', 'u_data', 'u_run_at', 'u_reset',
+  local blocked = call('HMGET', bkey, 'data', 'run_at', 'u_data', 'u_run_at', 'u_reset',
     'u_lo', 'u_hi')
   if blocked[1] ~= false then
     if blocked[3] == '1' then
@@ -415,84 +429,100 @@ local function requeue(B, job, run_at, err, now)
     if blocked[5] == '1' then
       job.retry_count, job.stall_count, job.timeout_count = 0, 0, 0
     end
-    redis.call('DEL', bkey)
-    redis.call('SREM', B .. ':blocked', id)
+    call('DEL', bkey)
+    call('SREM', B .. ':blocked', id)
   end
   job.run_at = run_at
-  redis.call('RENAME', B .. ':active:' .. id, bkey)
-  redis.call('HDEL', bkey, 'client', 'token', 'leased_at')
+  call('RENAME', B .. ':active:' .. id, bkey)
+  call('HDEL', bkey, 'client', 'token', 'leased_at')
   write_job(bkey, job)
   if err ~= nil then
     write_error(bkey, err, now)
   end
-  redis.call('ZADD', B .. ':waiting', int(run_at), id)
+  call('ZADD', B .. ':waiting', int(run_at), id)
 end
 
--- The state of an end ('finished 1700000000000 ...', see B:ends), or nil.
+-- The state of an end (its first word, see B:ends), or nil.
 local function end_state(v)
   local state = v and string.match(v, '^(%a+)')
   return END_STATES[state] and state or nil
 end
 
--- An end as B:ends holds it: "<state> <ended_at> <started_at> <pid> <host>" ('-' for the
--- started_at and pid of a job that did not run, or unknown; the host last: it may hold
--- spaces).
-local function ending(state, ended, started, pid, host)
-  return state .. ' ' .. ended .. ' ' .. (started == '' and '-' or started) .. ' '
-    .. (pid == '' and '-' or pid) .. ' ' .. host
+-- An end in `state`, as B:ends holds it, from the fields of its event (outcome_event) and
+-- the job's `attempts` (as stored): "<state> <ended_at> <started_at> <pid> <attempts>
+-- <run_at> <enqueued_at> <retry_count> <stall_count> <timeout_count> <client> <host>" (a
+-- value unknown: '-'; the host last: it may hold spaces).
+local function ending(state, e, attempts, host)
+  attempts = digits(attempts)
+  return state .. ' ' .. e[12] .. ' ' .. (e[10] == '' and '-' or e[10]) .. ' '
+    .. (e[16] == '' and '-' or e[16]) .. ' ' .. (attempts == '' and '-' or attempts) .. ' '
+    .. e[8] .. ' ' .. (e[32] == '' and '-' or e[32]) .. ' ' .. e[18] .. ' ' .. e[20] .. ' '
+    .. e[22] .. ' ' .. (e[14] == '' and '-' or e[14]) .. ' ' .. host
 end
+local END_FIELDS = {'state', 'ended_at', 'started_at', 'pid', 'attempts', 'run_at',
+  'enqueued_at', 'retry_count', 'stall_count', 'timeout_count', 'client', 'host'}
 
--- A job's record `key` ends: it becomes B:ended:<id> (replacing the record of an earlier end
--- of that id), with the `extra` field-value pairs if any (a result, a failure's error
--- fields); or, `keep` false (a retention of 0), it is dropped with any such earlier record.
--- The caller writes the end into B:ends and the id into B:<state> (once per call: retain).
-local function end_record(B, key, id, keep, extra)
+-- A job's record `key` ends. Kept whole (`whole`: a failure, a cancel, a result, a job with
+-- an earlier failed attempt) it becomes B:ended:<id>, with the `extra` field-value pairs if
+-- any; else it goes, and its end alone (in B:ends) is what is kept of it. A record of an
+-- earlier end of that id is replaced or dropped; its id may stay in the index of another
+-- state (readers go by B:ends). `keep` false (a retention of 0): nothing is kept. The caller
+-- writes the end into B:ends and the id into B:<state> (once per call: retain).
+local function end_record(B, key, id, keep, whole, extra)
   local ekey = B .. ':ended:' .. id
-  if not keep or redis.call('RENAMENX', key, ekey) == 0 then
-    local earlier = end_state(redis.call('HGET', B .. ':ends', id))
-    if earlier then
-      redis.call('ZREM', B .. ':' .. earlier, id)
+  if keep and whole then
+    call('RENAME', key, ekey)
+    if extra ~= nil then
+      call('HSET', ekey, unpack(extra))
     end
-    if not keep then
-      if earlier then
-        redis.call('HDEL', B .. ':ends', id)
-      end
-      redis.call('DEL', key, ekey)
-      return
-    end
-    redis.call('RENAME', key, ekey)
+    return
   end
-  if extra ~= nil then
-    redis.call('HSET', ekey, unpack(extra))
+  call('DEL', key, ekey)
+  if not keep then
+    call('HDEL', B .. ':ends', id)
   end
 end
 
--- Drop the oldest records of B:<state> beyond the newest `count` and those that ended
+-- Drop `ids` (the first of the index of `state`, about to be removed from it) with their
+-- records and ends: those whose end (B:ends) is of another state are only unindexed.
+local function drop_ends(B, state, ids)
+  if #ids == 0 then
+    return
+  end
+  local ends = call('HMGET', B .. ':ends', unpack(ids))
+  local gone, records = {}, {}
+  for i, id in ipairs(ids) do
+    if end_state(ends[i]) == state then
+      gone[#gone + 1] = id
+      records[#records + 1] = B .. ':ended:' .. id
+    end
+  end
+  if #gone > 0 then
+    call('DEL', unpack(records))
+    call('HDEL', B .. ':ends', unpack(gone))
+  end
+end
+
+-- Drop the oldest entries of B:<state> beyond the newest `count` and those that ended
 -- before now - age_ms: at most `budget` per call (a call that ended n jobs passes n + 2, so
 -- the records shrink back when the retention is lowered).
 local function trim(B, state, now, count, age_ms, budget)
   local zkey = B .. ':' .. state
-  local n = math.max(redis.call('ZCARD', zkey) - count,
-    redis.call('ZCOUNT', zkey, '-inf', '(' .. int(now - age_ms)))
+  local n = math.max(call('ZCARD', zkey) - count,
+    call('ZCOUNT', zkey, '-inf', '(' .. int(now - age_ms)))
   n = math.min(n, budget)
   if n > 0 then
-    local ids = redis.call('ZRANGE', zkey, 0, n - 1)
-    local records = {}
-    for i, id in ipairs(ids) do
-      records[i] = B .. ':ended:' .. id
-    end
-    redis.call('DEL', unpack(records))
-    redis.call('HDEL', B .. ':ends', unpack(ids))
-    redis.call('ZREMRANGEBYRANK', zkey, 0, n - 1)
+    drop_ends(B, state, call('ZRANGE', zkey, 0, n - 1))
+    call('ZREMRANGEBYRANK', zkey, 0, n - 1)
   end
 end
 
--- Keep the records of this call's ended jobs (`scored`: {ended_at, id, ...}, `ends`: {id,
+-- Keep the ends of this call's ended jobs (`scored`: {ended_at, id, ...}, `ends`: {id,
 -- end, ...}) and trim.
 local function retain(B, state, now, keep_count, keep_ms, scored, ends)
   if #scored > 0 and keep_count > 0 and keep_ms > 0 then
-    redis.call('ZADD', B .. ':' .. state, unpack(scored))
-    redis.call('HSET', B .. ':ends', unpack(ends))
+    call('ZADD', B .. ':' .. state, unpack(scored))
+    call('HSET', B .. ':ends', unpack(ends))
   end
   trim(B, state, now, keep_count, keep_ms, #scored / 2 + 2)
 end
@@ -506,20 +536,20 @@ local function tally(B, state, now, n)
   local skey = B .. ':stats'
   local minute = math.floor(now / 60000)
   local bucket = state .. ':' .. int(minute)
-  local v = redis.call('HMGET', skey, state, bucket)
+  local v = call('HMGET', skey, state, bucket)
   local fresh = field_int(v[2], MAX_MS) == 0
-  redis.call('HSET', skey, state, int(field_int(v[1], MAX_MS) + n),
+  call('HSET', skey, state, int(field_int(v[1], MAX_MS) + n),
     bucket, int(field_int(v[2], MAX_MS) + n))
   if fresh then
     local stale = {}
-    for _, f in ipairs(redis.call('HKEYS', skey)) do
+    for _, f in ipairs(call('HKEYS', skey)) do
       local m = tonumber(string.match(f, ':(%d+)$'))
       if m ~= nil and m < minute - 60 then
         stale[#stale + 1] = f
       end
     end
     if #stale > 0 then
-      redis.call('HDEL', skey, unpack(stale))
+      call('HDEL', skey, unpack(stale))
     end
   end
 end
@@ -527,29 +557,38 @@ end
 -- The active job `id` has ended: promote a blocked job with its id, if any.
 -- `any_blocked` false (B:blocked is empty) saves a lookup.
 local function promote(B, id, any_blocked)
-  if any_blocked and redis.call('SREM', B .. ':blocked', id) == 1 then
+  if any_blocked and call('SREM', B .. ':blocked', id) == 1 then
     local bkey = B .. ':job:' .. id
-    redis.call('HDEL', bkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
-    local run_at = int(field_int(redis.call('HGET', bkey, 'run_at'), MAX_MS))
-    redis.call('ZADD', B .. ':waiting', run_at, id)
-    redis.call('PUBLISH', B .. ':wake', run_at)
+    call('HDEL', bkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
+    local run_at = int(field_int(call('HGET', bkey, 'run_at'), MAX_MS))
+    call('ZADD', B .. ':waiting', run_at, id)
+    call('PUBLISH', B .. ':wake', run_at)
   end
 end
 
 -- Check the lease of `client` on `id` (the active record names its client and token; a
 -- swept client's record is gone or re-leased). Returns the active record or nil when stale.
 local function leased(B, client, id, token)
-  local v = redis.call('HMGET', B .. ':active:' .. id, 'id', 'data', 'run_at', 'retry_count',
-    'stall_count', 'timeout_count', 'client', 'token', 'enqueued_at')
+  local v = call('HMGET', B .. ':active:' .. id, 'id', 'data', 'run_at', 'retry_count',
+    'stall_count', 'timeout_count', 'client', 'token', 'enqueued_at', 'attempts')
   if v[7] ~= client or v[8] ~= token then
     return nil
   end
-  redis.call('HDEL', B .. ':lease:' .. client, id)
+  call('HDEL', B .. ':lease:' .. client, id)
+  -- the numbers as strings, passed on as they are (numbers() makes them numbers)
   return {
-    id = v[1], data = v[2] or '', run_at = field_int(v[3], MAX_MS),
-    retry_count = field_int(v[4], MAX_MS), stall_count = field_int(v[5], MAX_MS),
-    timeout_count = field_int(v[6], MAX_MS), client = client, enqueued_at = v[9],
+    id = v[1], data = v[2] or '', run_at_s = passed(v[3]), retry_s = passed(v[4]),
+    stall_s = passed(v[5]), timeout_s = passed(v[6]), client = client, enqueued_at = v[9],
+    attempts = v[10],
   }
+end
+
+-- The numbers of a job from leased(), to count or compare (its strings go: stale after that).
+local function numbers(job)
+  job.run_at, job.retry_count = tonumber(job.run_at_s), tonumber(job.retry_s)
+  job.stall_count, job.timeout_count = tonumber(job.stall_s), tonumber(job.timeout_s)
+  job.run_at_s, job.retry_s, job.stall_s, job.timeout_s = nil, nil, nil, nil
+  return job
 end
 
 -- The loop of finish, retry and fail: for each group of `width` ARGV from index `from` (id
@@ -612,30 +651,30 @@ end
 -- Sweep one dead client (expiry passed), other than `self`: its active jobs go back to
 -- waiting with stall_count + 1. Bounded: at most one client per call.
 local function sweep_one(B, now, self, maxlen)
-  local dead = redis.call('ZRANGE', B .. ':expiry', '-inf', int(now), 'BYSCORE', 'LIMIT', 0, 2)
+  local dead = call('ZRANGE', B .. ':expiry', '-inf', int(now), 'BYSCORE', 'LIMIT', 0, 2)
   for _, client in ipairs(dead) do
     if client ~= self then
       local lkey = B .. ':lease:' .. client
-      local leases = redis.call('HKEYS', lkey)
+      local leases = call('HKEYS', lkey)
       for _, id in ipairs(leases) do
         local job = read_job(B .. ':active:' .. id)
         if job ~= nil then
           job.stall_count = job.stall_count + 1
           job.client = client
-          job.enqueued_at = redis.call('HGET', B .. ':active:' .. id, 'enqueued_at')
+          job.enqueued_at = call('HGET', B .. ':active:' .. id, 'enqueued_at')
           local err = {name = 'StallError', kind = 'stall', traceback = '',
             message = 'its supervisor (client ' .. client .. ') was swept as dead: no heartbeat '
               .. 'for its expiry'}
-          outcome_event(B, maxlen, now, 'stalled', job, '', '', err)
+          outcome_event(B, maxlen, int(now), 'stalled', job, '', '', err)
           requeue(B, job, now, err, now)
         end
       end
-      redis.call('DEL', lkey)
-      redis.call('HDEL', B .. ':parked', client)
-      redis.call('ZREM', B .. ':expiry', client)
-      redis.call('ZREM', B .. ':fresh', client)
-      redis.call('ZADD', B .. ':swept', int(now), client)
-      redis.call('ZREMRANGEBYSCORE', B .. ':swept', '-inf', int(now - TOMBSTONE_MS))
+      call('DEL', lkey)
+      call('HDEL', B .. ':parked', client)
+      call('ZREM', B .. ':expiry', client)
+      call('ZREM', B .. ':fresh', client)
+      call('ZADD', B .. ':swept', int(now), client)
+      call('ZREMRANGEBYSCORE', B .. ':swept', '-inf', int(now - TOMBSTONE_MS))
       return 1
     end
   end
@@ -645,21 +684,22 @@ end
 -- Register `client` as alive until now + expiry_ms, and fresh (pushes go to it) for half of
 -- that. Returns false when it was swept.
 local function keep_alive(B, now, client, expiry_ms)
-  if redis.call('ZSCORE', B .. ':swept', client) ~= false then
+  if call('ZSCORE', B .. ':swept', client) ~= false then
     return false
   end
-  redis.call('ZADD', B .. ':expiry', int(now + expiry_ms), client)
-  redis.call('ZADD', B .. ':fresh', int(now + math.floor(expiry_ms / 2)), client)
+  call('ZADD', B .. ':expiry', int(now + expiry_ms), client)
+  call('ZADD', B .. ':fresh', int(now + math.floor(expiry_ms / 2)), client)
   return true
 end
 
--- Check out the job `job` (its record in B:job:<id>, with no active record; the caller
--- removes it from B:waiting) to `client` under `token`: one more attempt.
-local function lease(B, now, job, client, token)
-  local akey = B .. ':active:' .. job.id
-  redis.call('RENAME', B .. ':job:' .. job.id, akey)
-  redis.call('HSET', akey, 'client', client, 'token', token, 'leased_at', int(now),
-    'attempts', int(field_int(job.attempts, MAX_MS) + 1))
+-- Check out the job `id` (its record in B:job:<id>, with no active record, `attempts` its
+-- field as stored; the caller removes it from B:waiting) to `client` under `token` at `now`
+-- (ms, a string): one more attempt.
+local function lease(B, now, id, attempts, client, token)
+  local akey = B .. ':active:' .. id
+  call('RENAME', B .. ':job:' .. id, akey)
+  call('HSET', akey, 'client', client, 'token', token, 'leased_at', now,
+    'attempts', int(field_int(attempts, MAX_MS) + 1))
 end
 
 -- The fresh clients parked on B, as a list of {client, slots}: a client is fresh while at
@@ -667,14 +707,14 @@ end
 -- from B:parked (a frozen client keeps its subscription, but not its heartbeat).
 local function live_parked(B, now)
   local pkey = B .. ':parked'
-  local flat = redis.call('HGETALL', pkey)
+  local flat = call('HGETALL', pkey)
   local out = {}
   for i = 1, #flat, 2 do
-    local fresh = redis.call('ZSCORE', B .. ':fresh', flat[i])
+    local fresh = call('ZSCORE', B .. ':fresh', flat[i])
     if fresh ~= false and tonumber(fresh) >= now then
       out[#out + 1] = {flat[i], tonumber(flat[i + 1])}
     else
-      redis.call('HDEL', pkey, flat[i])
+      call('HDEL', pkey, flat[i])
     end
   end
   return out
@@ -697,24 +737,24 @@ local function push(B, now, id, parked)
     end
     local client = best[1]
     local channel = B .. ':push:' .. client
-    if redis.call('PUBSUB', 'NUMSUB', channel)[2] > 0 then
-      local token = 'p' .. redis.call('INCR', B .. ':seq')
+    if call('PUBSUB', 'NUMSUB', channel)[2] > 0 then
+      local token = 'p' .. call('INCR', B .. ':seq')
       local job = read_job(B .. ':job:' .. id)
-      redis.call('PUBLISH', channel, table.concat({job.id, token, int(job.run_at),
+      call('PUBLISH', channel, table.concat({job.id, token, int(job.run_at),
         int(job.retry_count), int(job.stall_count), int(job.timeout_count), job.data}, '\n'))
-      lease(B, now, job, client, token)
-      redis.call('ZREM', B .. ':waiting', id)
-      redis.call('HSET', B .. ':lease:' .. client, id, token)
+      lease(B, int(now), id, job.attempts, client, token)
+      call('ZREM', B .. ':waiting', id)
+      call('HSET', B .. ':lease:' .. client, id, token)
       best[2] = best[2] - 1
       if best[2] > 0 then
-        redis.call('HSET', B .. ':parked', client, int(best[2]))
+        call('HSET', B .. ':parked', client, int(best[2]))
       else
-        redis.call('HDEL', B .. ':parked', client)
+        call('HDEL', B .. ':parked', client)
       end
       return true
     end
     best[2] = 0
-    redis.call('HDEL', B .. ':parked', client)
+    call('HDEL', B .. ':parked', client)
   end
 end
 
@@ -726,18 +766,18 @@ local function add_job(B, id, data, run_at, now, is_active, update_data, mode, r
   new_record(jkey, id, data, run_at, now)
   if is_active then
     local kind, lo, hi = then_merge('clamp', nil, nil, mode, run_at)
-    redis.call('HSET', jkey, 'u_data', update_data and '1' or '0', 'u_run_at', kind,
+    call('HSET', jkey, 'u_data', update_data and '1' or '0', 'u_run_at', kind,
       'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
       'u_reset', reset and '1' or '0')
-    redis.call('SADD', B .. ':blocked', id)
+    call('SADD', B .. ':blocked', id)
     return 3
   end
-  redis.call('ZADD', B .. ':waiting', int(run_at), id)
+  call('ZADD', B .. ':waiting', int(run_at), id)
   return 1
 end
 
 local function next_run_at(B)
-  local first = redis.call('ZRANGE', B .. ':waiting', 0, 0, 'WITHSCORES')
+  local first = call('ZRANGE', B .. ':waiting', 0, 0, 'WITHSCORES')
   if first[2] == nil then
     return ''
   end
@@ -791,9 +831,9 @@ local function dispatch(keys, args)
     local id, data, run_at = args[i], args[i + 1], run_ats[(i - 2) / 3]
     local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
     local existing, is_active = nil, false
-    if redis.call('EXISTS', jkey, akey) > 0 then -- one call for the usual new id
+    if call('EXISTS', jkey, akey) > 0 then -- one call for the usual new id
       existing = read_job(jkey)
-      is_active = redis.call('EXISTS', akey) == 1
+      is_active = call('EXISTS', akey) == 1
     end
     if existing == nil then
       codes[#codes + 1] = add_job(B, id, data, run_at, now, is_active, update_data, mode, reset)
@@ -810,16 +850,16 @@ local function dispatch(keys, args)
       if is_active then
         -- compose the run_at updates, and take the union of the other flags, so the
         -- updates apply to the active job, if it is requeued, as to a waiting job
-        local f = redis.call('HMGET', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
+        local f = call('HMGET', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
         local kind, lo, hi = run_at_update(f[2], f[4], f[5], old_run_at)
         kind, lo, hi = then_merge(kind, lo, hi, mode, run_at)
-        redis.call('HSET', jkey,
+        call('HSET', jkey,
           'u_data', (update_data or f[1] == '1') and '1' or '0', 'u_run_at', kind,
           'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
           'u_reset', (reset or f[3] == '1') and '1' or '0')
         codes[#codes + 1] = 4
       else
-        redis.call('ZADD', B .. ':waiting', int(existing.run_at), id)
+        call('ZADD', B .. ':waiting', int(existing.run_at), id)
         codes[#codes + 1] = 2
       end
       run_at = existing.run_at
@@ -837,7 +877,7 @@ local function dispatch(keys, args)
     end
   end
   if earliest ~= nil then
-    redis.call('PUBLISH', B .. ':wake', int(earliest))
+    call('PUBLISH', B .. ':wake', int(earliest))
   end
   return codes
 end
@@ -864,16 +904,16 @@ local function cancel(keys, args)
   if job == nil then
     return 0
   end
-  job.enqueued_at = redis.call('HGET', jkey, 'enqueued_at')
-  redis.call('ZREM', B .. ':waiting', id)
-  if redis.call('SREM', B .. ':blocked', id) == 1 then
-    redis.call('HDEL', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
+  job.enqueued_at = call('HGET', jkey, 'enqueued_at')
+  call('ZREM', B .. ':waiting', id)
+  if call('SREM', B .. ':blocked', id) == 1 then
+    call('HDEL', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
   end
-  outcome_event(B, maxlen, now, 'cancelled', job, '', '', nil)
-  end_record(B, jkey, id, keep_count > 0 and keep_ms > 0, nil)
+  local event = outcome_event(B, maxlen, int(now), 'cancelled', job, '', '', nil)
+  end_record(B, jkey, id, keep_count > 0 and keep_ms > 0, true, nil)
   retain(B, 'cancelled', now, keep_count, keep_ms, {int(now), id},
-    {id, ending('cancelled', int(now), '', '', '')})
-  redis.call('PUBLISH', B .. ':done:' .. id, 'cancelled')
+    {id, ending('cancelled', event, job.attempts, '')})
+  call('PUBLISH', B .. ':done:' .. id, 'cancelled')
   return 1
 end
 
@@ -884,8 +924,9 @@ ARGV[2]  cutoff (ms or '': now): with no ids, take the records that failed at or
 ARGV[3]  limit (1..MAX_PAGE): with no ids, how many of the oldest such records
 ARGV[4..] ids (optional, at most MAX_PAGE; the id rules): these records (an id without a
           failed record is skipped)
-Returns: {requeued, cutoff}: how many records were requeued, and the cutoff used (pass it
-         again to go on without taking jobs that failed since). Each becomes a new job with
+Returns: {requeued, cutoff, looked at}: how many records were requeued, the cutoff used
+         (pass it again to go on without taking jobs that failed since), and how many ids
+         were looked at (fewer than limit: none is left). Each becomes a new job with
          its data and counts 0, waiting (or blocked behind an active job with its id); an
          id that already has a waiting or blocked job keeps that one. The records go.
 Emits:   PUBLISH B:wake when a job was made waiting; no event (a requeue is a dispatch).
@@ -906,30 +947,32 @@ local function requeue_failed(keys, args)
     ids[#ids + 1] = check_id(args[i], 'id', i - 3)
   end
   if #ids == 0 then
-    ids = redis.call('ZRANGE', B .. ':failed', '-inf', int(cutoff), 'BYSCORE', 'LIMIT', 0,
+    ids = call('ZRANGE', B .. ':failed', '-inf', int(cutoff), 'BYSCORE', 'LIMIT', 0,
       limit)
   end
   local done, wake = 0, false
   for _, id in ipairs(ids) do
     local ekey = B .. ':ended:' .. id
-    if end_state(redis.call('HGET', B .. ':ends', id)) == 'failed' then
-      if redis.call('EXISTS', B .. ':job:' .. id) == 0 then
-        local is_active = redis.call('EXISTS', B .. ':active:' .. id) == 1
-        local data = redis.call('HGET', ekey, 'data') or 'null'
+    if end_state(call('HGET', B .. ':ends', id)) ~= 'failed' then
+      call('ZREM', B .. ':failed', id) -- an id that ended again since, in another state
+    else
+      if call('EXISTS', B .. ':job:' .. id) == 0 then
+        local is_active = call('EXISTS', B .. ':active:' .. id) == 1
+        local data = call('HGET', ekey, 'data') or 'null'
         if add_job(B, id, data, now, now, is_active, true, 'replace', true) == 1 then
           wake = true
         end
       end
-      redis.call('DEL', ekey)
-      redis.call('HDEL', B .. ':ends', id)
-      redis.call('ZREM', B .. ':failed', id)
+      call('DEL', ekey)
+      call('HDEL', B .. ':ends', id)
+      call('ZREM', B .. ':failed', id)
       done = done + 1
     end
   end
   if wake then
-    redis.call('PUBLISH', B .. ':wake', int(now))
+    call('PUBLISH', B .. ':wake', int(now))
   end
-  return {done, cutoff}
+  return {done, cutoff, #ids}
 end
 
 --[[ queasy_purge: remove up to `limit` jobs of one state. Never touches an active job.
@@ -954,37 +997,36 @@ local function purge(keys, args)
     if state == 'delayed' then
       low, high = '(' .. int(now), '+inf'
     end
-    ids = redis.call('ZRANGE', B .. ':waiting', low, high, 'BYSCORE', 'LIMIT', 0, limit)
+    ids = call('ZRANGE', B .. ':waiting', low, high, 'BYSCORE', 'LIMIT', 0, limit)
     records = ':job:'
     if #ids > 0 then
-      redis.call('ZREM', B .. ':waiting', unpack(ids))
+      call('ZREM', B .. ':waiting', unpack(ids))
     end
-    left = redis.call('ZCOUNT', B .. ':waiting', low, high)
+    left = call('ZCOUNT', B .. ':waiting', low, high)
   elseif state == 'blocked' then
-    ids = redis.call('SRANDMEMBER', B .. ':blocked', limit)
+    ids = call('SRANDMEMBER', B .. ':blocked', limit)
     records = ':job:'
     if #ids > 0 then
-      redis.call('SREM', B .. ':blocked', unpack(ids))
+      call('SREM', B .. ':blocked', unpack(ids))
     end
-    left = redis.call('SCARD', B .. ':blocked')
+    left = call('SCARD', B .. ':blocked')
   elseif END_STATES[state] then
-    ids = redis.call('ZRANGE', B .. ':' .. state, 0, limit - 1)
-    records = ':ended:'
+    ids = call('ZRANGE', B .. ':' .. state, 0, limit - 1)
+    drop_ends(B, state, ids)
     if #ids > 0 then
-      redis.call('ZREMRANGEBYRANK', B .. ':' .. state, 0, #ids - 1)
-      redis.call('HDEL', B .. ':ends', unpack(ids))
+      call('ZREMRANGEBYRANK', B .. ':' .. state, 0, #ids - 1)
     end
-    left = redis.call('ZCARD', B .. ':' .. state)
+    left = call('ZCARD', B .. ':' .. state)
   else
     invalid('state must be waiting, delayed, blocked, finished, failed or cancelled, got '
       .. shown(state))
   end
-  if #ids > 0 then
+  if #ids > 0 and records then
     local dels = {}
     for i, id in ipairs(ids) do
       dels[i] = B .. records .. id
     end
-    redis.call('DEL', unpack(dels))
+    call('DEL', unpack(dels))
   end
   return {#ids, left}
 end
@@ -1027,39 +1069,40 @@ local function dequeue(keys, args)
   end
   local out = {0, ''}
   if limit > 0 then
-    local ids = redis.call('ZRANGE', B .. ':waiting', '-inf', int(now), 'BYSCORE', 'LIMIT', 0,
+    local ids = call('ZRANGE', B .. ':waiting', '-inf', int(now), 'BYSCORE', 'LIMIT', 0,
       limit)
     local leases = {}
+    local now_s = int(now)
     for _, id in ipairs(ids) do
-      local job = read_job(B .. ':job:' .. id)
-      if job == nil then
+      local v = call('HMGET', B .. ':job:' .. id, unpack(JOB_FIELDS))
+      if v[1] == false then
         -- a stray id without a record: only dropped from B:waiting (below)
-      elseif redis.call('EXISTS', B .. ':active:' .. id) == 1 then
-        redis.call('SADD', B .. ':blocked', id) -- its record waits for the active one
+      elseif call('EXISTS', B .. ':active:' .. id) == 1 then
+        call('SADD', B .. ':blocked', id) -- its record waits for the active one
       else
         local token = nonce .. '.' .. (#leases / 2 + 1)
-        lease(B, now, job, client, token)
+        lease(B, now_s, id, v[7], client, token)
         leases[#leases + 1] = id
         leases[#leases + 1] = token
         out[#out + 1] = id
         out[#out + 1] = token
-        out[#out + 1] = job.data
-        out[#out + 1] = int(job.run_at)
-        out[#out + 1] = int(job.retry_count)
-        out[#out + 1] = int(job.stall_count)
-        out[#out + 1] = int(job.timeout_count)
+        out[#out + 1] = v[2] or ''
+        out[#out + 1] = passed(v[3])
+        out[#out + 1] = passed(v[4])
+        out[#out + 1] = passed(v[5])
+        out[#out + 1] = passed(v[6])
       end
     end
     if #ids > 0 then -- every record selected has moved: they leave B:waiting together
-      redis.call('ZREM', B .. ':waiting', unpack(ids))
+      call('ZREM', B .. ':waiting', unpack(ids))
     end
     if #leases > 0 then
-      redis.call('HSET', B .. ':lease:' .. client, unpack(leases))
+      call('HSET', B .. ':lease:' .. client, unpack(leases))
     end
     if park and #leases / 2 < limit then
-      redis.call('HSET', B .. ':parked', client, int(limit - #leases / 2))
+      call('HSET', B .. ':parked', client, int(limit - #leases / 2))
     else
-      redis.call('HDEL', B .. ':parked', client)
+      call('HDEL', B .. ':parked', client)
     end
   end
   out[2] = next_run_at(B)
@@ -1098,21 +1141,23 @@ local function finish(keys, args)
       break
     end
   end
-  local any_blocked = redis.call('EXISTS', B .. ':blocked') == 1
+  local any_blocked = call('EXISTS', B .. ':blocked') == 1
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
   local scored, done = {}, {}
   local codes = each_leased(B, client, args, 8, 5, function(job, i)
-    outcome_event(B, maxlen, now, 'finished', job, args[i + 2], args[i + 3], nil)
-    end_record(B, B .. ':active:' .. job.id, job.id, keep,
-      args[i + 4] ~= '' and {'result', args[i + 4]} or nil)
+    local event = outcome_event(B, maxlen, ended, 'finished', job, args[i + 2], args[i + 3], nil)
+    local result = args[i + 4]
+    local failed_before = job.retry_s ~= '0' or job.stall_s ~= '0' or job.timeout_s ~= '0'
+    end_record(B, B .. ':active:' .. job.id, job.id, keep, result ~= '' or failed_before,
+      result ~= '' and {'result', result} or nil)
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
-    done[#done + 1] = ending('finished', ended, args[i + 3], args[i + 2], ends.host)
+    done[#done + 1] = ending('finished', event, job.attempts, ends.host)
     promote(B, job.id, any_blocked)
     if ends.notify then
-      redis.call('PUBLISH', B .. ':done:' .. job.id, 'finished')
+      call('PUBLISH', B .. ':done:' .. job.id, 'finished')
     end
   end)
   retain(B, 'finished', now, ends.count, ends.ms, scored, done)
@@ -1156,6 +1201,7 @@ local function retry(keys, args)
     check_error(args, i + 6, (i + 5) / 9)
   end
   return each_leased(B, client, args, 4, 9, function(job, i)
+    numbers(job)
     local kind = RETRY_KINDS[args[i + 3]]
     if kind[1] ~= nil then
       job[kind[1]] = job[kind[1]] + 1
@@ -1163,12 +1209,12 @@ local function retry(keys, args)
     local err = {name = args[i + 6], kind = kind[3], message = args[i + 7],
       traceback = args[i + 8]}
     if kind[2] ~= nil then
-      outcome_event(B, maxlen, now, kind[2], job, args[i + 4], args[i + 5], err)
+      outcome_event(B, maxlen, int(now), kind[2], job, args[i + 4], args[i + 5], err)
     end
     requeue(B, job, run_ats[i], kind[3] ~= '' and err or nil, now)
     if kind[2] == nil then
-      redis.call('HDEL', B .. ':parked', client)
-      redis.call('PUBLISH', B .. ':wake', int(job.run_at))
+      call('HDEL', B .. ':parked', client)
+      call('PUBLISH', B .. ':wake', int(job.run_at))
     end
   end, function(i)
     return RETRY_KINDS[args[i + 3]] ~= nil -- an unknown kind must not consume the lease
@@ -1208,33 +1254,33 @@ local function fail(keys, args)
     text(args[i + 8], 'error message', n)
     text(args[i + 9], 'traceback', n)
   end
-  local any_blocked = redis.call('EXISTS', B .. ':blocked') == 1
+  local any_blocked = call('EXISTS', B .. ':blocked') == 1
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
   local scored, done = {}, {}
   local codes = each_leased(B, client, args, 8, 10, function(job, i)
     local err = {name = args[i + 6], kind = args[i + 7], message = args[i + 8],
       traceback = args[i + 9]}
-    outcome_event(B, maxlen, now, 'failed', job, args[i + 4], args[i + 5], err)
-    end_record(B, B .. ':active:' .. job.id, job.id, keep, {'error_name', err.name,
+    local event = outcome_event(B, maxlen, ended, 'failed', job, args[i + 4], args[i + 5], err)
+    end_record(B, B .. ':active:' .. job.id, job.id, keep, true, {'error_name', err.name,
       'error_kind', err.kind, 'error_message', err.message, 'traceback', err.traceback,
       'error_at', ended})
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
-    done[#done + 1] = ending('failed', ended, args[i + 5], args[i + 4], ends.host)
+    done[#done + 1] = ending('failed', event, job.attempts, ends.host)
     promote(B, job.id, any_blocked)
     if ends.notify then
-      redis.call('PUBLISH', B .. ':done:' .. job.id, 'failed')
+      call('PUBLISH', B .. ':done:' .. job.id, 'failed')
     end
     if F ~= nil then
       local fid = args[i + 2]
       new_record(F .. ':job:' .. fid, fid, args[i + 3], now, now)
-      redis.call('ZADD', F .. ':waiting', int(now), fid)
+      call('ZADD', F .. ':waiting', int(now), fid)
     end
   end)
   if F ~= nil and #scored > 0 then
-    redis.call('PUBLISH', F .. ':wake', int(now))
+    call('PUBLISH', F .. ':wake', int(now))
   end
   retain(B, 'failed', now, ends.count, ends.ms, scored, done)
   tally(B, 'failed', now, #scored / 2)
@@ -1279,11 +1325,11 @@ Its parked slots are cleared.
 local function leave(keys, args)
   local B = keys[1]
   local client = check_id(args[2], 'client id')
-  redis.call('HDEL', B .. ':parked', client)
-  local held = redis.call('HLEN', B .. ':lease:' .. client)
+  call('HDEL', B .. ':parked', client)
+  local held = call('HLEN', B .. ':lease:' .. client)
   if held == 0 then
-    redis.call('ZREM', B .. ':expiry', client)
-    redis.call('ZREM', B .. ':fresh', client)
+    call('ZREM', B .. ':expiry', client)
+    call('ZREM', B .. ':fresh', client)
   end
   return held
 end
@@ -1301,8 +1347,8 @@ local function unpark(keys, args)
   local B = keys[1]
   local client = check_id(args[2], 'client id')
   local mark = check_id(args[3], 'mark')
-  local had = redis.call('HDEL', B .. ':parked', client)
-  return {had, redis.call('PUBLISH', B .. ':push:' .. client, mark)}
+  local had = call('HDEL', B .. ':parked', client)
+  return {had, call('PUBLISH', B .. ':push:' .. client, mark)}
 end
 
 -- ---------------------------------------------------------------- reads: no writes
@@ -1317,21 +1363,30 @@ local NUMBERS = {run_at = true, retry_count = true, stall_count = true, timeout_
 
 -- The fields of record `key` as {field, value, ...}, without the lease token and the update
 -- fields of a blocked job (and without data unless `with_data`); nil when there is none.
-local function describe(key, with_data, ended_as)
-  local flat = redis.call('HGETALL', key)
-  if #flat == 0 then
+local function describe(key, with_data, ending_, id)
+  local flat = call('HGETALL', key)
+  local out, seen = {}, {}
+  if ending_ then -- the end of an ended job (B:ends), as separate fields, first
+    out[1], out[2], seen.id = 'id', id, true
+    local i = 0
+    for word in string.gmatch(ending_, '%S+') do
+      i = i + 1
+      if i > #END_FIELDS then
+        break
+      end
+      out[#out + 1] = END_FIELDS[i]
+      out[#out + 1] = word
+      seen[END_FIELDS[i]] = true
+    end
+    if i == #END_FIELDS then -- the host is the rest of the line (it may hold spaces)
+      out[#out] = string.match(ending_, '^' .. string.rep('%S+ ', #END_FIELDS - 1) .. '(.*)$')
+    end
+  elseif #flat == 0 then
     return nil
-  end
-  local out = {}
-  if ended_as then -- the end of an ended record (B:ends), as separate fields
-    local state, ended, started, pid, host =
-      string.match(ended_as, '^(%a+) (%S+) (%S+) (%S+) ?(.*)$')
-    out = {'state', state or 'finished', 'ended_at', ended or '', 'started_at', started or '-',
-      'pid', pid or '-', 'host', host or ''}
   end
   for i = 1, #flat, 2 do
     local name, value = flat[i], flat[i + 1]
-    if not HIDDEN[name] and (with_data or name ~= 'data') then
+    if not HIDDEN[name] and not seen[name] and (with_data or name ~= 'data') then
       out[#out + 1] = name
       out[#out + 1] = value
     end
@@ -1362,7 +1417,7 @@ local function queued(B, id, now, with_data)
   if rec == nil then
     return nil
   end
-  if redis.call('SISMEMBER', B .. ':blocked', id) == 1 then
+  if call('SISMEMBER', B .. ':blocked', id) == 1 then
     return {'blocked', rec}
   elseif field_int(lookup(rec, 'run_at'), MAX_MS) > now then
     return {'delayed', rec}
@@ -1372,12 +1427,11 @@ end
 
 -- {state, fields} of an ended record `key` (its state field), or nil.
 local function ended(B, id, with_data)
-  local done = redis.call('HGET', B .. ':ends', id) or ''
-  local rec = describe(B .. ':ended:' .. id, with_data, done)
-  if rec == nil then
+  local done = call('HGET', B .. ':ends', id)
+  if not end_state(done) then
     return nil
   end
-  return {lookup(rec, 'state') or 'finished', rec}
+  return {end_state(done), describe(B .. ':ended:' .. id, with_data, done, id)}
 end
 
 --[[ queasy_get_job: one job's state and record (read-only).
@@ -1432,11 +1486,11 @@ local function jobs(keys, args)
       invalid('cursor of active jobs must be 0 or <n>.<n>, got ' .. shown(cursor))
     end
     i = tonumber(i)
-    local clients = redis.call('ZRANGE', B .. ':expiry', 0, -1)
+    local clients = call('ZRANGE', B .. ':expiry', 0, -1)
     local calls = 0
     while i <= #clients and #out - 1 < limit and calls < 10 do
       calls = calls + 1
-      local scan = redis.call('HSCAN', B .. ':lease:' .. clients[i], c, 'COUNT', limit)
+      local scan = call('HSCAN', B .. ':lease:' .. clients[i], c, 'COUNT', limit)
       for k = 1, #scan[2], 2 do
         local rec = describe(B .. ':active:' .. scan[2][k], with_data)
         if rec ~= nil then
@@ -1455,7 +1509,7 @@ local function jobs(keys, args)
   end
   local at = whole(cursor, 'cursor', MAX_MS)
   if state == 'blocked' then
-    local scan = redis.call('SSCAN', B .. ':blocked', cursor, 'COUNT', limit)
+    local scan = call('SSCAN', B .. ':blocked', cursor, 'COUNT', limit)
     out[1] = scan[1]
     for _, id in ipairs(scan[2]) do
       local rec = describe(B .. ':job:' .. id, with_data)
@@ -1467,16 +1521,16 @@ local function jobs(keys, args)
   end
   local ids, total, from
   if state == 'waiting' or state == 'delayed' then
-    local ready = redis.call('ZCOUNT', B .. ':waiting', '-inf', int(now))
+    local ready = call('ZCOUNT', B .. ':waiting', '-inf', int(now))
     if state == 'waiting' then
       from, total = 0, ready
     else
-      from, total = ready, redis.call('ZCARD', B .. ':waiting')
+      from, total = ready, call('ZCARD', B .. ':waiting')
     end
     local first = from + at
     ids = {}
     if first < total then
-      ids = redis.call('ZRANGE', B .. ':waiting', first, math.min(first + limit, total) - 1)
+      ids = call('ZRANGE', B .. ':waiting', first, math.min(first + limit, total) - 1)
     end
     for _, id in ipairs(ids) do
       local rec = describe(B .. ':job:' .. id, with_data)
@@ -1486,11 +1540,11 @@ local function jobs(keys, args)
     end
   elseif END_STATES[state] then
     local zkey = B .. ':' .. state
-    from, total = 0, redis.call('ZCARD', zkey)
-    ids = redis.call('ZRANGE', zkey, at, at + limit - 1, 'REV')
+    from, total = 0, call('ZCARD', zkey)
+    ids = call('ZRANGE', zkey, at, at + limit - 1, 'REV')
     for _, id in ipairs(ids) do
       local rec = ended(B, id, with_data)
-      if rec ~= nil then
+      if rec ~= nil and rec[1] == state then -- an id that ended again since: not this state
         out[#out + 1] = rec
       end
     end
@@ -1517,13 +1571,13 @@ local function counts(keys, args)
   local now = clock(args[1])
   -- every lease holder is in B:expiry (a swept client's leases are gone with it)
   local active = 0
-  for _, client in ipairs(redis.call('ZRANGE', B .. ':expiry', 0, -1)) do
-    active = active + redis.call('HLEN', B .. ':lease:' .. client)
+  for _, client in ipairs(call('ZRANGE', B .. ':expiry', 0, -1)) do
+    active = active + call('HLEN', B .. ':lease:' .. client)
   end
   local out = {
-    redis.call('ZCOUNT', B .. ':waiting', '-inf', int(now)),
-    redis.call('ZCOUNT', B .. ':waiting', '(' .. int(now), '+inf'),
-    redis.call('SCARD', B .. ':blocked'),
+    call('ZCOUNT', B .. ':waiting', '-inf', int(now)),
+    call('ZCOUNT', B .. ':waiting', '(' .. int(now), '+inf'),
+    call('SCARD', B .. ':blocked'),
     active,
   }
   local minute = math.floor(now / 60000)
@@ -1534,7 +1588,7 @@ local function counts(keys, args)
     for m = minute - 60, minute do
       names[#names + 1] = state .. ':' .. int(m)
     end
-    local v = redis.call('HMGET', B .. ':stats', unpack(names))
+    local v = call('HMGET', B .. ':stats', unpack(names))
     out[#out + 1] = field_int(v[1], MAX_MS)
     local hour = field_int(v[2], MAX_MS) * left
     for j = 3, #v do
@@ -1557,7 +1611,7 @@ ARGV[2]  client id
 Returns: {id, token, id, token, ...}
 ]]
 local function leases(keys, args)
-  return redis.call('HGETALL', keys[1] .. ':lease:' .. args[2])
+  return call('HGETALL', keys[1] .. ':lease:' .. args[2])
 end
 
 --[[ queasy_version
@@ -1579,26 +1633,34 @@ end
 
 -- ---------------------------------------------------------------- registration
 
-redis.register_function('queasy_dispatch', dispatch)
-redis.register_function('queasy_cancel', cancel)
-redis.register_function('queasy_requeue', requeue_failed)
-redis.register_function('queasy_purge', purge)
-redis.register_function('queasy_dequeue', dequeue)
-redis.register_function('queasy_finish', finish)
-redis.register_function('queasy_retry', retry)
-redis.register_function('queasy_fail', fail)
-redis.register_function('queasy_bump', bump)
-redis.register_function('queasy_leave', leave)
-redis.register_function('queasy_unpark', unpark)
-redis.register_function{function_name = 'queasy_get_job', callback = get_job,
+-- An entry point as registered: `call` is redis.call while it runs.
+local function entry(fn)
+  return function(keys, args)
+    call, format = redis.call, string.format
+    return fn(keys, args)
+  end
+end
+
+redis.register_function('queasy_dispatch', entry(dispatch))
+redis.register_function('queasy_cancel', entry(cancel))
+redis.register_function('queasy_requeue', entry(requeue_failed))
+redis.register_function('queasy_purge', entry(purge))
+redis.register_function('queasy_dequeue', entry(dequeue))
+redis.register_function('queasy_finish', entry(finish))
+redis.register_function('queasy_retry', entry(retry))
+redis.register_function('queasy_fail', entry(fail))
+redis.register_function('queasy_bump', entry(bump))
+redis.register_function('queasy_leave', entry(leave))
+redis.register_function('queasy_unpark', entry(unpark))
+redis.register_function{function_name = 'queasy_get_job', callback = entry(get_job),
   flags = {'no-writes'}}
-redis.register_function{function_name = 'queasy_counts', callback = counts,
+redis.register_function{function_name = 'queasy_counts', callback = entry(counts),
   flags = {'no-writes'}}
-redis.register_function{function_name = 'queasy_jobs', callback = jobs,
+redis.register_function{function_name = 'queasy_jobs', callback = entry(jobs),
   flags = {'no-writes'}}
-redis.register_function{function_name = 'queasy_leases', callback = leases,
+redis.register_function{function_name = 'queasy_leases', callback = entry(leases),
   flags = {'no-writes'}}
-redis.register_function{function_name = 'queasy_version', callback = version,
+redis.register_function{function_name = 'queasy_version', callback = entry(version),
   flags = {'no-writes'}}
-redis.register_function{function_name = 'queasy_library', callback = library,
+redis.register_function{function_name = 'queasy_library', callback = entry(library),
   flags = {'no-writes'}}

@@ -190,9 +190,9 @@ class AsyncQueue(QueueBase):
             return total
         cutoff = ""
         while True:
-            done, cutoff = await self._fcall("queasy_requeue", ["", cutoff, PAGE])
+            done, cutoff, seen = await self._fcall("queasy_requeue", ["", cutoff, PAGE])
             total += done
-            if done < PAGE:
+            if seen < PAGE:
                 return total
 
     async def purge(self, state: str) -> int:

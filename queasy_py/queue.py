@@ -270,9 +270,9 @@ class Queue(QueueBase):
             return total
         cutoff = ""
         while True:
-            done, cutoff = self._call("queasy_requeue", ["", cutoff, PAGE])
+            done, cutoff, seen = self._call("queasy_requeue", ["", cutoff, PAGE])
             total += done
-            if done < PAGE:
+            if seen < PAGE:
                 return total
 
     def purge(self, state: str) -> int:

@@ -117,7 +117,7 @@ class Lua:
         rec = self.record(id, now, base)
         if rec is None:
             return None
-        out = {"state": rec["state"], "id": rec["id"], "data": rec["data"]}
+        out = {"state": rec["state"], "id": rec["id"], "data": rec.get("data")}
         out["run_at"] = int(rec["run_at"])
         return out | {name: int(rec[name]) for name in JOB_COUNTS}
 

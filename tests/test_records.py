@@ -142,18 +142,31 @@ def test_a_blocked_job_cancelled_keeps_no_update_fields(lua: Lua) -> None:
     assert lua.cancel("a") == 1
     assert lua.get_job("a")["state"] == "active"  # the live job first
     record = lua.r.hgetall(f"{lua.B}:ended:a")
-    assert lua.r.hget(f"{lua.B}:ends", "a") == f"cancelled {NOW} - - "  # it never ran
+    end = lua.r.hget(f"{lua.B}:ends", "a").split(" ")
+    assert end[:4] == ["cancelled", str(NOW), "-", "-"]  # it never ran: no start, no pid
     assert record["data"] == '"blocked"' and not [f for f in record if f.startswith("u_")]
     assert lua.finish("c1", active) == Ack.OK
     assert lua.record("a")["state"] == "finished"  # its end replaces the cancelled record
-    assert ended(lua, "cancelled") == [] and ended(lua, "finished") == ["a"]
+    assert ended(lua, "finished") == ["a"] and lua.jobs("cancelled") == ("0", [])
+    assert lua.r.keys(f"{lua.B}:ended:*") == []  # finished, never failed: only its end kept
 
 
 def test_an_id_that_ends_again_moves_to_its_new_state(lua: Lua) -> None:
     finish_all(lua, ["a"])
     assert lua.fail("c1", lua.take("a", now=NOW + 1), now=NOW + 1) == Ack.OK
     assert lua.record("a")["state"] == "failed"
-    assert ended(lua, "finished") == [] and ended(lua, "failed") == ["a"]
+    assert ended(lua, "failed") == ["a"]  # the finished index may keep the id: readers skip it
+    assert lua.jobs("finished") == ("0", []) and lua.jobs("failed")[1][0][0] == "failed"
+    assert lua.purge("finished") == [1, 0]  # unindexed only: the failed record stays
+    assert lua.record("a")["state"] == "failed" and lua.requeue(now=NOW + 2) == [1, NOW + 2, 1]
+
+
+def test_the_trim_of_one_state_keeps_an_id_that_ended_again_in_another(lua: Lua) -> None:
+    finish_all(lua, ["a"], keep=(1, 3_600_000))
+    assert lua.fail("c1", lua.take("a", now=NOW + 1), now=NOW + 1) == Ack.OK
+    finish_all(lua, ["b"], now=NOW + 2, keep=(1, 3_600_000))  # trims "a" from finished
+    assert ended(lua, "finished") == ["b"] and ended(lua, "failed") == ["a"]
+    assert lua.record("a")["state"] == "failed" and lua.record("a")["data"] == '"x"'
 
 
 def test_a_retention_of_zero_keeps_nothing_and_drops_an_earlier_record(lua: Lua) -> None:
@@ -171,7 +184,7 @@ def test_the_retention_keeps_the_newest_count(lua: Lua) -> None:
     for n in range(10):
         finish_all(lua, [f"j{n}"], now=NOW + n, keep=(3, 3_600_000))
     assert ended(lua, "finished") == ["j7", "j8", "j9"]
-    assert sorted(lua.r.keys(f"{lua.B}:ended:*")) == [f"{lua.B}:ended:j{n}" for n in (7, 8, 9)]
+    assert sorted(lua.r.hkeys(f"{lua.B}:ends")) == ["j7", "j8", "j9"]
     assert lua.record("j6") is None and lua.record("j9")["state"] == "finished"
 
 
@@ -307,7 +320,7 @@ def test_requeue_puts_failed_jobs_back_with_their_data_and_counts_zero(lua: Lua)
         assert lua.fail("c1", lua.dequeue("c1", now=NOW + n).jobs[0], now=NOW + n) == Ack.OK
     lua.take("f3", now=NOW + 10)  # an active job with the id: the requeued one waits behind it
     lua.add("f1", '"new"', now=NOW + 10)  # a waiting job with the id is kept as it is
-    assert lua.requeue("f2", "nope", now=NOW + 10) == [1, NOW + 10]  # an id without a record
+    assert lua.requeue("f2", "nope", now=NOW + 10) == [1, NOW + 10, 2]  # "nope": no record
     assert lua.get_job("f2", now=NOW + 10) == {
         "state": "waiting",
         "id": "f2",
@@ -318,8 +331,8 @@ def test_requeue_puts_failed_jobs_back_with_their_data_and_counts_zero(lua: Lua)
         "timeout_count": 0,
     }
     # without ids: those that failed by the cutoff (f1 and f3 here), a page at a time
-    assert lua.requeue(now=NOW + 12, cutoff=NOW + 12, limit=1) == [1, NOW + 12]
-    assert lua.requeue(now=NOW + 12, cutoff=NOW + 12) == [1, NOW + 12]
+    assert lua.requeue(now=NOW + 12, cutoff=NOW + 12, limit=1) == [1, NOW + 12, 1]
+    assert lua.requeue(now=NOW + 12, cutoff=NOW + 12) == [1, NOW + 12, 1]
     assert ended(lua, "failed") == [] and lua.r.keys(f"{lua.B}:ended:*") == []
     assert lua.get_job("f1", now=NOW + 12)["data"] == '"new"'
     assert lua.counts(now=NOW + 12) == {"waiting": 2, "delayed": 0, "blocked": 1, "active": 1}
@@ -328,7 +341,7 @@ def test_requeue_puts_failed_jobs_back_with_their_data_and_counts_zero(lua: Lua)
 def test_requeue_without_ids_leaves_jobs_that_failed_after_the_cutoff(lua: Lua) -> None:
     assert lua.fail("c1", lua.take("early"), now=NOW) == Ack.OK
     assert lua.fail("c1", lua.take("late", now=NOW + 5), now=NOW + 5) == Ack.OK
-    assert lua.requeue(now=NOW + 6, cutoff=NOW + 1) == [1, NOW + 1]
+    assert lua.requeue(now=NOW + 6, cutoff=NOW + 1) == [1, NOW + 1, 1]
     assert ended(lua, "failed") == ["late"]
 
 
