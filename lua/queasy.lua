@@ -21,17 +21,22 @@ derive the keys below from it (same slot, so cluster routing holds).
                                (+ u_data, u_reset, u_run_at 'replace'|'clamp', u_lo, u_hi:
                                the composed updates of a blocked job, see run_at_update)
   B:active:<id>        hash    the active record of <id>: same fields + client, token, leased_at
-  B:ended:<id>         hash    the record of a job that ended, kept for the retention: the
-                               active (or, cancelled, waiting) record as it was (a failure's
-                               error in the error fields; result: the handler's JSON return
-                               value when the queue stores results)
-  B:ends               hash    id -> the end of each kept record: "<state> <ended_at> <started_at>
-                               <worker pid> <host>" (state 'finished'|'failed'|'cancelled';
-                               '-' for a start or pid unknown; the host last, it may hold
-                               spaces): written once per call for all the jobs it ended
-  B:finished           zset    id -> ended_at (ms) of each retained record of that state, the
-  B:failed             zset    index the retention trims (oldest first, a few per call) and
-  B:cancelled          zset    listings page through
+  B:ends               hash    id -> the end of each job kept after its end, one line:
+                               "<state> <ended_at> <started_at> <pid> <attempts> <run_at>
+                               <enqueued_at> <retry_count> <stall_count> <timeout_count>
+                               <client> <host>" (state 'finished'|'failed'|'cancelled'; '-' for
+                               a value unknown; the host last: it may hold spaces), written
+                               once per call for all the jobs it ended
+  B:ended:<id>         hash    the record of an ended job kept whole: a failed or cancelled
+                               one, a finished one with a result (a queue that stores them)
+                               or an earlier failed attempt; the active (or, cancelled,
+                               waiting) record as it was, + a failure's error fields, result
+                               (the handler's JSON return value). Other finished jobs keep
+                               their end only (no data): the cheap path of every no-op job
+  B:finished           zset    id -> ended_at (ms) of each end kept in that state: the index
+  B:failed             zset    the retention trims (oldest first, a few per call) and listings
+  B:cancelled          zset    page through. An id that ended again in another state may stay
+                               in the index of the first until trimmed: B:ends says its state
   B:stats              hash    finished, failed: totals since a reset; finished:<minute>,
                                failed:<minute>: jobs that ended in that minute (epoch ms //
                                60000), the last hour's kept
@@ -74,10 +79,10 @@ Result codes (queasy_py/store/library.py maps them to an enum):
   finish/retry/fail: 0 ok, 1 stale (this client no longer holds that lease)
   dequeue/bump: status 0 ok, 2 swept (this client was swept as dead; start over)
 
-Retention: finish, fail and cancel keep the record of each job that ended (B:ended:<id>)
-while it is among the newest `keep count` of its state and younger than `keep ms`; each call
-drops at most (jobs it ended + 2) of the oldest records beyond that, so no call does O(N) work
-and the records shrink back after the retention is lowered.
+Retention: finish, fail and cancel keep the end of each job that ended (B:ends, and its
+record when kept whole) while it is among the newest `keep count` of its state and younger
+than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond that, so no
+call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
 local VERSION = '2.0.0'

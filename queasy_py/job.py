@@ -21,7 +21,8 @@ class JobInfo:
     "traceback" (None: none), "at"}. `worker_pid`, `client` (the supervisor's client id) and
     `host` are those that ran it (an active job: its client only). `result` is the handler's
     return value, kept when its queue stores results (see Queue.result). `data` is None in
-    a listing that did not ask for it."""
+    a listing that did not ask for it, and for a finished job kept as its end only (one that
+    had no result to keep and did not fail before: README "Job records after the end")."""
 
     id: str
     queue: str
