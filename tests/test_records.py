@@ -5,7 +5,9 @@ the producer API above it. Time is explicit (lua_calls.NOW); nothing sleeps."""
 
 from __future__ import annotations
 
+import threading
 import time
+import tomllib
 from collections.abc import Iterator
 
 import pytest
@@ -13,7 +15,10 @@ import redis
 from lua_calls import COUNTS, HOST, NOW, Lua, live
 from test_lua import published
 
-from queasy_py import Client, InvalidInput, JobInfo, Queue
+from queasy_py import Client, ConfigError, InvalidInput, JobInfo, Queue
+from queasy_py.cli import config
+from queasy_py.options import ListenOptions
+from queasy_py.store import stream
 from queasy_py.store.library import Ack, ensure_loaded
 
 MINUTE = 60_000
@@ -476,3 +481,32 @@ def test_the_api_reads_the_events_and_the_queues(
     with Client(redis_url, workers=0, prefix=prefix) as other:
         other.queue("elsewhere").dispatch_many([{"data": 1}])
         assert other.queues() == ["elsewhere", "q"]
+
+
+def test_a_queasy_run_config_takes_the_retention_and_results_keys() -> None:
+    raw = tomllib.loads(
+        '[queues.q]\nhandler = "x.y"\nstore_results = true\n'
+        "keep_finished = { count = 10 }\nkeep_failed = { seconds = 60.0, count = 5 }\n"
+    )
+    handler, options = config.parse(raw, "test.toml").queues["q"]
+    spec = ListenOptions.build("q", handler, options, check=False)
+    assert spec.store_results is True
+    assert (spec.keep_finished, spec.keep_failed) == ((10, 3600.0), (5, 60.0))
+    with pytest.raises(ConfigError, match=r"queues.q: keep_failed has unknown key\(s\) \['age'\]"):
+        config.parse(tomllib.loads('[queues.q]\nhandler = "x.y"\nkeep_failed = {age = 1}\n'), "t")
+
+
+def test_the_stream_reader_follows_new_events(q: Queue, lua: Lua) -> None:
+    """store.stream.follow (what `queasy events --follow` reads with): waits for the next
+    event, and gives those after a given event id."""
+    got: list = []
+    reader = threading.Thread(  # after "0" of an empty stream: whenever it starts, it waits
+        target=lambda: got.extend(stream.follow(q.client.redis, q.keys.events, "0", block=10.0))
+    )
+    reader.start()
+    q.dispatch({}, id="a")
+    q.cancel("a")
+    reader.join(timeout=15)
+    assert [e["outcome"] for e in got] == ["cancelled"] and got[0]["id"] == "a"
+    assert stream.follow(q.client.redis, q.keys.events, "0", block=0.1) == got
+    assert stream.follow(q.client.redis, q.keys.events, got[0]["event_id"], block=0.1) == []
