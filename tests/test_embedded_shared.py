@@ -152,6 +152,7 @@ class Project:
                 proc.kill()
             proc.wait(timeout=30)
             out.close()
+        self.info()  # the pids of a server still running
         for pid in self.pids:  # do not leak a server when a test fails
             if not pid_gone(pid):
                 os.kill(pid, signal.SIGKILL)

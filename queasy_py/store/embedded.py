@@ -105,13 +105,6 @@ def _stored_password(data_dir: pathlib.Path) -> str:
     return password
 
 
-def _mask_url(url: str) -> str:
-    # imported here: connection imports redis-py, which the keeper process does without
-    from .connection import mask_url
-
-    return mask_url(url)
-
-
 def _write_private(file: pathlib.Path, text: str) -> pathlib.Path:
     """Write `text` to `file`, readable by this user only (0600 from its creation)."""
     file.unlink(missing_ok=True)
@@ -216,8 +209,16 @@ class EmbeddedServer:
 
     @property
     def url(self) -> str:
-        """The URL for clients: it holds the password, so log it through mask_url only."""
-        password = quote(self.password, safe="")
+        """The URL for clients: it holds the password, so log `masked_url` instead."""
+        return self._url(quote(self.password, safe=""))
+
+    @property
+    def masked_url(self) -> str:
+        """The URL with `***` for the password (what mask_url gives, without importing
+        redis-py: the keeper process starts faster without it)."""
+        return self._url("***")
+
+    def _url(self, password: str) -> str:
         if self.unix_socket is not None:
             return f"unix://:{password}@{self.unix_socket}"
         return f"redis://:{password}@{_HOST}:{self.port}/0"
@@ -227,8 +228,7 @@ class EmbeddedServer:
         return self.data_dir / "server.log"
 
     def __repr__(self) -> str:
-        url = _mask_url(self.url)
-        return f"<EmbeddedServer {url} pid={self.pid} data_dir={str(self.data_dir)!r}>"
+        return f"<EmbeddedServer {self.masked_url} pid={self.pid} data_dir={str(self.data_dir)!r}>"
 
     def start(self) -> EmbeddedServer:
         """Start the server and wait until it answers PING; raise QueasyError on failure."""
@@ -256,7 +256,7 @@ class EmbeddedServer:
         log.info(
             "started embedded valkey-server %s at %s (pid %s, data dir %s)",
             self.version,
-            _mask_url(self.url),
+            self.masked_url,
             self.pid,
             self.data_dir,
         )
