@@ -436,3 +436,12 @@ def test_dispatch_and_cancel_read_the_config_like_run(
     assert cancelled.returncode == 0, cancelled.stderr
     assert cancelled.stdout.strip() == f"cancelled {job_id}"
     assert not project.data_dir.exists()  # no embedded server was started
+
+
+def test_a_data_dir_that_cannot_be_made_is_a_config_error(project: Project) -> None:
+    blocker = project.dir / "a-file"
+    blocker.write_text("")
+    done = project.queasy("dispatch", "q", "1", "--data-dir", str(blocker / "state"))
+    assert done.returncode == 2, done.stderr
+    assert f"cannot use {blocker / 'state'} as the embedded server's data directory" in done.stderr
+    assert "--data-dir" in done.stderr and "Traceback" not in done.stderr

@@ -47,7 +47,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .. import defaults
-from ..errors import QueasyError
+from ..errors import ConfigError, QueasyError
 from .embedded import _private_dir, find_server_binary
 from .resp import ping
 
@@ -172,27 +172,26 @@ class SharedServer:
 
 def _wait_stopped(data_dir: pathlib.Path, deadline: float) -> bool:
     """After this process released `users.lock`: True once the keeper has stopped the server
-    because no process uses it; False at once if another process still uses it (or joins)."""
+    because no process uses it; False at once if another process still uses it.
+
+    `users.lock` is only ever taken exclusively under `start.lock` (here and by the keeper), so
+    a failed try under `start.lock` means a process that uses the server."""
     fds = [lock_file(data_dir / name) for name in ("start.lock", "users.lock", "keeper.lock")]
     start, users, keeper = fds
     try:
-        polls = 0
         while True:
-            if polls % 25 == 0:  # rarely: the keeper takes the same lock to look
-                if not try_lock(users, fcntl.LOCK_EX):
-                    return False
-                fcntl.flock(users, fcntl.LOCK_UN)
-            # keeper.lock is looked at under start.lock only, as join() does
             if try_lock(start, fcntl.LOCK_EX):
-                gone = try_lock(keeper, fcntl.LOCK_EX)
-                for fd in (keeper, start) if gone else (start,):
-                    fcntl.flock(fd, fcntl.LOCK_UN)
-                if gone:
-                    return True
+                try:
+                    if try_lock(keeper, fcntl.LOCK_EX):
+                        return True  # no keeper: stopped
+                    if not try_lock(users, fcntl.LOCK_EX):
+                        return False  # another process uses it
+                    fcntl.flock(users, fcntl.LOCK_UN)
+                finally:
+                    fcntl.flock(start, fcntl.LOCK_UN)
             if time.monotonic() > deadline:
                 log.warning("the embedded server of %s has not stopped yet", data_dir)
                 return False
-            polls += 1
             time.sleep(0.01)
     finally:
         for fd in fds:
@@ -204,10 +203,16 @@ def join(
 ) -> SharedServer:
     """Use the server of `data_dir` (made 0700 if missing), starting it if none runs."""
     path = pathlib.Path(data_dir).absolute()
-    _private_dir(path)
-    _ignore_file(path)
+    try:
+        _private_dir(path)
+        _ignore_file(path)
+        start = lock_file(path / "start.lock")
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot use {path} as the embedded server's data directory ({exc}); choose "
+            f"another with --data-dir or ${defaults.DATA_DIR_ENV}, or give a Redis URL"
+        ) from None
     deadline = time.monotonic() + timeout
-    start = lock_file(path / "start.lock")
     try:
         wait_lock(start, fcntl.LOCK_EX, deadline, f"the embedded server of {path} to start")
         keeper_lock = lock_file(path / "keeper.lock")
