@@ -197,7 +197,7 @@ def test_a_killed_run_leaves_no_server_and_its_restart_runs_the_waiting_and_dela
 ) -> None:
     run = project.start("run")
     info = wait_for(project.info, 30, "the run's embedded server")
-    for args in (["block"], ["waiting"], ["delayed", "--delay", "4"]):
+    for args in (["block"], ["waiting"], ["delayed", "--delay", "8"]):
         done = project.queasy("dispatch", "q", json.dumps(args[0]), *args[1:])
         assert done.returncode == 0, done.stderr
         if args[0] == "block":  # it takes the only worker's 100 units
