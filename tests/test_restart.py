@@ -239,7 +239,7 @@ def test_queasy_run_retries_an_unreachable_redis_then_works(tmp_path: Path) -> N
             (event,) = rt.wait_events("q", 1, timeout=30.0)
             assert (event["id"], event["outcome"]) == ("late", "finished")
         r.close()
-        assert f"using Redis at {masked} (from `redis` of {config})" in log_path.read_text()
+        assert f"queasy run: {config} on {masked}" in log_path.read_text()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     finally:
