@@ -24,6 +24,7 @@ from ..errors import (
     VersionMismatch,
 )
 from ..resolve import config_table, data_dir_for, find_pyproject, resolve
+from ..store.connection import mask_url
 from . import config as config_file
 from . import exitcodes
 
@@ -166,7 +167,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     try:
         connect_retrying(client)
-        log.info("queasy run: %s", conf.source)
+        log.info("queasy run: %s on %s", conf.source, mask_url(client.url))
         for name, (handler, options) in conf.queues.items():
             client.queue(name).listen(handler, **options)
         return client.run()
