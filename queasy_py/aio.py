@@ -49,17 +49,14 @@ class AsyncClient:
         target = url if isinstance(url, Target) else resolve(url, config=config, data_dir=data_dir)
         self.server = target.server
         self.url = target.url
-        log.log(
-            logging.DEBUG if target.source == "the url argument" else logging.INFO,
-            "using %s",
-            target.describe(),
-        )
         try:
             self.redis = from_url(aioredis.Redis, self.url, socket_connect_timeout=5.0)
         except BaseException:
             if self.server is not None:
                 self.server.close()
             raise
+        # INFO when the URL was found (env, config, the embedded server), not given
+        log.log(logging.DEBUG if target.explicit else logging.INFO, "using %s", target.describe())
         self.library_version: str | None = None
         self._queues: dict[str, AsyncQueue] = {}
 

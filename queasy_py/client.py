@@ -63,16 +63,13 @@ class Client:
         target = url if isinstance(url, Target) else resolve(url, config=config, data_dir=data_dir)
         self.server: SharedServer | None = target.server
         self.url = target.url
-        log.log(
-            logging.DEBUG if target.source == "the url argument" else logging.INFO,
-            "using %s",
-            target.describe(),
-        )
         try:  # a bad URL is a ConfigError now; the connection is made by the first call
             self._redis: redis.Redis = producer_client(self.url)
         except BaseException:
             self.close()
             raise
+        # INFO when the URL was found (env, config, the embedded server), not given
+        log.log(logging.DEBUG if target.explicit else logging.INFO, "using %s", target.describe())
         self._fastcall = FastCall(self._redis)
         self.library_version: str | None = None  # set by ready()
         self._connecting = threading.Lock()

@@ -36,11 +36,13 @@ PathLike = str | os.PathLike[str]
 @dataclass
 class Target:
     """The server a client uses: its URL (holding any password: log `describe()`), where the URL
-    came from, and the embedded server this process joined (None for a URL from elsewhere)."""
+    came from (`explicit`: given as an argument or flag), and the embedded server this process
+    joined (None for a URL from elsewhere)."""
 
     url: str
     source: str
     server: SharedServer | None = None
+    explicit: bool = False
 
     def describe(self) -> str:
         if self.server is None:
@@ -100,7 +102,7 @@ def resolve(
     """The server to use, in the module's order; `given` names where `url` came from. Joining
     the embedded server starts it if it does not run: `Target.server.close()` leaves it."""
     if url:
-        return Target(url, given)
+        return Target(url, given, explicit=True)
     env = os.environ.get(defaults.URL_ENV)
     if env:
         return Target(env, f"${defaults.URL_ENV}")
