@@ -445,3 +445,28 @@ def test_a_data_dir_that_cannot_be_made_is_a_config_error(project: Project) -> N
     assert done.returncode == 2, done.stderr
     assert f"cannot use {blocker / 'state'} as the embedded server's data directory" in done.stderr
     assert "--data-dir" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_async_client_uses_the_project_server_and_keeps_its_job(
+    project: Project, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncio
+
+    from queasy_py.aio import AsyncClient
+
+    monkeypatch.chdir(project.dir / "app")
+
+    async def dispatch() -> tuple[Any, ...]:
+        async with AsyncClient() as client:
+            await client.queue("q").dispatch("async")
+            assert client.server is not None
+            return client.server.data_dir, client.server.pid, client.server.keeper_pid
+
+    with caplog.at_level("INFO", logger="queasy_py"):
+        data_dir, pid, keeper_pid = asyncio.run(dispatch())
+    assert data_dir == project.data_dir
+    assert f"using the embedded server of {project.data_dir}" in caplog.text
+    project.assert_gone({"pid": pid, "keeper_pid": keeper_pid})  # stopped at its close
+    with Client(workers=0) as client:  # the next one finds the job on disk
+        assert client.server is not None and client.server.pid != pid
+        assert client.queue("q").counts()["waiting"] == 1
