@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import logging
 import os
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import defaults
 from .errors import ConfigError
 from .store.connection import mask_url
-from .store.embedded import state_dir
-from .store.shared import SharedServer, join
+
+if TYPE_CHECKING:  # imported when needed: a client given a URL (a worker's) does without them
+    from .store.shared import SharedServer
 
 __all__ = ["Target", "config_table", "data_dir_for", "find_pyproject", "resolve"]
 
@@ -67,6 +67,8 @@ def find_pyproject(start: PathLike | None = None) -> Path | None:
 def config_table(path: PathLike) -> dict[str, Any]:
     """The queasy settings of a config file: a pyproject.toml's `[tool.queasy]` table ({} if it
     has none), else the whole file. ConfigError names a file that cannot be read or parsed."""
+    import tomllib
+
     file = Path(path)
     try:
         raw = tomllib.loads(file.read_text())
@@ -89,6 +91,8 @@ def data_dir_for(explicit: PathLike | None = None, config: PathLike | None = Non
     file = Path(config) if config is not None else find_pyproject()
     if file is not None:
         return file.absolute().parent / defaults.STATE_DIR_NAME
+    from .store.embedded import state_dir
+
     return state_dir() / "default"
 
 
@@ -113,5 +117,7 @@ def resolve(
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{file}: redis: must be a Redis URL string")
             return Target(value, f"`redis` of {file}")
+    from .store.shared import join
+
     server = join(data_dir_for(data_dir, file))
     return Target(server.url, "embedded", server)
