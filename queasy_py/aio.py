@@ -11,7 +11,7 @@ and fail_queue; running handlers (listen/run) stays with the synchronous Client.
 
 from __future__ import annotations
 
-import os
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -22,33 +22,41 @@ from . import defaults, validate
 from .errors import ConnectionFailed, InvalidInput
 from .job import JobInfo
 from .queue import QueueBase
+from .resolve import PathLike, Target, resolve
 from .store.connection import from_url, mask_url
 from .store.library import handshake, lua_error, run_handshake_async
 
+log = logging.getLogger("queasy_py")
+
 
 class AsyncClient:
-    """Like Client (url None: $QUEASY_REDIS_URL, else an embedded server), for asyncio."""
+    """Like Client (url None: $QUEASY_REDIS_URL, else the project config's `redis`, else the
+    project's embedded server: queasy_py/resolve.py), for asyncio."""
 
     def __init__(
         self,
-        url: str | None = None,
+        url: str | Target | None = None,
         *,
         prefix: str = defaults.PREFIX,
         max_payload: int = defaults.MAX_PAYLOAD_BYTES,
+        config: PathLike | None = None,
+        data_dir: PathLike | None = None,
     ) -> None:
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise InvalidInput(f"invalid key prefix {prefix!r}: a non-empty str without braces")
         self.prefix = prefix
         self.max_payload = max_payload
-        self.server = None
-        url = url or os.environ.get(defaults.URL_ENV) or None
-        if url is None:
-            from .store.embedded import EmbeddedServer
-
-            self.server = EmbeddedServer().start()
-            url = self.server.url
-        self.url = url
-        self.redis = from_url(aioredis.Redis, url, socket_connect_timeout=5.0)
+        target = url if isinstance(url, Target) else resolve(url, config=config, data_dir=data_dir)
+        self.server = target.server
+        self.url = target.url
+        try:
+            self.redis = from_url(aioredis.Redis, self.url, socket_connect_timeout=5.0)
+        except BaseException:
+            if self.server is not None:
+                self.server.close()
+            raise
+        # INFO when the URL was found (env, config, the embedded server), not given
+        log.log(logging.DEBUG if target.explicit else logging.INFO, "using %s", target.describe())
         self.library_version: str | None = None
         self._queues: dict[str, AsyncQueue] = {}
 
@@ -83,7 +91,7 @@ class AsyncClient:
     async def close(self) -> None:
         await self.redis.aclose()
         if self.server is not None:
-            self.server.stop()
+            self.server.close()  # stops it if no other process uses it: a short wait
             self.server = None
 
     async def __aenter__(self) -> AsyncClient:

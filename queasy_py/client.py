@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +12,7 @@ from . import defaults
 from .errors import InvalidInput, QueasyError
 from .options import check_setting
 from .queue import Queue
+from .resolve import PathLike, Target, resolve
 from .store.calls import FastCall
 from .store.connection import mask_url, new_client_id, producer_client, wait_reachable
 from .store.library import ensure_loaded
@@ -20,13 +20,15 @@ from .store.library import ensure_loaded
 if TYPE_CHECKING:
     from .options import ListenOptions
     from .runtime.supervisor import Supervisor
-    from .store.embedded import EmbeddedServer
+    from .store.shared import SharedServer
 
 log = logging.getLogger("queasy_py")
 
 
 class Client:
-    """A connection to Redis. `url` None: $QUEASY_REDIS_URL, else an embedded server.
+    """A connection to Redis. `url` None: $QUEASY_REDIS_URL, else the `redis` of the project's
+    config (`config`: a TOML file; default the [tool.queasy] of the project's pyproject.toml),
+    else the project's embedded server (`data_dir`: its directory), as queasy_py/resolve.py says.
 
     Making one does not connect (a module-level client imports while Redis is down): the
     first call that needs Redis connects and loads the function library (ready()), as
@@ -39,11 +41,13 @@ class Client:
 
     def __init__(
         self,
-        url: str | None = None,
+        url: str | Target | None = None,
         workers: int | None = None,
         *,
         prefix: str = defaults.PREFIX,
         max_payload: int = defaults.MAX_PAYLOAD_BYTES,
+        config: PathLike | None = None,
+        data_dir: PathLike | None = None,
         **settings: Any,
     ) -> None:
         unknown = set(settings) - set(defaults.SUPERVISOR)
@@ -56,20 +60,16 @@ class Client:
         self.prefix = prefix
         self.max_payload = max_payload
         self.settings: dict[str, Any] = {**defaults.SUPERVISOR, **settings, "workers": workers}
-        self.server: EmbeddedServer | None = None
-        url = url or os.environ.get(defaults.URL_ENV) or None
-        if url is None:
-            from .store.embedded import EmbeddedServer
-
-            self.server = EmbeddedServer().start()
-            url = self.server.url
-            log.info("no Redis URL given: using an embedded server at %s", mask_url(url))
-        self.url = url
+        target = url if isinstance(url, Target) else resolve(url, config=config, data_dir=data_dir)
+        self.server: SharedServer | None = target.server
+        self.url = target.url
         try:  # a bad URL is a ConfigError now; the connection is made by the first call
-            self._redis: redis.Redis = producer_client(url)
+            self._redis: redis.Redis = producer_client(self.url)
         except BaseException:
             self.close()
             raise
+        # INFO when the URL was found (env, config, the embedded server), not given
+        log.log(logging.DEBUG if target.explicit else logging.INFO, "using %s", target.describe())
         self._fastcall = FastCall(self._redis)
         self.library_version: str | None = None  # set by ready()
         self._connecting = threading.Lock()
@@ -135,6 +135,8 @@ class Client:
             raise QueasyError("this client was made with workers=0 (producer only): it cannot run")
         self.ready()
         self._supervisor = Supervisor(self)
+        if self.server is not None:
+            self.server.long_lived = True
         try:
             return self._supervisor.run()
         finally:
@@ -151,7 +153,7 @@ class Client:
         if redis_client is not None:
             redis_client.close()
         if self.server is not None:
-            self.server.stop()
+            self.server.close()
             self.server = None
 
     def __enter__(self) -> Client:

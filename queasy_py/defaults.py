@@ -26,6 +26,15 @@ PREFIX_ENV = "QUEASY_PREFIX"
 LOG_LEVEL_ENV = "QUEASY_LOG_LEVEL"
 #: log line format of the `queasy` command and of every worker process
 LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
+#: environment variable naming the embedded server's data directory (README "Where it runs")
+DATA_DIR_ENV = "QUEASY_DATA_DIR"
+#: the embedded server's data directory inside a project directory (the first one holding a
+#: pyproject.toml, walking up from the working directory)
+STATE_DIR_NAME = ".queasy"
+#: seconds between the embedded server keeper's checks whether any process still uses it
+KEEPER_POLL_INTERVAL = 0.1
+#: seconds a process waits for the project's embedded server to start (or to stop, at close)
+EMBEDDED_START_TIMEOUT = 30.0
 #: capacity units of one worker process
 WORKER_UNITS = 100
 #: seconds the scheduling loop waits on one Redis call at most (its own connections; a frozen
