@@ -24,6 +24,7 @@ import redis
 
 from .. import defaults
 from ..errors import InvalidInput
+from ..store import fields
 from .outage import transient
 
 if TYPE_CHECKING:
@@ -210,6 +211,22 @@ class Schedules:
             schedule = build(state.name, state.spec)
             if schedule is not None:
                 self.checks[state.base] = ScheduleCheck(state, schedule, interval)
+
+    def seed(self, r: redis.Redis) -> None:
+        """Read every schedule once before the first round, so that round's checks compute
+        from what is stored: a pending occurrence missed while everything was down is moved
+        (catch-up) before the round's own dequeue could take it. Bounded by `r`'s timeout;
+        on an error the first checks are stale and answered with what is stored."""
+        for check in self.checks.values():
+            row = r.fcall_ro("queasy_schedule_info", 1, check.state.base, "")
+            if row is not None:
+                spec, fire_at, state, last = (fields.text(v) for v in row[:4])
+                check.seen = Seen(
+                    int(fire_at) if fire_at else None,
+                    spec,
+                    int(last) if last else None,
+                    "waiting" if state == "delayed" else state,
+                )
 
     def next_due(self) -> float:
         """Monotonic time of the next check (inf without schedules)."""

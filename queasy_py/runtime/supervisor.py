@@ -259,6 +259,7 @@ class Supervisor:
             except (redis.RedisError, OSError) as exc:  # an outage from the start: the
                 log.error("first heartbeat failed: %s", exc)  # heartbeat thread retries
                 self.heartbeat.last_ok = 0.0  # liveness unknown until it answers
+            self._seed_schedules()
             self.heartbeat.start()
             self.wakeup.ensure()
             log.info(
@@ -283,6 +284,13 @@ class Supervisor:
             self.r.close()
             self.events.close()
         return 0
+
+    def _seed_schedules(self) -> None:
+        if self.heartbeat.last_ok and self.rounds.schedules.checks:
+            try:
+                self.rounds.schedules.seed(self.r)
+            except (redis.RedisError, OSError) as exc:  # the first checks learn it instead
+                log.warning("could not read the schedules at start: %s", exc)
 
     # ------------------------------------------------------------------ shutdown
 
