@@ -159,7 +159,9 @@ class ScheduleCheck:
             create = s.latest(now) if self.once else s.next_after(now)
             skipped = s.count(at, create)
         retime, moved = None, 0
-        if seen.spec != s.text:  # the schedule changed: the pending occurrence follows it
+        if seen.state != "waiting":  # only a pending one may move (the library checks too)
+            pass
+        elif seen.spec != s.text:  # the schedule changed: the pending occurrence follows it
             retime = s.next_after(max(now, seen.last_fire_at or 0))
         elif self.once and at < now - GRACE_MS:  # a second fire time passed: run once, now
             retime = s.latest(now)
