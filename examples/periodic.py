@@ -1,4 +1,5 @@
-"""A periodic job that re-dispatches itself and survives crashes through handlers.reschedule.
+"""A periodic job that re-dispatches itself and survives crashes through handlers.reschedule
+(the lower-level recipe; examples/scheduled.py uses listen(schedule=...)).
 
     python examples/periodic.py      # Ctrl-C to stop
 
