@@ -959,7 +959,8 @@ Returns: {code, fire_at, spec, last_fire_at, state} after the call: code 0 nothi
          written; compute again from the fire_at returned), 2 created, 3 moved; fire_at,
          spec, last_fire_at of B:schedule ('' when unset); state: 'active', 'waiting' or ''.
 Refuses: (INVALID, nothing written) a bad spec, a time not integer ms in 0..MAX_MS, create_at
-         not later than seen, retime_at not later than the last fire time that ended.
+         not later than seen; from a caller that is not stale, retime_at not later than the
+         last fire time that ended.
 Emits:   PUBLISH B:wake <fire time> when it creates or moves the occurrence.
 ]]
 local function schedule(keys, args)
@@ -983,17 +984,17 @@ local function schedule(keys, args)
   local skey = B .. ':schedule'
   local s = redis.call('HMGET', skey, 'fire_at', 'spec', 'last_fire_at', 'skipped')
   local fire_at, last_fire_at = tonumber(s[1]), tonumber(s[3])
-  if retime_at ~= nil and last_fire_at ~= nil and retime_at <= last_fire_at then
-    invalid('retime_at must be later than the last fire time that ended, got '
-      .. shown(args[5]))
-  end
   local state = occurrence_state(B)
   local function reply(code)
     local row = redis.call('HMGET', skey, 'fire_at', 'spec', 'last_fire_at')
     return {code, row[1] or '', row[2] or '', row[3] or '', occurrence_state(B)}
   end
-  if fire_at ~= seen then
+  if fire_at ~= seen then -- first: a caller that computed from an old fire time learns it
     return reply(1)
+  end
+  if retime_at ~= nil and last_fire_at ~= nil and retime_at <= last_fire_at then
+    invalid('retime_at must be later than the last fire time that ended, got '
+      .. shown(args[5]))
   end
   local at, skipped = nil, 0
   local jkey = B .. ':job:' .. SCHEDULE_ID

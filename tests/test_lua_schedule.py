@@ -196,3 +196,16 @@ def test_cancelling_a_blocked_copy_of_a_running_occurrence_is_no_end(lua: Lua) -
     assert lua.cancel(SCHEDULE_ID, now=T1) == 1
     info = schedule_info(lua, now=T1)
     assert (info["state"], info["last_outcome"]) == ("active", "")
+
+
+def test_a_caller_behind_is_told_it_is_stale_before_its_move_is_checked(lua: Lua) -> None:
+    """A supervisor that missed occurrences (an outage) proposes a move computed from an old
+    fire time: it must learn the stored fire time, not be refused at every check (found by
+    the chaos test)."""
+    schedule(lua, None, T1)
+    for at, nxt in ((T1, T2), (T2, T3)):
+        job = lua.dequeue("c1", now=at).jobs[0]
+        assert lua.finish("c1", job, now=at) == Ack.OK
+        assert schedule(lua, at, nxt, now=at).code == CREATED
+    got = schedule(lua, T1, T2, retime_at=T2, now=T3)  # T2 ran already
+    assert (got.code, got.fire_at, got.last_fire_at) == (STALE, T3, T2)

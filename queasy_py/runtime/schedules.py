@@ -270,8 +270,9 @@ class Schedules:
             if isinstance(reply, redis.ResponseError):
                 if transient(reply):
                     refused, check.due = reply, 0.0
-                else:
+                else:  # learn what is stored again before the next
                     log.error("schedule check of %s failed: %s", check.state.name, reply)
+                    check.seen = Seen()
                 continue
             try:
                 check.on_reply(reply, self.clock)

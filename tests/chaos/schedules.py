@@ -128,5 +128,15 @@ def check_schedule(
     times = [a.t for a in attempts if a.t >= since]
     for before, after in zip([since, *times], [*times, now], strict=True):
         if after - before > PERIODIC_WINDOW:
-            flag(("live", round(before, 3)), f"did not start for {after - before:.1f}s")
+            seen = [
+                f"{e.outcome}@{e.ended:.3f}/{e.client}/{e.counts}"
+                for e in records.events.get(key, ())
+                if before - 1 <= e.ended <= after
+            ]
+            last = [a.describe() for a in attempts if a.t == before]
+            flag(
+                ("live", round(before, 3)),
+                f"did not start for {after - before:.1f}s (from {before:.3f}: {last}; "
+                f"outcomes then: {seen}; faults: {[w for w in faults if w[1] >= before - 5]})",
+            )
     return tally
