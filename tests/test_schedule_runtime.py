@@ -180,10 +180,10 @@ def test_fire_times_missed_while_everything_was_down_run_once_or_are_skipped(
 
 
 def next_occurrences(sup: Any) -> list[tuple[float, float]]:
-    """(when, fire time) of each occurrence the supervisor created or moved, from its log."""
+    """(when, fire time) of each occurrence the supervisor moved (catch-up), from its log."""
     out = []
     for line in sup.log().splitlines():
-        if "schedule of q: next occurrence at " in line:
+        if "schedule of q: the occurrence of " in line and " moved it to " in line:
             stamp = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
             at = datetime.fromisoformat(line.rsplit(" ", 1)[1]).timestamp()
             out.append((stamp + int(line[20:23]) / 1000, at))

@@ -182,22 +182,47 @@ class ScheduleCheck:
 
     def on_reply(self, reply: list, clock: ServerClock) -> None:
         code, fire_at, spec, last, state = reply
+        before, code = self.seen, int(code)
         self.seen = Seen(
             int(fire_at) if fire_at else None,
             spec.decode() if isinstance(spec, bytes) else str(spec),
             int(last) if last else None,
             state.decode() if isinstance(state, bytes) else str(state),
         )
-        if int(code) == STALE:  # another supervisor moved it on: compute again, now
+        if code == STALE:  # another supervisor moved it on: compute again, now
             self.due = 0.0
-        if int(code) in (CREATED, MOVED) and self.seen.fire_at is not None:
-            ready = clock.local(self.seen.fire_at)
-            self.state.ready_at = min(self.state.ready_at, ready)
-            log.debug(
-                "schedule of %s: next occurrence at %s",
-                self.state.name,
-                datetime.fromtimestamp(self.seen.fire_at / 1000, self.schedule.zone).isoformat(),
+        if code not in (CREATED, MOVED) or self.seen.fire_at is None:
+            return
+        self.state.ready_at = min(self.state.ready_at, clock.local(self.seen.fire_at))
+        name, at = self.state.name, self.iso(self.seen.fire_at)
+        if code == MOVED and before.spec != self.schedule.text:
+            text = self.schedule.text
+            log.info("schedule of %s is now %r: next occurrence at %s", name, text, at)
+        elif code == MOVED:
+            log.warning(
+                "schedule of %s: the occurrence of %s could not start in time; catch_up=%s "
+                "moved it to %s",
+                name,
+                self.iso(before.fire_at or 0),
+                self.state.spec.catch_up,
+                at,
             )
+        elif before.fire_at is not None and self.schedule.next_after(before.fire_at) < (
+            self.seen.fire_at
+        ):
+            log.warning(
+                "schedule of %s: fire times after %s were missed (the last occurrence ended "
+                "late); catch_up=%s: next occurrence at %s",
+                name,
+                self.iso(before.fire_at),
+                self.state.spec.catch_up,
+                at,
+            )
+        else:
+            log.debug("schedule of %s: next occurrence at %s", name, at)
+
+    def iso(self, ms: int) -> str:
+        return datetime.fromtimestamp(ms / 1000, self.schedule.zone).isoformat()
 
 
 class Schedules:

@@ -25,7 +25,7 @@ from .faults import ServerFaults, missing_function, refused_write
 from .handlers import PERIODIC_QUEUE, SCHEDULED, WORK_QUEUES, records_key
 from .hostile import Hostile
 from .invariants import PERIODIC_WINDOW, PROGRESS_WINDOW, Checker, Records
-from .schedules import check_schedule
+from .schedules import check_schedule, moves_in
 
 PERIODIC_IDS = [f"periodic-{n}" for n in range(4)]
 TICK = 0.1
@@ -333,9 +333,10 @@ class Chaos:
         self.checker.check_all()
         self.checker.check_periodic(PERIODIC_IDS, begin + PERIODIC_WINDOW, now)
         tally = self.checker.check_lost(counts, now - GRACE)
+        moves = moves_in(self.cluster.logs())
         for q, info in schedules.items():
-            since = begin + PERIODIC_WINDOW
-            found = check_schedule(self.checker, q, info, self.faults.windows, since, now)
+            faults, since = self.faults.windows, begin + PERIODIC_WINDOW
+            found = check_schedule(self.checker, q, info, faults, moves.get(q, []), since, now)
             tally.update({f"{q}_{k}": v for k, v in found.items()})
         self.report()
         kills = self.cluster.kills

@@ -13,14 +13,19 @@ occurrence lies between the terminal outcome before it and its own.
   8c nothing lost: a fire time of the schedule, from the first seen to the pending one, that
      no occurrence had, was passed over by catch-up while it could not run: the occurrence
      before it ended after it (it still ran, or waited for its retry), or a fault of the
-     queue's server came within a period and SCHEDULE_GRACE of it (the pending occurrence
-     could not start and was moved). Killed or frozen supervisors are no excuse: one is
-     always left running, and a scheduled queue has the highest priority.
+     queue's server came within a period and SCHEDULE_GRACE of it, or a supervisor moved the
+     pending occurrence past it (its log says so) once it could not start in time: not before
+     SCHEDULE_GRACE after its fire time with catch_up "skip", after the next fire time's
+     with "once" (a move any earlier is a violation).
   8d live: each scheduled queue starts at least once in every PERIODIC_WINDOW seconds.
 """
 
 from __future__ import annotations
 
+import re
+import time
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from queasy_py import ScheduleInfo
@@ -43,6 +48,29 @@ def schedule_of(queue: str) -> Schedule:
     return schedule
 
 
+#: a supervisor's log line of a catch-up move (runtime/schedules.py ScheduleCheck.on_reply)
+MOVE = re.compile(
+    r"^(\S+ \S+) \S+ WARNING schedule of (\S+): the occurrence of (\S+) could not start "
+    r"in time; catch_up=\w+ moved it to (\S+)$"
+)
+
+
+def moves_in(logs: list[Path]) -> dict[str, list[tuple[float, float, float]]]:
+    """(logged at, from fire time, to fire time) of each catch-up move, by queue."""
+    out: dict[str, list[tuple[float, float, float]]] = {}
+    for path in logs:
+        for line in path.read_text(errors="replace").splitlines():
+            found = MOVE.match(line)
+            if found is None:
+                continue
+            stamp, queue, old, new = found.groups()
+            at = time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S"))
+            at += int(stamp[20:23]) / 1000
+            moved = [datetime.fromisoformat(x).timestamp() for x in (old, new)]
+            out.setdefault(queue, []).append((at, moved[0], moved[1]))
+    return out
+
+
 def fire_of(a: Attempt) -> float:
     return float(a.extra["fire"])
 
@@ -52,6 +80,7 @@ def check_schedule(
     queue: str,
     info: ScheduleInfo | None,
     faults: list[tuple[float, float]],
+    moves: list[tuple[float, float, float]],
     since: float,
     now: float,
 ) -> dict[str, Any]:
@@ -98,8 +127,14 @@ def check_schedule(
             last_fire = max(last_fire, fire)
             if k < len(ends):
                 ended_at[fire] = ends[k]
-    # 8c: fire times passed over, each for a reason
-    tally = {"fires": len(fires), "overlap": 0, "fault": 0, "unknown_end": 0}
+    # 8c: fire times passed over, each for a reason; a move only once it could not start
+    once = SCHEDULED[queue].get("catch_up", "once") == "once"
+    for moved_at, old, _ in moves:
+        ms = round(old * 1000)
+        due = (schedule.next_after(ms) if once else ms) / 1000 + SCHEDULE_GRACE
+        if moved_at < due - 0.05:
+            flag(("early", old), f"moved the occurrence of {old:.3f} at {moved_at:.3f} < {due:.3f}")
+    tally = {"fires": len(fires), "overlap": 0, "fault": 0, "moved": 0, "unknown_end": 0}
     if fires:
         at = round(fires[0] * 1000)
         period = (schedule.next_after(at) - at) / 1000
@@ -117,6 +152,8 @@ def check_schedule(
                     tally["overlap"] += 1
                 elif any(b <= hi and e >= lo for b, e in faults):
                     tally["fault"] += 1
+                elif any(old <= g < new for _, old, new in moves):
+                    tally["moved"] += 1
                 else:
                     flag(
                         ("lost", g),
