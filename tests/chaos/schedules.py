@@ -34,7 +34,7 @@ from queasy_py.options import ListenOptions
 from queasy_py.runtime.schedules import Schedule, build
 
 from .handlers import SCHEDULED
-from .invariants import MS, PERIODIC_WINDOW, Attempt, Checker
+from .invariants import PERIODIC_WINDOW, Attempt, Checker
 
 #: seconds from an occurrence's end to the creation of the next (the same pipeline, or one
 #: round more when a supervisor's view was stale)
@@ -115,12 +115,14 @@ def check_schedule(
     for k in range(len(ends) + 1):
         low = ends[k - 1] if k else float("-inf")
         high = ends[k] if k < len(ends) else float("inf")
-        inside = [
-            a for a in attempts if low + MS < a.t <= high + MS and not checker.zombie(a)
-        ]
+        # no slack: the next occurrence is created after this one's terminal FCALL (its
+        # ended_at, ms read by TIME at its start), so its first attempt starts after it, maybe
+        # within a millisecond; an attempt of this one started well before its ack
+        inside = [a for a in attempts if low < a.t <= high and not checker.zombie(a)]
         seen = sorted({fire_of(a) for a in inside})
         if len(seen) > 1:
-            flag(("mixed", low), f"occurrence ending at {high:.3f} ran fire times {seen}")
+            runs = "; ".join(f"{fire_of(a):.3f} {a.describe()}" for a in inside)
+            flag(("mixed", low), f"occurrence ending at {high:.3f} ran fire times {seen}: {runs}")
         for fire in seen:
             if fire <= last_fire:
                 flag(("again", fire), f"fire time {fire:.3f} ran after {last_fire:.3f} did")
