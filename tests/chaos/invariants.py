@@ -30,9 +30,10 @@ supervisor explains why (the group was frozen, swept, and its worker ran on afte
      InvalidInput and writes nothing.
   8. Schedules (tests/chaos/schedules.py): every fire time of a scheduled queue since start
      ran exactly once (one terminal outcome), or is the one pending, or catch-up passed over
-     it while it could not run (its previous occurrence still ran, or the server had a
-     fault); fire times are on the schedule's grid, never run out of order, and each
-     scheduled queue starts at least once in every PERIODIC_WINDOW seconds.
+     it while it could not run (its previous occurrence still ran, the server had a fault, or
+     a supervisor logged moving it once it could not start in time); fire times are on the
+     schedule's grid, never run out of order, and each scheduled queue starts at least once
+     in every PERIODIC_WINDOW seconds.
 """
 
 from __future__ import annotations
