@@ -31,6 +31,10 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:events             stream  one entry per job outcome (capped, MAXLEN ~): id, queue, outcome,
                                run_at, started_at, ended_at, client, pid, retry_count,
                                stall_count, timeout_count, error_name, error_kind
+  B:schedule           hash    the queue's schedule (queasy_schedule): spec (its text), fire_at
+                               (ms: fire time of the current occurrence, job id SCHEDULE_ID),
+                               skipped (fire times catch-up passed over), and of the last
+                               occurrence that ended: last_fire_at, last_outcome, last_ended_at
   B:wake               channel PUBLISHed when a dispatch may make a job ready earlier
   B:push:<client>      channel a job pushed to <client> (already leased to it), one per message:
                                "id\ntoken\nrun_at\nretry_count\nstall_count\ntimeout_count\ndata"
@@ -53,13 +57,15 @@ Result codes (queasy_py/store/library.py maps them to an enum):
   dequeue/bump: status 0 ok, 2 swept (this client was swept as dead; start over)
 ]]
 
-local VERSION = '1.3.0'
+local VERSION = '1.4.0'
 local OWNER = 'queasy_py' -- queasy_library returns OWNER .. ' ' .. VERSION: our marker
 local TOMBSTONE_MS = 86400000
 local MAX_MS = 253402300799999 -- 9999-12-31T23:59:59.999Z
 local MAX_COUNT = 999999999999 -- events maxlen, batch limit, expiry window, pid
 local MAX_ID_CHARS = 256
 local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count'}
+local SCHEDULE_ID = 'schedule' -- the id of a schedule's occurrence (queasy_py defaults.py)
+local MAX_SPEC = 200 -- bytes of a schedule's text
 
 -- ---------------------------------------------------------------- checks (before any write)
 
@@ -497,6 +503,18 @@ local function next_run_at(B)
   return int(tonumber(first[2]))
 end
 
+-- The occurrence of B's schedule (job id SCHEDULE_ID) ended (`outcome` finished, failed or
+-- cancelled; a cancelled blocked copy while it is active is no end): B:schedule keeps its
+-- fire time and outcome, for status. Other ids cost nothing.
+local function schedule_ended(B, id, now, outcome)
+  if id == SCHEDULE_ID and redis.call('EXISTS', B .. ':schedule') == 1
+      and redis.call('EXISTS', B .. ':active:' .. id) == 0 then
+    local skey = B .. ':schedule'
+    redis.call('HSET', skey, 'last_fire_at', redis.call('HGET', skey, 'fire_at') or '',
+      'last_outcome', outcome, 'last_ended_at', int(now))
+  end
+end
+
 -- ================================================================ entry points, grouped by the
 -- state they change (helpers above; registration at the end)
 
@@ -613,7 +631,7 @@ ARGV[1]  now (ms or '')
 ARGV[2]  events maxlen (0: no event)
 ARGV[3]  id
 Returns: 1 if a job was removed, else 0.
-Emits:   event outcome=cancelled.
+Emits:   event outcome=cancelled. The end of a schedule's occurrence is noted in B:schedule.
 ]]
 local function cancel(keys, args)
   local B = keys[1]
@@ -629,6 +647,7 @@ local function cancel(keys, args)
   redis.call('ZREM', B .. ':waiting', id)
   redis.call('SREM', B .. ':blocked', id)
   outcome_event(B, maxlen, now, 'cancelled', job, '', '', '', '')
+  schedule_ended(B, id, now, 'cancelled')
   return 1
 end
 
@@ -716,7 +735,8 @@ ARGV[2]  client id
 ARGV[3]  events maxlen
 ARGV[4..] quadruples: id, token, worker pid ('' or digits), started_at ('' or ms)
 Returns: one code per job: 0 ok, 1 stale (lease lost; nothing changed).
-Emits:   event outcome=finished. A blocked job with the same id becomes waiting.
+Emits:   event outcome=finished. A blocked job with the same id becomes waiting. The end
+         of a schedule's occurrence is noted in B:schedule (its next: queasy_schedule).
 ]]
 local function finish(keys, args)
   local B = keys[1]
@@ -726,6 +746,7 @@ local function finish(keys, args)
   return each_leased(B, client, args, 4, function(job, i)
     outcome_event(B, maxlen, now, 'finished', job, args[i + 2], args[i + 3], '', '')
     retire(B, job.id, any_blocked)
+    schedule_ended(B, job.id, now, 'finished')
   end)
 end
 
@@ -791,7 +812,8 @@ ARGV[4..] groups of 8: id, token, fail job id (the id rules; '' without F), fail
           started_at, error name, error kind
 Returns: one code per job: 0 ok, 1 stale (nothing changed, no fail job).
 Refuses: with F, a fail job id that breaks the id rules (INVALID, nothing written).
-Emits:   event outcome=failed on B; PUBLISH F:wake.
+Emits:   event outcome=failed on B; PUBLISH F:wake. The end of a schedule's occurrence is
+         noted in B:schedule (its next: queasy_schedule).
 ]]
 local function fail(keys, args)
   local B, F = keys[1], keys[2]
@@ -808,6 +830,7 @@ local function fail(keys, args)
     outcome_event(B, maxlen, now, 'failed', job, args[i + 4], args[i + 5], args[i + 6],
       args[i + 7])
     retire(B, job.id, any_blocked)
+    schedule_ended(B, job.id, now, 'failed')
     if F ~= nil then
       local fid = args[i + 2]
       write_job(F .. ':job:' .. fid, {id = fid, data = args[i + 3], run_at = now,
@@ -886,6 +909,119 @@ local function unpark(keys, args)
   return {had, redis.call('PUBLISH', B .. ':push:' .. client, mark)}
 end
 
+-- ---------------------------------------------------------------- schedules
+
+-- A schedule's text: 1-200 bytes, no control character (spaces allowed).
+local function check_spec(arg)
+  if type(arg) ~= 'string' or arg == '' or #arg > MAX_SPEC
+      or string.find(arg, '[%z\1-\31\127]') then
+    invalid('spec must be 1-' .. MAX_SPEC .. ' characters without control characters, got '
+      .. shown(arg))
+  end
+  return arg
+end
+
+-- The data of the occurrence for fire time `fire_at` (ms): {"fire_at": <epoch seconds>}.
+local function fire_data(fire_at)
+  return '{"fire_at":' .. int(math.floor(fire_at / 1000)) .. '.'
+    .. string.format('%03d', fire_at % 1000) .. '}'
+end
+
+-- The occurrence's state: 'active' (a blocked copy may wait behind it), 'waiting' (waiting or
+-- delayed), or '' when there is none.
+local function occurrence_state(B)
+  if redis.call('EXISTS', B .. ':active:' .. SCHEDULE_ID) == 1 then
+    return 'active'
+  elseif redis.call('EXISTS', B .. ':job:' .. SCHEDULE_ID) == 1 then
+    return 'waiting'
+  end
+  return ''
+end
+
+--[[ queasy_schedule: keep a queue's schedule going. Its one occurrence (job id SCHEDULE_ID,
+data {"fire_at": seconds}, run_at its fire time) is created for the next fire time when there
+is none (the last one ended), or a pending one that never ran is moved (the schedule changed,
+or catch-up). Fire times only grow, so several supervisors never create one twice.
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2]  spec: the schedule's text (1-200 bytes, no control character), stored for status
+ARGV[3]  seen: B:schedule's fire_at (ms) that the caller computed from, '' when it saw none
+ARGV[4]  create_at: fire time (ms) of the occurrence to create if there is none; > seen
+ARGV[5]  retime_at: fire time (ms) to move the pending occurrence to, or '': only one waiting
+         with fire time `seen` that never ran (run_at = fire time, counts 0); it must be later
+         than the last fire time that ended
+ARGV[6]  skipped if created: fire times that creating at create_at passes over (catch-up),
+         added to B:schedule's skipped (0 ..= MAX_COUNT)
+ARGV[7]  skipped if moved: fire times that moving to retime_at passes over (the pending one's
+         included), added to B:schedule's skipped (0 ..= MAX_COUNT)
+Returns: {code, fire_at, spec, last_fire_at, state} after the call: code 0 nothing to do (the
+         occurrence exists and stays), 1 stale (B:schedule's fire_at is not `seen`: nothing
+         written; compute again from the fire_at returned), 2 created, 3 moved; fire_at,
+         spec, last_fire_at of B:schedule ('' when unset); state: 'active', 'waiting' or ''.
+Refuses: (INVALID, nothing written) a bad spec, a time not integer ms in 0..MAX_MS, create_at
+         not later than seen; from a caller that is not stale, retime_at not later than the
+         last fire time that ended.
+Emits:   PUBLISH B:wake <fire time> when it creates or moves the occurrence.
+]]
+local function schedule(keys, args)
+  local B = keys[1]
+  local now = clock(args[1])
+  local spec = check_spec(args[2])
+  local seen = nil
+  if args[3] ~= '' then
+    seen = ms(args[3], 'seen')
+  end
+  local create_at = ms(args[4], 'create_at')
+  local retime_at = nil
+  if args[5] ~= '' then
+    retime_at = ms(args[5], 'retime_at')
+  end
+  local skipped_create = whole(args[6], 'skipped if created', MAX_COUNT)
+  local skipped_move = whole(args[7], 'skipped if moved', MAX_COUNT)
+  if seen ~= nil and create_at <= seen then
+    invalid('create_at must be later than seen, got ' .. shown(args[4]))
+  end
+  local skey = B .. ':schedule'
+  local s = redis.call('HMGET', skey, 'fire_at', 'spec', 'last_fire_at', 'skipped')
+  local fire_at, last_fire_at = tonumber(s[1]), tonumber(s[3])
+  local state = occurrence_state(B)
+  local function reply(code)
+    local row = redis.call('HMGET', skey, 'fire_at', 'spec', 'last_fire_at')
+    return {code, row[1] or '', row[2] or '', row[3] or '', occurrence_state(B)}
+  end
+  if fire_at ~= seen then -- first: a caller that computed from an old fire time learns it
+    return reply(1)
+  end
+  if retime_at ~= nil and last_fire_at ~= nil and retime_at <= last_fire_at then
+    invalid('retime_at must be later than the last fire time that ended, got '
+      .. shown(args[5]))
+  end
+  local at, skipped = nil, 0
+  local jkey = B .. ':job:' .. SCHEDULE_ID
+  if state == '' then
+    at, skipped = create_at, skipped_create
+  elseif retime_at ~= nil and state == 'waiting' then
+    local job = read_job(jkey)
+    if job.run_at == fire_at and job.retry_count == 0 and job.stall_count == 0
+        and job.timeout_count == 0 then
+      at, skipped = retime_at, skipped_move
+    end
+  end
+  if at == nil then
+    return reply(0)
+  end
+  write_job(jkey, {id = SCHEDULE_ID, data = fire_data(at), run_at = at, retry_count = 0,
+    stall_count = 0, timeout_count = 0})
+  redis.call('ZADD', B .. ':waiting', int(at), SCHEDULE_ID)
+  redis.call('HSET', skey, 'spec', spec, 'fire_at', int(at),
+    'skipped', int(math.min(MAX_COUNT, field_int(s[4], MAX_COUNT) + skipped)))
+  redis.call('PUBLISH', B .. ':wake', int(at))
+  if state == '' then
+    return reply(2)
+  end
+  return reply(3)
+end
+
 -- ---------------------------------------------------------------- reads: no writes
 
 --[[ queasy_get_job: one job's record and state (read-only).
@@ -950,6 +1086,30 @@ local function leases(keys, args)
   return redis.call('HGETALL', keys[1] .. ':lease:' .. args[2])
 end
 
+--[[ queasy_schedule_info: a queue's schedule (read-only), for status.
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+Returns: nil when B has no schedule, else {spec, fire_at, state, last_fire_at, last_outcome,
+         last_ended_at, skipped}: fire_at is the current occurrence's fire time; state its
+         state ('active' | 'waiting' | 'delayed', '' when there is none: the next check of a
+         supervisor creates it); '' for a field not set yet.
+]]
+local function schedule_info(keys, args)
+  local B = keys[1]
+  local now = clock(args[1])
+  local v = redis.call('HMGET', B .. ':schedule', 'spec', 'fire_at', 'last_fire_at',
+    'last_outcome', 'last_ended_at', 'skipped')
+  if v[1] == false then
+    return nil
+  end
+  local state = occurrence_state(B)
+  if state == 'waiting'
+      and field_int(redis.call('HGET', B .. ':job:' .. SCHEDULE_ID, 'run_at'), MAX_MS) > now then
+    state = 'delayed'
+  end
+  return {v[1], v[2] or '', state, v[3] or '', v[4] or '', v[5] or '', v[6] or '0'}
+end
+
 --[[ queasy_version
 KEYS: none.  ARGV: none.
 Returns: the library version string, "major.minor.patch" (the shape every queasy_py expects).
@@ -978,11 +1138,14 @@ redis.register_function('queasy_fail', fail)
 redis.register_function('queasy_bump', bump)
 redis.register_function('queasy_leave', leave)
 redis.register_function('queasy_unpark', unpark)
+redis.register_function('queasy_schedule', schedule)
 redis.register_function{function_name = 'queasy_get_job', callback = get_job,
   flags = {'no-writes'}}
 redis.register_function{function_name = 'queasy_counts', callback = counts,
   flags = {'no-writes'}}
 redis.register_function{function_name = 'queasy_leases', callback = leases,
+  flags = {'no-writes'}}
+redis.register_function{function_name = 'queasy_schedule_info', callback = schedule_info,
   flags = {'no-writes'}}
 redis.register_function{function_name = 'queasy_version', callback = version,
   flags = {'no-writes'}}

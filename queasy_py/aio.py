@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 
 from . import defaults, validate
 from .errors import ConnectionFailed, InvalidInput
-from .job import JobInfo
+from .job import JobInfo, ScheduleInfo
 from .queue import QueueBase
 from .resolve import PathLike, Target, resolve
 from .store.connection import from_url, mask_url
@@ -161,6 +161,11 @@ class AsyncQueue(QueueBase):
         await self.client.ready()
         row = await self.client.redis.fcall_ro("queasy_get_job", 1, self.keys.base, "", job_id)
         return self._job_info(row)
+
+    async def schedule_info(self) -> ScheduleInfo | None:
+        await self.client.ready()
+        row = await self.client.redis.fcall_ro("queasy_schedule_info", 1, self.keys.base, "")
+        return self._schedule_info(row)
 
     async def counts(self) -> dict[str, int]:
         await self.client.ready()

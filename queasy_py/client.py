@@ -13,11 +13,14 @@ from .errors import InvalidInput, QueasyError
 from .options import check_setting
 from .queue import Queue
 from .resolve import PathLike, Target, resolve
+from .store import fields
 from .store.calls import FastCall
 from .store.connection import mask_url, new_client_id, producer_client, wait_reachable
+from .store.keys import schedule_pattern, schedule_queue
 from .store.library import ensure_loaded
 
 if TYPE_CHECKING:
+    from .job import ScheduleInfo
     from .options import ListenOptions
     from .runtime.supervisor import Supervisor
     from .store.shared import SharedServer
@@ -119,6 +122,22 @@ class Client:
                 f"it cannot also be the fail queue of {tag!r}"
             )
         return queue
+
+    def schedules(self) -> dict[str, ScheduleInfo]:
+        """The schedule of every queue (under this client's prefix) that has one, by queue
+        name: its spec, the current occurrence's fire time and state, the last outcome."""
+        out = {}
+        for key in self.redis.scan_iter(match=schedule_pattern(self.prefix), count=1000):
+            found = schedule_queue(self.prefix, fields.text(key))
+            if found is None:
+                continue
+            try:
+                info = Queue(self, found[0], found[1]).schedule_info()
+            except InvalidInput:  # not a queue's key (a job id ending in ':schedule')
+                continue
+            if info is not None:
+                out[info.queue] = info
+        return dict(sorted(out.items()))
 
     def _add_listener(self, queue: Queue, spec: ListenOptions) -> None:
         if queue.name in self.listeners:

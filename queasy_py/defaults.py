@@ -46,6 +46,15 @@ WORKER_START_TIMEOUT = 60.0
 #: exits with its HANDLER code, the import error logged once
 WORKER_START_FAILURES = 5
 
+#: the job id of a schedule's occurrence (listen(schedule=...)); lua/queasy.lua SCHEDULE_ID
+SCHEDULE_ID = "schedule"
+#: seconds after its fire time by which a schedule's occurrence must be able to start; a fire
+#: time passed by more than this (everything down, the previous occurrence still running) is
+#: missed, and `catch_up` decides
+SCHEDULE_GRACE = 1.0
+#: the values of listen(catch_up=...): run once now for the missed fire times, or skip them
+CATCH_UP = ("once", "skip")
+
 #: keyword arguments of Queue.listen() and their defaults
 LISTEN: dict[str, Any] = {
     "size": 10,
@@ -59,7 +68,14 @@ LISTEN: dict[str, Any] = {
     "fail_handler": None,
     "fail_options": None,
     "events_maxlen": EVENTS_MAXLEN,
+    "schedule": None,  # a cron expression: 5 fields, or 6 with seconds first
+    "schedule_every": None,  # seconds between fire times (from the epoch), instead of cron
+    "timezone": "UTC",  # of the cron expression (an IANA name)
+    "catch_up": "once",  # missed fire times: "once" (run once now) or "skip"
 }
+
+#: the listen() keywords of a schedule (not options of a fail queue)
+SCHEDULE_KEYS = ("schedule", "schedule_every", "timezone", "catch_up")
 
 #: options of a fail queue (its jobs run the fail handler); listen(fail_options=...) overrides
 FAIL_OPTIONS: dict[str, Any] = {

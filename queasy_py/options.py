@@ -51,6 +51,10 @@ class ListenOptions:
     fail_handler: str | None
     fail_options: dict[str, Any] = field(default_factory=dict)
     events_maxlen: int = defaults.EVENTS_MAXLEN
+    schedule: str | None = None
+    schedule_every: float | None = None
+    timezone: str = defaults.LISTEN["timezone"]
+    catch_up: str = defaults.LISTEN["catch_up"]
 
     @classmethod
     def build(cls, queue: str, handler: str, options: dict[str, Any], check: bool = True):
@@ -61,7 +65,8 @@ class ListenOptions:
         fail_options = o["fail_options"] or {}
         if not isinstance(fail_options, dict):
             raise InvalidInput(f"fail_options must be a dict, not {fail_options!r}")
-        bad = set(fail_options) - (set(defaults.LISTEN) - {"fail_handler", "fail_options"})
+        own = {"fail_handler", "fail_options", *defaults.SCHEDULE_KEYS}
+        bad = set(fail_options) - (set(defaults.LISTEN) - own)
         if bad:
             raise InvalidInput(f"unknown fail_options key(s) {sorted(bad)} for queue {queue!r}")
         spec = cls(
@@ -78,6 +83,7 @@ class ListenOptions:
             fail_handler=o["fail_handler"],
             fail_options=dict(fail_options),
             events_maxlen=_int("events_maxlen", o["events_maxlen"], 0),
+            **_schedule(queue, o),
         )
         if spec.min_backoff > spec.max_backoff:
             raise InvalidInput(
@@ -93,6 +99,10 @@ class ListenOptions:
                 load(spec.fail_handler)
         if spec.fail_handler is not None:
             spec.fail_spec(queue + defaults.FAIL_QUEUE_SUFFIX)  # check fail_options values
+        if spec.schedule is not None or spec.schedule_every is not None:
+            from .runtime.schedules import build  # lazily: the cron parser
+
+            build(queue, spec)  # parses the expression: InvalidInput names what is wrong
         return spec
 
     def fail_spec(self, fail_queue: str) -> ListenOptions:
@@ -105,6 +115,30 @@ class ListenOptions:
     def backoff(self, retry_count: int) -> float:
         """Seconds before retry number retry_count + 1 (without jitter)."""
         return min(self.max_backoff, self.min_backoff * 2 ** min(retry_count, 64))
+
+
+def _schedule(queue: str, o: dict[str, Any]) -> dict[str, Any]:
+    """The schedule keywords, type-checked (runtime/schedules.py parses the expression)."""
+    cron, every, zone, catch_up = (o[k] for k in defaults.SCHEDULE_KEYS)
+    if cron is not None and (not isinstance(cron, str) or not cron.strip()):
+        raise InvalidInput(f"queue {queue!r}: schedule must be a cron expression, not {cron!r}")
+    if every is not None:
+        every = _seconds(f"queue {queue!r}: schedule_every", every)
+        if every < 0.001:
+            raise InvalidInput(f"queue {queue!r}: schedule_every must be at least 0.001 s")
+    if not isinstance(zone, str) or not zone:
+        raise InvalidInput(f"queue {queue!r}: timezone must be an IANA name, not {zone!r}")
+    if catch_up not in defaults.CATCH_UP:
+        raise InvalidInput(
+            f"queue {queue!r}: catch_up must be one of {defaults.CATCH_UP}, not {catch_up!r}"
+        )
+    if cron is not None and every is not None:
+        raise InvalidInput(f"queue {queue!r}: give schedule or schedule_every, not both")
+    if cron is None and zone != defaults.LISTEN["timezone"]:
+        raise InvalidInput(f"queue {queue!r}: timezone is for a cron schedule; none given")
+    if cron is None and every is None and catch_up != defaults.LISTEN["catch_up"]:
+        raise InvalidInput(f"queue {queue!r}: catch_up needs a schedule; none given")
+    return {"schedule": cron, "schedule_every": every, "timezone": zone, "catch_up": catch_up}
 
 
 def check_setting(key: str, value: Any) -> Any:

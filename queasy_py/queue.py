@@ -12,7 +12,7 @@ import redis
 
 from . import defaults, validate
 from .errors import InvalidInput
-from .job import JobInfo
+from .job import JobInfo, ScheduleInfo
 from .store import fields
 from .store.keys import QueueKeys
 from .store.library import fcall, lua_error
@@ -118,6 +118,27 @@ class QueueBase:
             timeout_count=fields.to_int(timeouts, 0),
         )
 
+    def _schedule_info(self, row: list | None) -> ScheduleInfo | None:
+        if row is None:
+            return None
+        spec, fire_at, state, last_fire_at, outcome, ended, skipped = (
+            fields.text(value) for value in row
+        )
+
+        def seconds(ms: str) -> float | None:
+            return fields.ms_to_seconds(ms, 0.0) if ms else None
+
+        return ScheduleInfo(
+            queue=self.name,
+            spec=spec,
+            fire_at=seconds(fire_at),
+            state=state or None,  # type: ignore[arg-type]
+            last_fire_at=seconds(last_fire_at),
+            last_outcome=outcome or None,  # type: ignore[arg-type]
+            last_ended_at=seconds(ended),
+            skipped=fields.to_int(skipped, 0),
+        )
+
     @staticmethod
     def _counts(row: list) -> dict[str, int]:
         values = (fields.to_int(value, 0) for value in row)
@@ -194,6 +215,13 @@ class Queue(QueueBase):
     def counts(self) -> dict[str, int]:
         """Jobs per state: {"waiting", "delayed", "blocked", "active"}."""
         return self._counts(self.client.redis.fcall_ro("queasy_counts", 1, self.keys.base, ""))
+
+    def schedule_info(self) -> ScheduleInfo | None:
+        """This queue's schedule (listen(schedule=...)): its spec, the current occurrence's
+        fire time and state, the last outcome; None when it never had one."""
+        return self._schedule_info(
+            self.client.redis.fcall_ro("queasy_schedule_info", 1, self.keys.base, "")
+        )
 
     # ------------------------------------------------------------------ listen
 

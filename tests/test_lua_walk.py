@@ -22,7 +22,7 @@ from queasy_py.store.library import ensure_loaded
 STEPS = int(os.environ.get("QUEASY_WALK_STEPS", "2500"))
 MAX_MS = 253_402_300_799_999
 INT = re.compile(r"\d+")
-IDS = ["a", "b", "c", "d", "e"]
+IDS = ["a", "b", "c", "d", "e", "schedule"]  # 'schedule': a schedule's occurrence
 HOSTILE_IDS = ["", "x\ny", "x y", "é" * 257, "tab\t", "nul\x00"]
 CLIENTS = ["c1", "c2", "c3"]
 DATA = ['"x"', '{"k": [1, 2.5, null]}', "0", '"line\\nbreak"']
@@ -30,6 +30,8 @@ BAD_DATA = ["", "{", "nan", "0x10", "[1,]", "{'a': 1}"]
 BAD_TIMES = ["1e17", "-1", "1.5", str(MAX_MS + 1), "soon", " 7"]
 MODES = ["replace", "keep", "if_later", "if_earlier"]
 KINDS = ["retry", "timeout", "stall", "release", "return", "sometimes"]
+SPECS = ["every 1s", "cron */2 * * * * * UTC"]
+BAD_SPECS = ["", "every\n1s", "x" * 201]
 
 
 class Walk:
@@ -90,7 +92,7 @@ class Walk:
             ["dispatch"] * 5
             + ["dequeue"] * 4
             + ["finish", "retry", "retry", "fail", "cancel", "bump", "leave", "unpark"]
-            + ["get_job", "counts", "leases"]
+            + ["get_job", "counts", "leases", "schedule", "schedule", "schedule_info"]
         )
         now = self.now_arg()
         client = self.pick(CLIENTS, ["c\n1", ""])
@@ -135,11 +137,36 @@ class Walk:
             return "queasy_leave", [B], [now, client]
         if op == "unpark":
             return "queasy_unpark", [B], [now, client, self.pick(["mark-1"], ["mark\n2"])]
+        if op == "schedule":
+            return "queasy_schedule", [B], [now, *self.schedule_args(state)]
+        if op == "schedule_info":
+            return "queasy_schedule_info", [B], [now]
         if op == "get_job":
             return "queasy_get_job", [rng.choice([B, F])], [now, self.pick(IDS, HOSTILE_IDS)]
         if op == "counts":
             return "queasy_counts", [rng.choice([B, F])], [now]
         return "queasy_leases", [B], [now, client]
+
+    def schedule_args(self, state: dict) -> list:
+        """spec, seen, create_at, retime_at, skipped if created, skipped if moved: mostly
+        from the fire time stored (as a supervisor computes), sometimes stale or hostile."""
+        rng = self.rng
+        stored = state["raw"].get(self.lua.B + ":schedule", ("hash", {}))[1]
+        fire_at = stored.get("fire_at")
+        seen: Any = fire_at if fire_at is not None and rng.random() < 0.8 else ""
+        if rng.random() < 0.1:
+            seen = self.pick([self.now + rng.randint(-5_000, 5_000)], BAD_TIMES, 0.3)
+        base = int(seen) if INT.fullmatch(str(seen)) else self.now
+        create_at: Any = base + rng.randint(1, 4_000)
+        if rng.random() < 0.1:
+            create_at = self.pick([base], BAD_TIMES, 0.5)  # not later than seen, or bad
+        retime_at: Any = ""
+        if rng.random() < 0.4:
+            last = int(stored.get("last_fire_at") or 0)
+            retime_at = self.pick([max(self.now, last) + rng.randint(-1_000, 6_000)], BAD_TIMES)
+        spec = self.pick(SPECS, BAD_SPECS)
+        skipped = [self.pick([0, rng.randint(1, 9)], ["-1", "x"]) for _ in range(2)]
+        return [spec, seen, create_at, retime_at, *skipped]
 
     # ------------------------------------------------------------ every key, read back
 
@@ -230,10 +257,32 @@ def check_queue(B: str, raw: dict) -> None:
             assert actives.get(id, {}).get("token") == token, f"{client!r} holds {id!r}"
     for client, slots in get(":parked", {}).items():
         assert client in expiry and is_int(slots) and int(slots) > 0, (client, slots)
+    sched = get(":schedule", {})
+    for field in ("fire_at", "last_fire_at", "last_ended_at", "skipped"):
+        assert is_int(sched.get(field, ""), True), (field, sched)
+    if sched.get("fire_at") and sched.get("last_fire_at"):
+        assert int(sched["last_fire_at"]) <= int(sched["fire_at"]), sched
     for _, event in get(":events", []):
         for field in ("run_at", "ended_at", "retry_count", "stall_count", "timeout_count"):
             assert is_int(event[field]), (field, event)
         assert is_int(event["started_at"], True) and is_int(event["pid"], True), event
+
+
+def schedule_grew(B: str, before: dict, after: dict) -> str | None:
+    """What went wrong with B:schedule across one step, if anything: its fire time and its
+    skipped count never go back (a fire time is never created twice), and the fire time of
+    the last occurrence that ended is the fire time it had."""
+    old = before.get(B + ":schedule", ("hash", {}))[1]
+    new = after.get(B + ":schedule", ("hash", {}))[1]
+    for field in ("fire_at", "skipped"):
+        if old.get(field) and int(new.get(field, -1)) < int(old[field]):
+            return f"B:schedule {field} went back: {old} -> {new}"
+    if new.get("last_fire_at") != old.get("last_fire_at") and new["last_fire_at"] not in (
+        "",
+        old.get("fire_at"),
+    ):
+        return f"B:schedule last_fire_at is not the fire time it had: {old} -> {new}"
+    return None
 
 
 @pytest.fixture
@@ -259,6 +308,8 @@ def test_random_walk_keeps_every_key_consistent(walk, r: redis.Redis) -> None:
                 error = str(exc)
             after = walk.read()
             context = f"seed {seed} (QUEASY_WALK_SEED={seed}), step {n}: {name} {keys} {args!r}"
+            grown = schedule_grew(walk.lua.B, state["raw"], after["raw"])
+            assert grown is None, f"{context}: {grown}"
             if error is not None:
                 assert error.startswith("INVALID "), f"{context}: {error}"
                 assert after["raw"] == state["raw"], f"{context}: refused, yet wrote"
