@@ -56,7 +56,7 @@ Result codes (queasy_py/store/library.py maps them to an enum):
   dequeue/bump: status 0 ok, 2 swept (this client was swept as dead; start over)
 ]]
 
-local VERSION = '1.3.0'
+local VERSION = '1.4.0'
 local OWNER = 'queasy_py' -- queasy_library returns OWNER .. ' ' .. VERSION: our marker
 local TOMBSTONE_MS = 86400000
 local MAX_MS = 253402300799999 -- 9999-12-31T23:59:59.999Z
