@@ -24,7 +24,7 @@ from ..errors import (
 )
 from ..store.connection import mask_url
 from . import config as config_file
-from . import exitcodes
+from . import exitcodes, history
 
 log = logging.getLogger("queasy_py")
 
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("id")
     cancel.add_argument("--redis", help=f"Redis URL (default ${defaults.URL_ENV})")
     cancel.add_argument("--prefix", default=defaults.PREFIX)
+    history.add_parser(sub)
     return parser
 
 
@@ -130,7 +131,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return exitcodes.NOT_FOUND
 
 
-COMMANDS = {"run": cmd_run, "server": cmd_server, "dispatch": cmd_dispatch, "cancel": cmd_cancel}
+COMMANDS = {
+    "run": cmd_run,
+    "server": cmd_server,
+    "dispatch": cmd_dispatch,
+    "cancel": cmd_cancel,
+    "history": history.run,
+}
 ERRORS: list[tuple[type[BaseException], int]] = [
     (HandlerError, exitcodes.HANDLER),
     (ConfigError, exitcodes.CONFIG),

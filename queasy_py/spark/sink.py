@@ -325,7 +325,5 @@ def dispatch_dataframe(
     df.sparkSession.dataSource.register(QueasySink)
     with tempfile.TemporaryDirectory(prefix="queasy-sink-") as tmp:
         counts_file = os.path.join(tmp, "counts.json")
-        df.write.format("queasy").options(**options, counts_file=counts_file).mode(
-            "append"
-        ).save()
+        df.write.format("queasy").options(**options, counts_file=counts_file).mode("append").save()
         return DispatchCounts(**json.loads(Path(counts_file).read_text()))
