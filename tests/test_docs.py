@@ -41,7 +41,7 @@ def test_readme_tables_quote_the_defaults(marker: str, source: dict) -> None:
     "name",
     ["PREFIX", "FAIL_QUEUE_SUFFIX", "MAX_PAYLOAD_BYTES", "CONNECT_ATTEMPTS", "CONNECT_BACKOFF",
      "RUN_CONNECT_TIMEOUT", "WORKER_UNITS", "LOOP_REDIS_TIMEOUT", "WORKER_START_TIMEOUT",
-     "WORKER_START_FAILURES"],
+     "WORKER_START_FAILURES", "DEDUP_WINDOW"],
 )
 def test_readme_quotes_the_constants(name: str) -> None:
     value = getattr(defaults, name)
