@@ -532,6 +532,14 @@ local function dispatch_triples(args, from, now, name)
   return run_ats
 end
 
+-- A new waiting job `id` (it has no record and is not active). Returns code 1, its run_at.
+local function create_job(B, id, data, run_at)
+  redis.call('HSET', B .. ':job:' .. id, 'id', id, 'data', data, 'run_at', int(run_at),
+    'retry_count', 0, 'stall_count', 0, 'timeout_count', 0)
+  redis.call('ZADD', B .. ':waiting', int(run_at), id)
+  return 1, run_at
+end
+
 -- Write one dispatched job: a new waiting job, an update of the waiting/blocked one, or a
 -- blocked job behind the active one. Returns its code (1-4) and the run_at it now has.
 local function put_job(B, id, data, run_at, update_data, mode, reset)
@@ -541,19 +549,18 @@ local function put_job(B, id, data, run_at, update_data, mode, reset)
     existing = read_job(jkey)
     is_active = redis.call('EXISTS', akey) == 1
   end
-  if existing == nil then
+  if existing == nil and not is_active then
+    return create_job(B, id, data, run_at)
+  end
+  if existing == nil then -- the id is active: a blocked job waits for it
     redis.call('HSET', jkey, 'id', id, 'data', data, 'run_at', int(run_at),
       'retry_count', 0, 'stall_count', 0, 'timeout_count', 0)
-    if is_active then
-      local kind, lo, hi = then_merge('clamp', nil, nil, mode, run_at)
-      redis.call('HSET', jkey, 'u_data', update_data and '1' or '0', 'u_run_at', kind,
-        'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
-        'u_reset', reset and '1' or '0')
-      redis.call('SADD', B .. ':blocked', id)
-      return 3, run_at
-    end
-    redis.call('ZADD', B .. ':waiting', int(run_at), id)
-    return 1, run_at
+    local kind, lo, hi = then_merge('clamp', nil, nil, mode, run_at)
+    redis.call('HSET', jkey, 'u_data', update_data and '1' or '0', 'u_run_at', kind,
+      'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
+      'u_reset', reset and '1' or '0')
+    redis.call('SADD', B .. ':blocked', id)
+    return 3, run_at
   end
   local old_run_at = existing.run_at
   if update_data then
@@ -661,15 +668,21 @@ local function dispatch_once(keys, args)
   end
   local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch_once')
   return dispatch_jobs(B, now, args, 6, run_ats, function(id, data, run_at)
-    local okey = B .. ':once:' .. id
-    if redis.call('EXISTS', B .. ':active:' .. id) == 1 then
-      return 5
-    end
-    if redis.call('EXISTS', B .. ':job:' .. id) == 0 then
-      local open_until = tonumber(redis.call('GET', okey)) -- nil when missing or garbled
-      if open_until ~= nil and open_until > now then
-        return 5
+    local okey, akey = B .. ':once:' .. id, B .. ':active:' .. id
+    if redis.call('EXISTS', akey, B .. ':job:' .. id) == 0 then -- the usual new id
+      -- set its window, unless one is open (SET NX GET: one call for both)
+      local close = math.max(run_at, now) + window
+      local open = redis.call('SET', okey, int(close), 'NX', 'GET', 'PX', int(close - now))
+      if open then
+        if (tonumber(open) or 0) > now then -- ('or 0': a garbled value is no window)
+          return 5
+        end
+        redis.call('SET', okey, int(close), 'PX', int(close - now))
       end
+      return create_job(B, id, data, run_at)
+    end
+    if redis.call('EXISTS', akey) == 1 then
+      return 5
     end
     local code, at = put_job(B, id, data, run_at, update_data, mode, reset)
     local close = math.max(at, now) + window
