@@ -27,6 +27,8 @@ from runtime_helpers import ROOT, Runtime, queue_spec, wait_for
 
 import queasy_py.spark as qs
 from queasy_py import Client, InvalidInput
+from queasy_py.cli import exitcodes
+from queasy_py.cli.main import main
 from queasy_py.spark.archive import archive
 from queasy_py.spark.plots import figure_png
 from queasy_py.spark.report import compute, html, summary
@@ -481,8 +483,8 @@ def test_archive_killed_mid_batch_then_restarted_holds_every_event_once(
             break
         assert proc.returncode in (0, -signal.SIGKILL), log.read_text()[-3000:]
     assert killed_in is not None, "never killed inside a batch"
-    proc = archive_command(redis_url, prefix, out, log)
-    assert proc.wait(180) == 0, log.read_text()[-3000:]
+    # the restart: another driver (this process's session) goes on from the checkpoint
+    archive(spark, str(out), url=redis_url, prefix=prefix, max_events_per_trigger=30)
     assert killed_in in batch_ids(checkpoint / "commits")
     archived = spark.read.parquet(str(out)).collect()
     assert frame_rows(archived) == expected, "every event once"
@@ -499,7 +501,13 @@ def test_archive_killed_mid_batch_then_restarted_holds_every_event_once(
 
 
 def test_report_numbers_match_a_hand_computation(
-    spark: SparkSession, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path, client: Client
+    spark: SparkSession,
+    redis_url: str,
+    prefix: str,
+    r: redis.Redis,
+    tmp_path: Path,
+    client: Client,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Queue a: 4 finished jobs waiting 1, 2, 3, 4 s and running 10, 20, 30, 40 s; one
     retried (ValueError) then finished; one failed (KeyError). Queue b: one finished."""
@@ -556,6 +564,13 @@ def test_report_numbers_match_a_hand_computation(
     page = html(report, png)
     assert "data:image/png;base64," + base64.b64encode(png).decode()[:40] in page
     assert "<td>ra</td>" in page and "16.7%" in page
+    # the command (this process's session is used, and left running)
+    out = tmp_path / "report.html"
+    assert main(["history", "report", "--path", path, "--out", str(out), "--top", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("8 events in") and "16.7%" in printed
+    assert "data:image/png;base64," in out.read_text()
+    assert main(["history", "report", "--path", path, "--conf", "no-equals"]) == exitcodes.CONFIG
 
 
 def hand_percentiles(values: list[float]) -> list[float]:
