@@ -1,7 +1,7 @@
 """The job-event history on Spark: run some jobs, archive their outcome events, report.
 
     pip install -e '.[spark]'
-    python examples/history_report.py [--jobs 3000] [--out report.html] [--png plots.png]
+    python examples/history_report.py [--jobs 3000] [--spread 30] [--out report.html] [--png x.png]
 
 Uses $QUEASY_REDIS_URL, else starts an embedded server. A supervisor runs jobs of two queues
 whose handler (`handle` below) takes a few milliseconds, sometimes fails and is retried, and
@@ -35,7 +35,7 @@ def handle(data: dict, job: Job) -> None:
         raise PermanentError(f"no such account: {data['account']}")
 
 
-def run_jobs(n: int, workers: int) -> None:
+def run_jobs(n: int, workers: int, spread: float) -> None:
     client = Client(workers=workers)  # $QUEASY_REDIS_URL, set by main()
     rng = random.Random(7)
     for name, slow in (("invoices", 8.0), ("emails", 2.0)):
@@ -47,7 +47,8 @@ def run_jobs(n: int, workers: int) -> None:
                     "ms": round(rng.expovariate(1 / slow), 2),
                     "fate": rng.choices(["ok", "flaky", "broken"], [90, 8, 2])[0],
                     "account": rng.randrange(1000),
-                }
+                },
+                "delay": rng.uniform(0, spread) ** 2 / spread,  # more at first, then fewer
             }
             for _ in range(n // 2)
         )
@@ -68,6 +69,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--spread", type=float, default=30.0, help="seconds the jobs are due over")
     parser.add_argument("--path", help="archive directory (default: a temporary one)")
     parser.add_argument("--out", default="report.html")
     parser.add_argument("--png", help="also save the plots here")
@@ -83,7 +85,7 @@ def main() -> None:
         url = server.url
     os.environ["QUEASY_REDIS_URL"] = url
     try:
-        run_jobs(args.jobs, args.workers)
+        run_jobs(args.jobs, args.workers, args.spread)
         from queasy_py.spark import report
         from queasy_py.spark.archive import archive
         from queasy_py.spark.plots import figure_png

@@ -13,6 +13,7 @@ from .report import QUANTILES, Report
 
 def figure_png(report: Report, dpi: int = 100) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.dates import ConciseDateFormatter
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(13, 9), dpi=dpi, layout="constrained")
@@ -24,7 +25,8 @@ def figure_png(report: Report, dpi: int = 100) -> bytes:
         if points:
             through.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=queue)
     through.set_title(f"finished jobs per {report.bucket}")
-    through.tick_params(axis="x", labelrotation=30)
+    through.set_ylim(bottom=0)
+    through.xaxis.set_major_formatter(ConciseDateFormatter(through.xaxis.get_major_locator()))
     if report.throughput:
         through.legend(fontsize="small")
 
@@ -36,17 +38,18 @@ def figure_png(report: Report, dpi: int = 100) -> bytes:
         )
         for m, (what, values) in enumerate(series):
             offset = (m * len(QUANTILES) + n) * width - 0.4 + width / 2
-            heights = [v if v is not None else 0.0 for v in values]
+            shown = [(i + offset, v) for i, v in enumerate(values) if v is not None and v > 0]
             times.bar(
-                [i + offset for i in range(len(names))],
-                heights,
+                [x for x, _ in shown],
+                [v for _, v in shown],
                 width,
                 label=f"{what} p{quantile * 100:g}",
                 color=("#4c72b0", "#dd8452")[m],
                 alpha=(0.45, 0.7, 1.0)[n],
             )
     times.set_xticks(range(len(names)), names, rotation=30)
-    times.set_ylabel("seconds")
+    times.set_yscale("log")
+    times.set_ylabel("seconds (log)")
     times.set_title("wait and run time: p50 / p95 / p99")
     if names:
         times.legend(fontsize="small", ncols=2)

@@ -8,8 +8,8 @@ queasy_py/spark/plots.py embedded as PNGs. Definitions (README, "Spark"):
   timed out); its wait is started_at - run_at, its run time ended_at - started_at;
 - *failure rate*: failed / (finished + failed), the jobs that ended for good;
 - percentiles are exact (Spark's `percentile`, linear between the two nearest values);
-- *throughput*: finished events per time bucket (a minute, an hour or a day: the first that
-  gives at most 120 buckets over the archive's span).
+- *throughput*: finished events per time bucket (a second, a minute, an hour or a day: the
+  first that gives at most 120 buckets over the archive's span).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 
 OUTCOMES = ("finished", "failed", "retried", "timed_out", "stalled", "released", "cancelled")
 QUANTILES = (0.5, 0.95, 0.99)
-BUCKETS = (("minute", 60), ("hour", 3600), ("day", 86400))
+BUCKETS = (("second", 1), ("minute", 60), ("hour", 3600), ("day", 86400))
 MAX_BUCKETS = 120
 
 
@@ -45,7 +45,7 @@ class QueueStats:
 class Report:
     path: str
     queues: list[QueueStats]
-    bucket: str  # 'minute' | 'hour' | 'day'
+    bucket: str  # 'second' | 'minute' | 'hour' | 'day'
     throughput: dict[str, list[tuple[datetime, int]]]  # queue -> (bucket start, finished)
     top_errors: list[tuple[str, str, str | None, int]]  # queue, error_name, message, count
     slowest: list[tuple[str, str, str, float, datetime | None]]  # queue, id, outcome, s, start
@@ -194,7 +194,8 @@ def summary(report: Report) -> str:
     if report.top_errors:
         lines.append("top errors:")
         for queue, name, message, count in report.top_errors:
-            lines.append(f"  {count:>6}  {queue}  {name}: {message or ''}"[:160])
+            text = f"{name}: {message}" if message else name
+            lines.append(f"  {count:>6}  {queue}  {text}"[:160])
     if report.slowest:
         lines.append("slowest attempts:")
         for queue, job_id, outcome, seconds, _ in report.slowest:
