@@ -99,4 +99,4 @@ def stream_keys(r: redis.Redis, prefix: str) -> list[tuple[str, str, str]]:
         match = STREAM_KEY.match(key)
         if match is not None and match["prefix"] == prefix:
             found.append((key, match["tag"], match["name"]))
-    return sorted(found)
+    return sorted(found, key=lambda f: (f[1], f[2]))  # by tag, then name: a queue first
