@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from .events import SCHEMA as EVENTS_SCHEMA
+from .eventrows import SCHEMA as EVENTS_SCHEMA
 from .events import EventsSource
 from .sink import DispatchCounts, QueasySink, dispatch_dataframe
 
