@@ -28,6 +28,8 @@ derive the keys below from it (same slot, so cluster routing holds).
                                dequeue leaves them, and dispatch leases a ready job straight
                                to a live parked client (a push) instead of queueing it
   B:seq                string  counter of push lease tokens ('p<n>')
+  B:once:<id>          string  end (ms) of the window in which queasy_dispatch_once does not
+                               dispatch <id> again (its run_at + window); expires then
   B:events             stream  one entry per job outcome (capped, MAXLEN ~): id, queue, outcome,
                                run_at, started_at, ended_at, client, pid, retry_count,
                                stall_count, timeout_count, error_name, error_kind
@@ -53,11 +55,12 @@ nothing written.
 
 Result codes (queasy_py/store/library.py maps them to an enum):
   dispatch: 1 created, 2 updated (waiting job), 3 blocked (new), 4 blocked (updated)
+  dispatch_once: 1 created, 2 updated, 5 skipped (active, or dispatched within its window)
   finish/retry/fail: 0 ok, 1 stale (this client no longer holds that lease)
   dequeue/bump: status 0 ok, 2 swept (this client was swept as dead; start over)
 ]]
 
-local VERSION = '1.4.0'
+local VERSION = '1.5.0'
 local OWNER = 'queasy_py' -- queasy_library returns OWNER .. ' ' .. VERSION: our marker
 local TOMBSTONE_MS = 86400000
 local MAX_MS = 253402300799999 -- 9999-12-31T23:59:59.999Z
@@ -520,6 +523,117 @@ end
 
 -- ---------------------------------------------------------------- producers: dispatch, cancel
 
+-- The flags ARGV[2..4] of queasy_dispatch and queasy_dispatch_once, checked.
+local function dispatch_flags(args)
+  local update_data = flag(args[2], 'update_data')
+  local mode = args[3]
+  if not RUN_AT_MODES[mode] then
+    invalid("update_run_at must be 'replace', 'keep', 'if_later' or 'if_earlier', got "
+      .. shown(mode))
+  end
+  return update_data, mode, flag(args[4], 'reset_counts')
+end
+
+-- The triples (id, data, run_at) of ARGV from index `from`, checked; returns their run_ats
+-- (job n of the batch is the n-th triple; '' is now).
+local function dispatch_triples(args, from, now, name)
+  groups(args, from, 3, name)
+  local run_ats = {}
+  strict_json(function()
+    for i = from, #args, 3 do
+      local n = (i - from) / 3 + 1
+      check_id(args[i], 'id', n)
+      check_json(args[i + 1], 'data', n)
+      run_ats[n] = args[i + 2] == '' and now or ms(args[i + 2], 'run_at', n)
+    end
+  end)
+  return run_ats
+end
+
+-- A new waiting job `id` (it has no record and is not active). Returns code 1, its run_at.
+local function create_job(B, id, data, run_at)
+  redis.call('HSET', B .. ':job:' .. id, 'id', id, 'data', data, 'run_at', int(run_at),
+    'retry_count', 0, 'stall_count', 0, 'timeout_count', 0)
+  redis.call('ZADD', B .. ':waiting', int(run_at), id)
+  return 1, run_at
+end
+
+-- Write one dispatched job: a new waiting job, an update of the waiting/blocked one, or a
+-- blocked job behind the active one. Returns its code (1-4) and the run_at it now has.
+local function put_job(B, id, data, run_at, update_data, mode, reset)
+  local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
+  local existing, is_active = nil, false
+  if redis.call('EXISTS', jkey, akey) > 0 then -- one call for the usual new id
+    existing = read_job(jkey)
+    is_active = redis.call('EXISTS', akey) == 1
+  end
+  if existing == nil and not is_active then
+    return create_job(B, id, data, run_at)
+  end
+  if existing == nil then -- the id is active: a blocked job waits for it
+    redis.call('HSET', jkey, 'id', id, 'data', data, 'run_at', int(run_at),
+      'retry_count', 0, 'stall_count', 0, 'timeout_count', 0)
+    local kind, lo, hi = then_merge('clamp', nil, nil, mode, run_at)
+    redis.call('HSET', jkey, 'u_data', update_data and '1' or '0', 'u_run_at', kind,
+      'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
+      'u_reset', reset and '1' or '0')
+    redis.call('SADD', B .. ':blocked', id)
+    return 3, run_at
+  end
+  local old_run_at = existing.run_at
+  if update_data then
+    existing.data = data
+  end
+  existing.run_at = merge_run_at(existing.run_at, run_at, mode)
+  if reset then
+    existing.retry_count, existing.stall_count, existing.timeout_count = 0, 0, 0
+  end
+  write_job(jkey, existing)
+  if is_active then
+    -- compose the run_at updates, and take the union of the other flags, so the
+    -- updates apply to the active job, if it is requeued, as to a waiting job
+    local f = redis.call('HMGET', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
+    local kind, lo, hi = run_at_update(f[2], f[4], f[5], old_run_at)
+    kind, lo, hi = then_merge(kind, lo, hi, mode, run_at)
+    redis.call('HSET', jkey,
+      'u_data', (update_data or f[1] == '1') and '1' or '0', 'u_run_at', kind,
+      'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
+      'u_reset', (reset or f[3] == '1') and '1' or '0')
+    return 4, existing.run_at
+  end
+  redis.call('ZADD', B .. ':waiting', int(existing.run_at), id)
+  return 2, existing.run_at
+end
+
+-- Put each triple of ARGV from `from` with `put(id, data, run_at)` (-> code, run_at); a job
+-- left waiting (code 1 or 2) and ready now is pushed to a parked client, else counted for
+-- the wake-up. Returns the codes.
+local function dispatch_jobs(B, now, args, from, run_ats, put)
+  local codes = {}
+  local earliest = nil
+  local parked = nil -- read once, when the first job ready now is met
+  for i = from, #args, 3 do
+    local id = args[i]
+    local code, run_at = put(id, args[i + 1], run_ats[(i - from) / 3 + 1])
+    codes[#codes + 1] = code
+    if code <= 2 then
+      if run_at <= now and parked == nil then
+        parked = live_parked(B, now)
+      end
+      if run_at <= now and #parked > 0 and push(B, now, id, parked) then
+        run_at = nil -- leased to a parked client: nothing to wake
+      end
+      if run_at ~= nil and (earliest == nil or run_at < earliest) then
+        earliest = run_at
+      end
+    end
+  end
+  if earliest ~= nil then
+    redis.call('PUBLISH', B .. ':wake', int(earliest))
+  end
+  return codes
+end
+
 --[[ queasy_dispatch: add or update jobs (one or many).
 KEYS[1]  B
 ARGV[1]  now (ms or '')
@@ -538,91 +652,61 @@ Emits:   a job ready now (code 1 or 2) is pushed to a fresh parked client subscr
 local function dispatch(keys, args)
   local B = keys[1]
   local now = clock(args[1])
-  local update_data = flag(args[2], 'update_data')
-  local mode = args[3]
-  if not RUN_AT_MODES[mode] then
-    invalid("update_run_at must be 'replace', 'keep', 'if_later' or 'if_earlier', got "
-      .. shown(mode))
-  end
-  local reset = flag(args[4], 'reset_counts')
-  groups(args, 5, 3, 'queasy_dispatch')
-  local run_ats = {}
-  strict_json(function()
-    for i = 5, #args, 3 do
-      local n = (i - 2) / 3
-      check_id(args[i], 'id', n)
-      check_json(args[i + 1], 'data', n)
-      run_ats[n] = args[i + 2] == '' and now or ms(args[i + 2], 'run_at', n)
-    end
+  local update_data, mode, reset = dispatch_flags(args)
+  local run_ats = dispatch_triples(args, 5, now, 'queasy_dispatch')
+  return dispatch_jobs(B, now, args, 5, run_ats, function(id, data, run_at)
+    return put_job(B, id, data, run_at, update_data, mode, reset)
   end)
-  local codes = {}
-  local earliest = nil
-  local parked = nil -- read once, when the first job ready now is met
-  for i = 5, #args, 3 do
-    local id, data, run_at = args[i], args[i + 1], run_ats[(i - 2) / 3]
-    local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
-    local existing, is_active = nil, false
-    if redis.call('EXISTS', jkey, akey) > 0 then -- one call for the usual new id
-      existing = read_job(jkey)
-      is_active = redis.call('EXISTS', akey) == 1
-    end
-    if existing == nil then
-      redis.call('HSET', jkey, 'id', id, 'data', data, 'run_at', int(run_at),
-        'retry_count', 0, 'stall_count', 0, 'timeout_count', 0)
-      if is_active then
-        local kind, lo, hi = then_merge('clamp', nil, nil, mode, run_at)
-        redis.call('HSET', jkey, 'u_data', update_data and '1' or '0', 'u_run_at', kind,
-          'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
-          'u_reset', reset and '1' or '0')
-        redis.call('SADD', B .. ':blocked', id)
-        codes[#codes + 1] = 3
-      else
-        redis.call('ZADD', B .. ':waiting', int(run_at), id)
-        codes[#codes + 1] = 1
-      end
-    else
-      local old_run_at = existing.run_at
-      if update_data then
-        existing.data = data
-      end
-      existing.run_at = merge_run_at(existing.run_at, run_at, mode)
-      if reset then
-        existing.retry_count, existing.stall_count, existing.timeout_count = 0, 0, 0
-      end
-      write_job(jkey, existing)
-      if is_active then
-        -- compose the run_at updates, and take the union of the other flags, so the
-        -- updates apply to the active job, if it is requeued, as to a waiting job
-        local f = redis.call('HMGET', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
-        local kind, lo, hi = run_at_update(f[2], f[4], f[5], old_run_at)
-        kind, lo, hi = then_merge(kind, lo, hi, mode, run_at)
-        redis.call('HSET', jkey,
-          'u_data', (update_data or f[1] == '1') and '1' or '0', 'u_run_at', kind,
-          'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
-          'u_reset', (reset or f[3] == '1') and '1' or '0')
-        codes[#codes + 1] = 4
-      else
-        redis.call('ZADD', B .. ':waiting', int(existing.run_at), id)
-        codes[#codes + 1] = 2
-      end
-      run_at = existing.run_at
-    end
-    if codes[#codes] <= 2 then
-      if run_at <= now and parked == nil then
-        parked = live_parked(B, now)
-      end
-      if run_at <= now and #parked > 0 and push(B, now, id, parked) then
-        run_at = nil -- leased to a parked client: nothing to wake
-      end
-      if run_at ~= nil and (earliest == nil or run_at < earliest) then
-        earliest = run_at
-      end
-    end
+end
+
+--[[ queasy_dispatch_once: dispatch a batch that may be sent again (a retried Spark task, a
+re-run of a whole job): an id that already ran, or runs now, is not dispatched a second time.
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2..4] update_data, update_run_at, reset_counts: as queasy_dispatch
+ARGV[5]  window ms (1 ..= 999999999999): an id stays dispatched until its run_at + window
+ARGV[6..] triples: id, data (JSON), run_at (ms, or '' for now)
+Returns: one code per job: 1 created, 2 updated (its waiting or delayed job, as
+         queasy_dispatch), 5 skipped (nothing written for it): the id is active (leased:
+         running, or pushed to a client), or it has no waiting job but its B:once:<id>
+         window is still open (it was dispatched once, then ran, failed or was cancelled).
+         Never 3 or 4: a blocked copy would run the id a second time.
+Writes:  B:once:<id> = the end of its window, max(run_at, now) + window (ms), expiring then,
+         for each job created or updated.
+Refuses: as queasy_dispatch; and a window that is not a whole number 1..999999999999.
+Emits:   as queasy_dispatch.
+]]
+local function dispatch_once(keys, args)
+  local B = keys[1]
+  local now = clock(args[1])
+  local update_data, mode, reset = dispatch_flags(args)
+  local window = whole(args[5], 'window ms', MAX_COUNT)
+  if window < 1 then
+    invalid('window ms must be >= 1, got 0')
   end
-  if earliest ~= nil then
-    redis.call('PUBLISH', B .. ':wake', int(earliest))
-  end
-  return codes
+  local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch_once')
+  return dispatch_jobs(B, now, args, 6, run_ats, function(id, data, run_at)
+    local okey, akey = B .. ':once:' .. id, B .. ':active:' .. id
+    if redis.call('EXISTS', akey, B .. ':job:' .. id) == 0 then -- the usual new id
+      -- set its window, unless one is open (SET NX GET: one call for both)
+      local close = math.max(run_at, now) + window
+      local open = redis.call('SET', okey, int(close), 'NX', 'GET', 'PX', int(close - now))
+      if open then
+        if (tonumber(open) or 0) > now then -- ('or 0': a garbled value is no window)
+          return 5
+        end
+        redis.call('SET', okey, int(close), 'PX', int(close - now))
+      end
+      return create_job(B, id, data, run_at)
+    end
+    if redis.call('EXISTS', akey) == 1 then
+      return 5
+    end
+    local code, at = put_job(B, id, data, run_at, update_data, mode, reset)
+    local close = math.max(at, now) + window
+    redis.call('SET', okey, int(close), 'PX', int(close - now))
+    return code, at
+  end)
 end
 
 --[[ queasy_cancel: remove a waiting, delayed or blocked job. Never touches an active job.
@@ -1130,6 +1214,7 @@ end
 -- ---------------------------------------------------------------- registration
 
 redis.register_function('queasy_dispatch', dispatch)
+redis.register_function('queasy_dispatch_once', dispatch_once)
 redis.register_function('queasy_cancel', cancel)
 redis.register_function('queasy_dequeue', dequeue)
 redis.register_function('queasy_finish', finish)

@@ -42,6 +42,10 @@ WORKER_UNITS = 100
 LOOP_REDIS_TIMEOUT = 2.0
 #: seconds a new worker has to import its handlers and say "ready" before it is killed
 WORKER_START_TIMEOUT = 60.0
+#: seconds after its run_at during which an id dispatched by the Spark sink (or
+#: Queue.dispatch_batch(dedup_window=...)) is not dispatched again: a retried task or a re-run
+#: of the whole write does not run it a second time
+DEDUP_WINDOW = 86400.0
 #: workers in a row that die (or time out) before "ready": the supervisor then gives up and
 #: exits with its HANDLER code, the import error logged once
 WORKER_START_FAILURES = 5

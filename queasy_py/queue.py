@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -15,7 +17,7 @@ from .errors import InvalidInput
 from .job import JobInfo, ScheduleInfo
 from .store import fields
 from .store.keys import QueueKeys
-from .store.library import fcall, lua_error
+from .store.library import Dispatched, fcall, lua_error
 
 if TYPE_CHECKING:
     from .client import Client
@@ -23,6 +25,38 @@ if TYPE_CHECKING:
 
 #: jobs per FCALL in dispatch_many (the chunks are pipelined in one round trip)
 DISPATCH_CHUNK = 500
+#: the longest dedup_window of dispatch_batch, in seconds (the library's bound, 999999999999 ms)
+MAX_DEDUP_WINDOW = 999_999_999.0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """What Queue.dispatch_batch did: the ids in the order given, one code per job."""
+
+    ids: list[str]
+    codes: list[Dispatched]
+
+    def _count(self, *codes: Dispatched) -> int:
+        return sum(1 for code in self.codes if code in codes)
+
+    @property
+    def created(self) -> int:
+        return self._count(Dispatched.CREATED)
+
+    @property
+    def updated(self) -> int:
+        """Waiting, delayed or blocked jobs of these ids that were updated."""
+        return self._count(Dispatched.UPDATED, Dispatched.BLOCKED_UPDATED)
+
+    @property
+    def blocked(self) -> int:
+        """New blocked jobs: these ids were active (never with a dedup_window)."""
+        return self._count(Dispatched.BLOCKED)
+
+    @property
+    def skipped(self) -> int:
+        """Ids left alone by a dedup_window: active, or dispatched within their window."""
+        return self._count(Dispatched.SKIPPED)
 
 
 def new_job_id() -> str:
@@ -97,6 +131,20 @@ class QueueBase:
         step = DISPATCH_CHUNK * 3
         chunks = [["", *flags, *args[i : i + step]] for i in range(0, len(args), step)]
         return chunks, args[0::3]
+
+    @staticmethod
+    def _window_ms(dedup_window: object) -> int:
+        if (
+            isinstance(dedup_window, bool)
+            or not isinstance(dedup_window, int | float)
+            or not math.isfinite(dedup_window)
+            or not 0 < dedup_window <= MAX_DEDUP_WINDOW
+        ):
+            raise InvalidInput(
+                f"dedup_window must be seconds in (0, {MAX_DEDUP_WINDOW:.0f}], not "
+                f"{validate.shown(dedup_window)}"
+            )
+        return max(1, round(dedup_window * 1000))
 
     def _cancel_args(self, job_id: str) -> list:
         return ["", defaults.EVENTS_MAXLEN, validate.job_id(job_id)]
@@ -194,6 +242,41 @@ class Queue(QueueBase):
                 except redis.ResponseError as exc:
                     raise lua_error(exc) from None
         return ids
+
+    def dispatch_batch(
+        self,
+        jobs: Iterable[Mapping[str, Any]],
+        update_data: bool = True,
+        update_run_at: bool | str = True,
+        reset_counts: bool | None = None,
+        *,
+        dedup_window: float | None = None,
+    ) -> BatchResult:
+        """dispatch_many that says what happened to each job (BatchResult).
+
+        With `dedup_window` (seconds) the batch may be sent again without running an id twice
+        (a retried Spark task, a re-run job): an id whose job is active is skipped, and so is
+        one with no waiting job that a dispatch_batch with a dedup_window sent within the
+        window (it ran, failed or was cancelled since); the window of an id ends
+        `dedup_window` after its run_at. Waiting and delayed jobs are updated as usual.
+        """
+        window = None if dedup_window is None else self._window_ms(dedup_window)
+        chunks, ids = self._dispatch_many_args(jobs, update_data, update_run_at, reset_counts)
+        name = "queasy_dispatch"
+        if window is not None:
+            name = "queasy_dispatch_once"
+            chunks = [[*args[:4], window, *args[4:]] for args in chunks]
+        codes: list[Dispatched] = []
+        if chunks:
+            with self.client.redis.pipeline(transaction=False) as pipe:
+                for args in chunks:
+                    fcall(pipe, name, [self.keys.base], args)
+                try:
+                    replies = pipe.execute()
+                except redis.ResponseError as exc:
+                    raise lua_error(exc) from None
+            codes = [Dispatched(int(code)) for reply in replies for code in reply]
+        return BatchResult(ids, codes)
 
     # ------------------------------------------------------------------ inspect
 

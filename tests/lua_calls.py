@@ -75,6 +75,21 @@ class Lua:
         flags = [int(update_data), run_at_mode, int(reset)]
         return self.call("queasy_dispatch", [self.B], now, *flags, *flat)
 
+    def dispatch_once(
+        self,
+        *jobs: tuple[str, str, Any],
+        window: Any,
+        now: int = NOW,
+        update_data: bool = True,
+        run_at_mode: str = "replace",
+        reset: bool | None = None,
+    ) -> list[int]:
+        """queasy_dispatch_once of (id, data JSON, run_at ms or '') triples with a window (ms)."""
+        reset = update_data if reset is None else reset
+        flat = [part for job in jobs for part in job]
+        flags = [int(update_data), run_at_mode, int(reset)]
+        return self.call("queasy_dispatch_once", [self.B], now, *flags, window, *flat)
+
     def add(self, id: str, data: str = '"x"', run_at: Any = NOW, **flags: Any) -> int:
         """Dispatch one job; returns its code."""
         return self.dispatch((id, data, run_at), **flags)[0]

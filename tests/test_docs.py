@@ -42,7 +42,7 @@ def test_readme_tables_quote_the_defaults(marker: str, source: dict) -> None:
     ["PREFIX", "FAIL_QUEUE_SUFFIX", "MAX_PAYLOAD_BYTES", "CONNECT_ATTEMPTS", "CONNECT_BACKOFF",
      "RUN_CONNECT_TIMEOUT", "WORKER_UNITS", "LOOP_REDIS_TIMEOUT", "WORKER_START_TIMEOUT",
      "WORKER_START_FAILURES", "DATA_DIR_ENV", "STATE_DIR_NAME", "KEEPER_POLL_INTERVAL",
-     "EMBEDDED_START_TIMEOUT"],
+     "EMBEDDED_START_TIMEOUT", "DEDUP_WINDOW"],
 )
 def test_readme_quotes_the_constants(name: str) -> None:
     value = getattr(defaults, name)

@@ -39,9 +39,9 @@ SECRET = "s3cret-queasy-pw-91c4"
 #: the README's ACL line: the commands queasy_py sends, and those its Lua library calls
 QUEASY_COMMANDS = (
     "+ping +fcall +fcall_ro +function|load +subscribe "
-    "+del +exists +hdel +hget +hgetall +hkeys +hlen +hmget +hset +incr +publish +pubsub|numsub "
-    "+rename +sadd +scan +scard +sismember +srem +time +xadd +zadd +zcount +zrange +zrem "
-    "+zremrangebyscore +zscore"
+    "+del +exists +get +hdel +hget +hgetall +hkeys +hlen +hmget +hset +incr +publish "
+    "+pubsub|numsub +rename +sadd +scan +scard +set +sismember +srem +time +xadd +zadd +zcount "
+    "+zrange +zrem +zremrangebyscore +zscore"
 )
 
 

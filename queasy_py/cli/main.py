@@ -26,7 +26,7 @@ from ..errors import (
 from ..resolve import config_table, data_dir_for, find_pyproject, resolve
 from ..store.connection import mask_url
 from . import config as config_file
-from . import exitcodes
+from . import exitcodes, history
 
 log = logging.getLogger("queasy_py")
 
@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("queue")
     cancel.add_argument("id")
     add_server_options(cancel, config=True)
+    history.add_parser(sub)
     return parser
 
 
@@ -200,7 +201,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return exitcodes.NOT_FOUND
 
 
-COMMANDS = {"run": cmd_run, "server": cmd_server, "dispatch": cmd_dispatch, "cancel": cmd_cancel}
+COMMANDS = {
+    "run": cmd_run,
+    "server": cmd_server,
+    "dispatch": cmd_dispatch,
+    "cancel": cmd_cancel,
+    "history": history.run,
+}
 ERRORS: list[tuple[type[BaseException], int]] = [
     (HandlerError, exitcodes.HANDLER),
     (ConfigError, exitcodes.CONFIG),

@@ -1,0 +1,102 @@
+"""The outcome-event streams, read (the store's one reader of them).
+
+Each queue has a capped stream `<base>:events` (lua/queasy.lua, outcome_event): the library
+only appends to it (XADD ... MAXLEN ~) and trimming only removes its oldest entries; nothing
+deletes an entry in the middle. So the entries of a stream are numbered: the n-th entry ever
+added has ordinal n, the stream holds ordinals `added - length + 1 ..= added`, and a reader
+that remembers the ordinal it reached knows how many entries it has missed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+#: a stream key: <prefix>:{<tag>}:<queue name>:events (names hold no braces)
+STREAM_KEY = re.compile(r"^(?P<prefix>.+?):\{(?P<tag>[^{}]+)\}:(?P<name>[^{}]+):events$")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    """Where a stream ends: its last entry id ('0-0' when none was ever added), the entries
+    ever added, and the entries it holds."""
+
+    last_id: str
+    added: int
+    length: int
+
+    @property
+    def first_ordinal(self) -> int:
+        """The ordinal of the oldest entry held (added + 1 when it holds none)."""
+        return self.added - self.length + 1
+
+
+EMPTY = StreamEnd("0-0", 0, 0)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _end(info: Any) -> StreamEnd:
+    if isinstance(info, redis.ResponseError):
+        if "no such key" in str(info).lower():
+            return EMPTY
+        raise info
+    return StreamEnd(
+        _text(info["last-generated-id"]), int(info["entries-added"]), int(info["length"])
+    )
+
+
+def stream_end(r: redis.Redis, key: str) -> StreamEnd:
+    """The end of the stream `key` (EMPTY when it does not exist)."""
+    with r.pipeline(transaction=False) as pipe:
+        pipe.xinfo_stream(key)
+        return _end(pipe.execute(raise_on_error=False)[0])
+
+
+def head(r: redis.Redis, key: str, after: str, count: int) -> tuple[StreamEnd, list[str]]:
+    """The stream's end and the ids of up to `count` entries after id `after`, read at the
+    same instant (MULTI), so the ordinal of each id is known."""
+    with r.pipeline(transaction=True) as pipe:
+        pipe.xinfo_stream(key)
+        pipe.xrange(key, f"({after}", "+", count=count)
+        info, entries = pipe.execute(raise_on_error=False)
+    end = _end(info)
+    if isinstance(entries, Exception):
+        return end, []
+    return end, [_text(entry_id) for entry_id, _ in entries]
+
+
+def entries(
+    r: redis.Redis, key: str, after: str, until: str, chunk: int
+) -> Iterator[list[tuple[str, dict[str, str]]]]:
+    """The entries with ids in (after, until], `chunk` at a time, fields decoded (UTF-8)."""
+    start = f"({after}"
+    while True:
+        rows = r.xrange(key, start, until, count=chunk)
+        if not rows:
+            return
+        yield [
+            (_text(entry_id), {_text(k): _text(v) for k, v in fields.items()})
+            for entry_id, fields in rows
+        ]
+        if len(rows) < chunk:
+            return
+        start = f"({_text(rows[-1][0])}"
+
+
+def stream_keys(r: redis.Redis, prefix: str) -> list[tuple[str, str, str]]:
+    """(key, tag, queue name) of every outcome-event stream under `prefix` (SCAN)."""
+    found = []
+    pattern = re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + ":{*}:*:events"
+    for raw in r.scan_iter(match=pattern, count=1000, _type="stream"):
+        key = _text(raw)
+        match = STREAM_KEY.match(key)
+        if match is not None and match["prefix"] == prefix:
+            found.append((key, match["tag"], match["name"]))
+    return sorted(found, key=lambda f: (f[1], f[2]))  # by tag, then name: a queue first
