@@ -1,5 +1,6 @@
 """A periodic job that re-dispatches itself and survives crashes through the fail handler
-queasy_py.handlers.reschedule.
+queasy_py.handlers.reschedule (the lower-level recipe; examples/scheduled.py uses
+listen(schedule=...)).
 
     python examples/periodic.py      # Ctrl-C to stop
 

@@ -2,7 +2,9 @@
 
     python examples/quickstart.py
 
-No Redis needed: Client() with no URL (and no $QUEASY_REDIS_URL) starts a private server.
+No Redis needed: Client() with no URL (and no $QUEASY_REDIS_URL) uses the project's embedded
+server, starting it if no other queasy process of the project runs it; its data stays in
+.queasy/ (a job left over from an interrupted run is run by the next one).
 """
 
 from __future__ import annotations

@@ -50,12 +50,18 @@ derive the keys below from it (same slot, so cluster routing holds).
                                dequeue leaves them, and dispatch leases a ready job straight
                                to a live parked client (a push) instead of queueing it
   B:seq                string  counter of push lease tokens ('p<n>')
+  B:once:<id>          string  end (ms) of the window in which queasy_dispatch_once does not
+                               dispatch <id> again (its run_at + window); expires then
   B:events             stream  one entry per job outcome (capped, MAXLEN ~): id, queue, outcome,
                                run_at, started_at, ended_at, client, pid, retry_count,
                                stall_count, timeout_count, error_name, error_kind,
                                error_message, traceback (its last EVENT_TRACEBACK bytes),
                                enqueued_at (README "Outcome events": the schema, versioned
                                with this library)
+  B:schedule           hash    the queue's schedule (queasy_schedule): spec (its text), fire_at
+                               (ms: fire time of the current occurrence, job id SCHEDULE_ID),
+                               skipped (fire times catch-up passed over), and of the last
+                               occurrence that ended: last_fire_at, last_outcome, last_ended_at
   B:wake               channel PUBLISHed when a dispatch may make a job ready earlier
   B:done:<id>          channel PUBLISHed <state> when job <id> ends: finished or failed (when
                                the call asks to notify: the queue stores results), cancelled
@@ -76,6 +82,7 @@ nothing written.
 
 Result codes (queasy_py/store/library.py maps them to an enum):
   dispatch: 1 created, 2 updated (waiting job), 3 blocked (new), 4 blocked (updated)
+  dispatch_once: 1 created, 2 updated, 5 skipped (active, or dispatched within its window)
   finish/retry/fail: 0 ok, 1 stale (this client no longer holds that lease)
   dequeue/bump: status 0 ok, 2 swept (this client was swept as dead; start over)
 
@@ -101,6 +108,8 @@ local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeo
   'attempts'}
 local ERROR_FIELDS = {'error_name', 'error_kind', 'error_message', 'traceback', 'error_at'}
 local END_STATES = {finished = true, failed = true, cancelled = true}
+local SCHEDULE_ID = 'schedule' -- the id of a schedule's occurrence (queasy_py defaults.py)
+local MAX_SPEC = 200 -- bytes of a schedule's text
 
 -- ---------------------------------------------------------------- checks (before any write)
 
@@ -763,24 +772,6 @@ local function push(B, now, id, parked)
   end
 end
 
--- A new record of job `id` dispatched at `now`: waiting (B:waiting at run_at; returns 1),
--- or blocked behind its active job (`is_active`; the dispatch's flags kept as its update;
--- returns 3).
-local function add_job(B, id, data, run_at, now, is_active, update_data, mode, reset)
-  local jkey = B .. ':job:' .. id
-  new_record(jkey, id, data, run_at, now)
-  if is_active then
-    local kind, lo, hi = then_merge('clamp', nil, nil, mode, run_at)
-    call('HSET', jkey, 'u_data', update_data and '1' or '0', 'u_run_at', kind,
-      'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
-      'u_reset', reset and '1' or '0')
-    call('SADD', B .. ':blocked', id)
-    return 3
-  end
-  call('ZADD', B .. ':waiting', int(run_at), id)
-  return 1
-end
-
 local function next_run_at(B)
   local first = call('ZRANGE', B .. ':waiting', 0, 0, 'WITHSCORES')
   if first[2] == nil then
@@ -789,10 +780,132 @@ local function next_run_at(B)
   return int(tonumber(first[2]))
 end
 
+-- The occurrence of B's schedule (job id SCHEDULE_ID) ended (`outcome` finished, failed or
+-- cancelled; a cancelled blocked copy while it is active is no end): B:schedule keeps its
+-- fire time and outcome, for status. Other ids cost nothing.
+local function schedule_ended(B, id, now, outcome)
+  if id == SCHEDULE_ID and call('EXISTS', B .. ':schedule') == 1
+      and call('EXISTS', B .. ':active:' .. id) == 0 then
+    local skey = B .. ':schedule'
+    call('HSET', skey, 'last_fire_at', call('HGET', skey, 'fire_at') or '',
+      'last_outcome', outcome, 'last_ended_at', int(now))
+  end
+end
+
 -- ================================================================ entry points, grouped by the
 -- state they change (helpers above; registration at the end)
 
 -- ---------------------------------------------------------------- producers: dispatch, cancel
+
+-- The flags ARGV[2..4] of queasy_dispatch and queasy_dispatch_once, checked.
+local function dispatch_flags(args)
+  local update_data = flag(args[2], 'update_data')
+  local mode = args[3]
+  if not RUN_AT_MODES[mode] then
+    invalid("update_run_at must be 'replace', 'keep', 'if_later' or 'if_earlier', got "
+      .. shown(mode))
+  end
+  return update_data, mode, flag(args[4], 'reset_counts')
+end
+
+-- The triples (id, data, run_at) of ARGV from index `from`, checked; returns their run_ats
+-- (job n of the batch is the n-th triple; '' is now).
+local function dispatch_triples(args, from, now, name)
+  groups(args, from, 3, name)
+  local run_ats = {}
+  strict_json(function()
+    for i = from, #args, 3 do
+      local n = (i - from) / 3 + 1
+      check_id(args[i], 'id', n)
+      check_json(args[i + 1], 'data', n)
+      run_ats[n] = args[i + 2] == '' and now or ms(args[i + 2], 'run_at', n)
+    end
+  end)
+  return run_ats
+end
+
+-- A new waiting job `id` dispatched at `now` (it has no record and is not active). Returns
+-- code 1, its run_at.
+local function create_job(B, id, data, run_at, now)
+  new_record(B .. ':job:' .. id, id, data, run_at, now)
+  call('ZADD', B .. ':waiting', int(run_at), id)
+  return 1, run_at
+end
+
+-- Write one dispatched job: a new waiting job, an update of the waiting/blocked one, or a
+-- blocked job behind the active one. Returns its code (1-4) and the run_at it now has.
+local function put_job(B, id, data, run_at, update_data, mode, reset, now)
+  local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
+  local existing, is_active = nil, false
+  if call('EXISTS', jkey, akey) > 0 then -- one call for the usual new id
+    existing = read_job(jkey)
+    is_active = call('EXISTS', akey) == 1
+  end
+  if existing == nil and not is_active then
+    return create_job(B, id, data, run_at, now)
+  end
+  if existing == nil then -- the id is active: a blocked job waits for it
+    new_record(jkey, id, data, run_at, now)
+    local kind, lo, hi = then_merge('clamp', nil, nil, mode, run_at)
+    call('HSET', jkey, 'u_data', update_data and '1' or '0', 'u_run_at', kind,
+      'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
+      'u_reset', reset and '1' or '0')
+    call('SADD', B .. ':blocked', id)
+    return 3, run_at
+  end
+  local old_run_at = existing.run_at
+  if update_data then
+    existing.data = data
+  end
+  existing.run_at = merge_run_at(existing.run_at, run_at, mode)
+  if reset then
+    existing.retry_count, existing.stall_count, existing.timeout_count = 0, 0, 0
+  end
+  write_job(jkey, existing)
+  if is_active then
+    -- compose the run_at updates, and take the union of the other flags, so the
+    -- updates apply to the active job, if it is requeued, as to a waiting job
+    local f = call('HMGET', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
+    local kind, lo, hi = run_at_update(f[2], f[4], f[5], old_run_at)
+    kind, lo, hi = then_merge(kind, lo, hi, mode, run_at)
+    call('HSET', jkey,
+      'u_data', (update_data or f[1] == '1') and '1' or '0', 'u_run_at', kind,
+      'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
+      'u_reset', (reset or f[3] == '1') and '1' or '0')
+    return 4, existing.run_at
+  end
+  call('ZADD', B .. ':waiting', int(existing.run_at), id)
+  return 2, existing.run_at
+end
+
+-- Put each triple of ARGV from `from` with `put(id, data, run_at)` (-> code, run_at); a job
+-- left waiting (code 1 or 2) and ready now is pushed to a parked client, else counted for
+-- the wake-up. Returns the codes.
+local function dispatch_jobs(B, now, args, from, run_ats, put)
+  local codes = {}
+  local earliest = nil
+  local parked = nil -- read once, when the first job ready now is met
+  for i = from, #args, 3 do
+    local id = args[i]
+    local code, run_at = put(id, args[i + 1], run_ats[(i - from) / 3 + 1])
+    codes[#codes + 1] = code
+    if code <= 2 then
+      if run_at <= now and parked == nil then
+        parked = live_parked(B, now)
+      end
+      if run_at <= now and #parked > 0 and push(B, now, id, parked) then
+        run_at = nil -- leased to a parked client: nothing to wake
+      end
+      if run_at ~= nil and (earliest == nil or run_at < earliest) then
+        earliest = run_at
+      end
+    end
+  end
+  if earliest ~= nil then
+    call('PUBLISH', B .. ':wake', int(earliest))
+  end
+  return codes
+end
 
 --[[ queasy_dispatch: add or update jobs (one or many).
 KEYS[1]  B
@@ -812,79 +925,61 @@ Emits:   a job ready now (code 1 or 2) is pushed to a fresh parked client subscr
 local function dispatch(keys, args)
   local B = keys[1]
   local now = clock(args[1])
-  local update_data = flag(args[2], 'update_data')
-  local mode = args[3]
-  if not RUN_AT_MODES[mode] then
-    invalid("update_run_at must be 'replace', 'keep', 'if_later' or 'if_earlier', got "
-      .. shown(mode))
-  end
-  local reset = flag(args[4], 'reset_counts')
-  groups(args, 5, 3, 'queasy_dispatch')
-  local run_ats = {}
-  strict_json(function()
-    for i = 5, #args, 3 do
-      local n = (i - 2) / 3
-      check_id(args[i], 'id', n)
-      check_json(args[i + 1], 'data', n)
-      run_ats[n] = args[i + 2] == '' and now or ms(args[i + 2], 'run_at', n)
-    end
+  local update_data, mode, reset = dispatch_flags(args)
+  local run_ats = dispatch_triples(args, 5, now, 'queasy_dispatch')
+  return dispatch_jobs(B, now, args, 5, run_ats, function(id, data, run_at)
+    return put_job(B, id, data, run_at, update_data, mode, reset, now)
   end)
-  local codes = {}
-  local earliest = nil
-  local parked = nil -- read once, when the first job ready now is met
-  for i = 5, #args, 3 do
-    local id, data, run_at = args[i], args[i + 1], run_ats[(i - 2) / 3]
-    local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
-    local existing, is_active = nil, false
-    if call('EXISTS', jkey, akey) > 0 then -- one call for the usual new id
-      existing = read_job(jkey)
-      is_active = call('EXISTS', akey) == 1
-    end
-    if existing == nil then
-      codes[#codes + 1] = add_job(B, id, data, run_at, now, is_active, update_data, mode, reset)
-    else
-      local old_run_at = existing.run_at
-      if update_data then
-        existing.data = data
-      end
-      existing.run_at = merge_run_at(existing.run_at, run_at, mode)
-      if reset then
-        existing.retry_count, existing.stall_count, existing.timeout_count = 0, 0, 0
-      end
-      write_job(jkey, existing)
-      if is_active then
-        -- compose the run_at updates, and take the union of the other flags, so the
-        -- updates apply to the active job, if it is requeued, as to a waiting job
-        local f = call('HMGET', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
-        local kind, lo, hi = run_at_update(f[2], f[4], f[5], old_run_at)
-        kind, lo, hi = then_merge(kind, lo, hi, mode, run_at)
-        call('HSET', jkey,
-          'u_data', (update_data or f[1] == '1') and '1' or '0', 'u_run_at', kind,
-          'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
-          'u_reset', (reset or f[3] == '1') and '1' or '0')
-        codes[#codes + 1] = 4
-      else
-        call('ZADD', B .. ':waiting', int(existing.run_at), id)
-        codes[#codes + 1] = 2
-      end
-      run_at = existing.run_at
-    end
-    if codes[#codes] <= 2 then
-      if run_at <= now and parked == nil then
-        parked = live_parked(B, now)
-      end
-      if run_at <= now and #parked > 0 and push(B, now, id, parked) then
-        run_at = nil -- leased to a parked client: nothing to wake
-      end
-      if run_at ~= nil and (earliest == nil or run_at < earliest) then
-        earliest = run_at
-      end
-    end
+end
+
+--[[ queasy_dispatch_once: dispatch a batch that may be sent again (a retried Spark task, a
+re-run of a whole job): an id that already ran, or runs now, is not dispatched a second time.
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2..4] update_data, update_run_at, reset_counts: as queasy_dispatch
+ARGV[5]  window ms (1 ..= 999999999999): an id stays dispatched until its run_at + window
+ARGV[6..] triples: id, data (JSON), run_at (ms, or '' for now)
+Returns: one code per job: 1 created, 2 updated (its waiting or delayed job, as
+         queasy_dispatch), 5 skipped (nothing written for it): the id is active (leased:
+         running, or pushed to a client), or it has no waiting job but its B:once:<id>
+         window is still open (it was dispatched once, then ran, failed or was cancelled).
+         Never 3 or 4: a blocked copy would run the id a second time.
+Writes:  B:once:<id> = the end of its window, max(run_at, now) + window (ms), expiring then,
+         for each job created or updated.
+Refuses: as queasy_dispatch; and a window that is not a whole number 1..999999999999.
+Emits:   as queasy_dispatch.
+]]
+local function dispatch_once(keys, args)
+  local B = keys[1]
+  local now = clock(args[1])
+  local update_data, mode, reset = dispatch_flags(args)
+  local window = whole(args[5], 'window ms', MAX_COUNT)
+  if window < 1 then
+    invalid('window ms must be >= 1, got 0')
   end
-  if earliest ~= nil then
-    call('PUBLISH', B .. ':wake', int(earliest))
-  end
-  return codes
+  local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch_once')
+  return dispatch_jobs(B, now, args, 6, run_ats, function(id, data, run_at)
+    local okey, akey = B .. ':once:' .. id, B .. ':active:' .. id
+    if call('EXISTS', akey, B .. ':job:' .. id) == 0 then -- the usual new id
+      -- set its window, unless one is open (SET NX GET: one call for both)
+      local close = math.max(run_at, now) + window
+      local open = call('SET', okey, int(close), 'NX', 'GET', 'PX', int(close - now))
+      if open then
+        if (tonumber(open) or 0) > now then -- ('or 0': a garbled value is no window)
+          return 5
+        end
+        call('SET', okey, int(close), 'PX', int(close - now))
+      end
+      return create_job(B, id, data, run_at, now)
+    end
+    if call('EXISTS', akey) == 1 then
+      return 5
+    end
+    local code, at = put_job(B, id, data, run_at, update_data, mode, reset, now)
+    local close = math.max(at, now) + window
+    call('SET', okey, int(close), 'PX', int(close - now))
+    return code, at
+  end)
 end
 
 --[[ queasy_cancel: remove a waiting, delayed or blocked job. Never touches an active job.
@@ -895,7 +990,8 @@ ARGV[3]  id
 ARGV[4]  keep count: cancelled records kept (0: none; see Retention)
 ARGV[5]  keep ms: how long cancelled records are kept
 Returns: 1 if a job was removed (its record kept as cancelled), else 0.
-Emits:   event outcome=cancelled; PUBLISH B:done:<id> 'cancelled'.
+Emits:   event outcome=cancelled; PUBLISH B:done:<id> 'cancelled'. The end of a schedule's
+         occurrence is noted in B:schedule.
 ]]
 local function cancel(keys, args)
   local B = keys[1]
@@ -919,6 +1015,7 @@ local function cancel(keys, args)
   retain(B, 'cancelled', now, keep_count, keep_ms, {int(now), id},
     {id, ending('cancelled', event, job.attempts, '')})
   call('PUBLISH', B .. ':done:' .. id, 'cancelled')
+  schedule_ended(B, id, now, 'cancelled')
   return 1
 end
 
@@ -961,10 +1058,9 @@ local function requeue_failed(keys, args)
     if end_state(call('HGET', B .. ':ends', id)) ~= 'failed' then
       call('ZREM', B .. ':failed', id) -- an id that ended again since, in another state
     else
-      if call('EXISTS', B .. ':job:' .. id) == 0 then
-        local is_active = call('EXISTS', B .. ':active:' .. id) == 1
+      if call('EXISTS', B .. ':job:' .. id) == 0 then -- new: waiting, or blocked if active
         local data = call('HGET', ekey, 'data') or 'null'
-        if add_job(B, id, data, now, now, is_active, true, 'replace', true) == 1 then
+        if put_job(B, id, data, now, true, 'replace', true, now) == 1 then
           wake = true
         end
       end
@@ -1127,7 +1223,8 @@ ARGV[8..] quintuples: id, token, worker pid ('' or digits), started_at ('' or ms
           ('' none, else JSON: the handler's return value, kept in the record)
 Returns: one code per job: 0 ok, 1 stale (lease lost; nothing changed).
 Refuses: a result that is not JSON (INVALID, nothing written).
-Emits:   event outcome=finished. A blocked job with the same id becomes waiting.
+Emits:   event outcome=finished. A blocked job with the same id becomes waiting. The end
+         of a schedule's occurrence is noted in B:schedule (its next: queasy_schedule).
 ]]
 local function finish(keys, args)
   local B = keys[1]
@@ -1161,6 +1258,7 @@ local function finish(keys, args)
     done[#done + 1] = job.id
     done[#done + 1] = ending('finished', event, job.attempts, ends.host)
     promote(B, job.id, any_blocked)
+    schedule_ended(B, job.id, now, 'finished')
     if ends.notify then
       call('PUBLISH', B .. ':done:' .. job.id, 'finished')
     end
@@ -1242,7 +1340,8 @@ ARGV[8..] groups of 10: id, token, fail job id (the id rules; '' without F), fai
 Returns: one code per job: 0 ok, 1 stale (nothing changed, no fail job).
 Refuses: with F, a fail job id that breaks the id rules; error text over MAX_TEXT bytes
          (INVALID, nothing written).
-Emits:   event outcome=failed on B; PUBLISH F:wake. The error is kept in the job's record.
+Emits:   event outcome=failed on B; PUBLISH F:wake. The error is kept in the job's record. The
+         end of a schedule's occurrence is noted in B:schedule (its next: queasy_schedule).
 ]]
 local function fail(keys, args)
   local B, F = keys[1], keys[2]
@@ -1275,6 +1374,7 @@ local function fail(keys, args)
     done[#done + 1] = job.id
     done[#done + 1] = ending('failed', event, job.attempts, ends.host)
     promote(B, job.id, any_blocked)
+    schedule_ended(B, job.id, now, 'failed')
     if ends.notify then
       call('PUBLISH', B .. ':done:' .. job.id, 'failed')
     end
@@ -1354,6 +1454,123 @@ local function unpark(keys, args)
   local mark = check_id(args[3], 'mark')
   local had = call('HDEL', B .. ':parked', client)
   return {had, call('PUBLISH', B .. ':push:' .. client, mark)}
+end
+
+-- ---------------------------------------------------------------- schedules
+
+-- A schedule's text: 1-200 bytes, no control character (spaces allowed).
+local function check_spec(arg)
+  if type(arg) ~= 'string' or arg == '' or #arg > MAX_SPEC
+      or string.find(arg, '[%z\1-\31\127]') then
+    invalid('spec must be 1-' .. MAX_SPEC .. ' characters without control characters, got '
+      .. shown(arg))
+  end
+  return arg
+end
+
+-- The data of the occurrence for fire time `fire_at` (ms): {"fire_at": <epoch seconds>}.
+local function fire_data(fire_at)
+  return '{"fire_at":' .. int(math.floor(fire_at / 1000)) .. '.'
+    .. string.format('%03d', fire_at % 1000) .. '}'
+end
+
+-- The occurrence's state: 'active' (a blocked copy may wait behind it), 'waiting' (waiting or
+-- delayed), or '' when there is none.
+local function occurrence_state(B)
+  if call('EXISTS', B .. ':active:' .. SCHEDULE_ID) == 1 then
+    return 'active'
+  elseif call('EXISTS', B .. ':job:' .. SCHEDULE_ID) == 1 then
+    return 'waiting'
+  end
+  return ''
+end
+
+--[[ queasy_schedule: keep a queue's schedule going. Its one occurrence (job id SCHEDULE_ID,
+data {"fire_at": seconds}, run_at its fire time) is created for the next fire time when there
+is none (the last one ended), or a pending one that never ran is moved (the schedule changed,
+or catch-up). Fire times only grow, so several supervisors never create one twice.
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2]  spec: the schedule's text (1-200 bytes, no control character), stored for status
+ARGV[3]  seen: B:schedule's fire_at (ms) that the caller computed from, '' when it saw none
+ARGV[4]  create_at: fire time (ms) of the occurrence to create if there is none; > seen
+ARGV[5]  retime_at: fire time (ms) to move the pending occurrence to, or '': only one waiting
+         with fire time `seen` that never ran (run_at = fire time, counts 0); it must be later
+         than the last fire time that ended
+ARGV[6]  skipped if created: fire times that creating at create_at passes over (catch-up),
+         added to B:schedule's skipped (0 ..= MAX_COUNT)
+ARGV[7]  skipped if moved: fire times that moving to retime_at passes over (the pending one's
+         included), added to B:schedule's skipped (0 ..= MAX_COUNT)
+Returns: {code, fire_at, spec, last_fire_at, state} after the call: code 0 nothing to do (the
+         occurrence exists and stays), 1 stale (B:schedule's fire_at is not `seen`: nothing
+         written; compute again from the fire_at returned), 2 created, 3 moved; fire_at,
+         spec, last_fire_at of B:schedule ('' when unset); state: 'active', 'waiting' or ''.
+Refuses: (INVALID, nothing written) a bad spec, a time not integer ms in 0..MAX_MS, create_at
+         not later than seen; from a caller that is not stale, retime_at not later than the
+         last fire time that ended.
+Emits:   PUBLISH B:wake <fire time> when it creates or moves the occurrence.
+]]
+local function schedule(keys, args)
+  local B = keys[1]
+  local now = clock(args[1])
+  local spec = check_spec(args[2])
+  local seen = nil
+  if args[3] ~= '' then
+    seen = ms(args[3], 'seen')
+  end
+  local create_at = ms(args[4], 'create_at')
+  local retime_at = nil
+  if args[5] ~= '' then
+    retime_at = ms(args[5], 'retime_at')
+  end
+  local skipped_create = whole(args[6], 'skipped if created', MAX_COUNT)
+  local skipped_move = whole(args[7], 'skipped if moved', MAX_COUNT)
+  if seen ~= nil and create_at <= seen then
+    invalid('create_at must be later than seen, got ' .. shown(args[4]))
+  end
+  local skey = B .. ':schedule'
+  local s = call('HMGET', skey, 'fire_at', 'spec', 'last_fire_at', 'skipped')
+  local fire_at, last_fire_at = tonumber(s[1]), tonumber(s[3])
+  local state = occurrence_state(B)
+  local function reply(code)
+    local row = call('HMGET', skey, 'fire_at', 'spec', 'last_fire_at')
+    return {code, row[1] or '', row[2] or '', row[3] or '', occurrence_state(B)}
+  end
+  if fire_at ~= seen then -- first: a caller that computed from an old fire time learns it
+    return reply(1)
+  end
+  if retime_at ~= nil and last_fire_at ~= nil and retime_at <= last_fire_at then
+    invalid('retime_at must be later than the last fire time that ended, got '
+      .. shown(args[5]))
+  end
+  local at, skipped = nil, 0
+  local jkey = B .. ':job:' .. SCHEDULE_ID
+  if state == '' then
+    at, skipped = create_at, skipped_create
+  elseif retime_at ~= nil and state == 'waiting' then
+    local job = read_job(jkey)
+    if job.run_at == fire_at and job.retry_count == 0 and job.stall_count == 0
+        and job.timeout_count == 0 then
+      at, skipped = retime_at, skipped_move
+    end
+  end
+  if at == nil then
+    return reply(0)
+  end
+  if state == '' then
+    new_record(jkey, SCHEDULE_ID, fire_data(at), at, now)
+  else
+    write_job(jkey, {id = SCHEDULE_ID, data = fire_data(at), run_at = at, retry_count = 0,
+      stall_count = 0, timeout_count = 0})
+  end
+  call('ZADD', B .. ':waiting', int(at), SCHEDULE_ID)
+  call('HSET', skey, 'spec', spec, 'fire_at', int(at),
+    'skipped', int(math.min(MAX_COUNT, field_int(s[4], MAX_COUNT) + skipped)))
+  call('PUBLISH', B .. ':wake', int(at))
+  if state == '' then
+    return reply(2)
+  end
+  return reply(3)
 end
 
 -- ---------------------------------------------------------------- reads: no writes
@@ -1619,6 +1836,30 @@ local function leases(keys, args)
   return call('HGETALL', keys[1] .. ':lease:' .. args[2])
 end
 
+--[[ queasy_schedule_info: a queue's schedule (read-only), for status.
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+Returns: nil when B has no schedule, else {spec, fire_at, state, last_fire_at, last_outcome,
+         last_ended_at, skipped}: fire_at is the current occurrence's fire time; state its
+         state ('active' | 'waiting' | 'delayed', '' when there is none: the next check of a
+         supervisor creates it); '' for a field not set yet.
+]]
+local function schedule_info(keys, args)
+  local B = keys[1]
+  local now = clock(args[1])
+  local v = call('HMGET', B .. ':schedule', 'spec', 'fire_at', 'last_fire_at',
+    'last_outcome', 'last_ended_at', 'skipped')
+  if v[1] == false then
+    return nil
+  end
+  local state = occurrence_state(B)
+  if state == 'waiting'
+      and field_int(call('HGET', B .. ':job:' .. SCHEDULE_ID, 'run_at'), MAX_MS) > now then
+    state = 'delayed'
+  end
+  return {v[1], v[2] or '', state, v[3] or '', v[4] or '', v[5] or '', v[6] or '0'}
+end
+
 --[[ queasy_version
 KEYS: none.  ARGV: none.
 Returns: the library version string, "major.minor.patch" (the shape every queasy_py expects).
@@ -1647,6 +1888,7 @@ local function entry(fn)
 end
 
 redis.register_function('queasy_dispatch', entry(dispatch))
+redis.register_function('queasy_dispatch_once', entry(dispatch_once))
 redis.register_function('queasy_cancel', entry(cancel))
 redis.register_function('queasy_requeue', entry(requeue_failed))
 redis.register_function('queasy_purge', entry(purge))
@@ -1657,11 +1899,14 @@ redis.register_function('queasy_fail', entry(fail))
 redis.register_function('queasy_bump', entry(bump))
 redis.register_function('queasy_leave', entry(leave))
 redis.register_function('queasy_unpark', entry(unpark))
+redis.register_function('queasy_schedule', entry(schedule))
 redis.register_function{function_name = 'queasy_get_job', callback = entry(get_job),
   flags = {'no-writes'}}
 redis.register_function{function_name = 'queasy_counts', callback = entry(counts),
   flags = {'no-writes'}}
 redis.register_function{function_name = 'queasy_jobs', callback = entry(jobs),
+  flags = {'no-writes'}}
+redis.register_function{function_name = 'queasy_schedule_info', callback = entry(schedule_info),
   flags = {'no-writes'}}
 redis.register_function{function_name = 'queasy_leases', callback = entry(leases),
   flags = {'no-writes'}}

@@ -20,7 +20,7 @@ from .errors import (
     RetryLater,
     VersionMismatch,
 )
-from .job import Job, JobInfo
+from .job import Job, JobInfo, ScheduleInfo
 
 if TYPE_CHECKING:
     from .client import Client
@@ -41,6 +41,7 @@ __all__ = [
     "QueasyError",
     "Queue",
     "RetryLater",
+    "ScheduleInfo",
     "VersionMismatch",
 ]
 __version__ = "0.1.0"

@@ -11,7 +11,7 @@ and fail_queue; running handlers (listen/run) stays with the synchronous Client.
 
 from __future__ import annotations
 
-import os
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -21,37 +21,46 @@ import redis.asyncio as aioredis
 
 from . import defaults, records, validate
 from .errors import ConnectionFailed, InvalidInput
-from .job import JobInfo
-from .queue import PAGE, RESULT_WAIT, QueueBase
-from .store import stream
+from .job import JobInfo, ScheduleInfo
+from .operate import PAGE, RESULT_WAIT
+from .queue import QueueBase
+from .resolve import PathLike, Target, resolve
+from .store import events
 from .store.connection import from_url, mask_url
 from .store.keys import RegistryKeys
 from .store.library import handshake, lua_error, run_handshake_async
 
+log = logging.getLogger("queasy_py")
+
 
 class AsyncClient:
-    """Like Client (url None: $QUEASY_REDIS_URL, else an embedded server), for asyncio."""
+    """Like Client (url None: $QUEASY_REDIS_URL, else the project config's `redis`, else the
+    project's embedded server: queasy_py/resolve.py), for asyncio."""
 
     def __init__(
         self,
-        url: str | None = None,
+        url: str | Target | None = None,
         *,
         prefix: str = defaults.PREFIX,
         max_payload: int = defaults.MAX_PAYLOAD_BYTES,
+        config: PathLike | None = None,
+        data_dir: PathLike | None = None,
     ) -> None:
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise InvalidInput(f"invalid key prefix {prefix!r}: a non-empty str without braces")
         self.prefix = prefix
         self.max_payload = max_payload
-        self.server = None
-        url = url or os.environ.get(defaults.URL_ENV) or None
-        if url is None:
-            from .store.embedded import EmbeddedServer
-
-            self.server = EmbeddedServer().start()
-            url = self.server.url
-        self.url = url
-        self.redis = from_url(aioredis.Redis, url, socket_connect_timeout=5.0)
+        target = url if isinstance(url, Target) else resolve(url, config=config, data_dir=data_dir)
+        self.server = target.server
+        self.url = target.url
+        try:
+            self.redis = from_url(aioredis.Redis, self.url, socket_connect_timeout=5.0)
+        except BaseException:
+            if self.server is not None:
+                self.server.close()
+            raise
+        # INFO when the URL was found (env, config, the embedded server), not given
+        log.log(logging.DEBUG if target.explicit else logging.INFO, "using %s", target.describe())
         self.library_version: str | None = None
         self._queues: dict[str, AsyncQueue] = {}
 
@@ -86,7 +95,7 @@ class AsyncClient:
     async def close(self) -> None:
         await self.redis.aclose()
         if self.server is not None:
-            self.server.stop()
+            self.server.close()  # stops it if no other process uses it: a short wait
             self.server = None
 
     async def __aenter__(self) -> AsyncClient:
@@ -164,6 +173,11 @@ class AsyncQueue(QueueBase):
         row = await self.client.redis.fcall_ro("queasy_get_job", 1, self.keys.base, "", job_id)
         return self._job_info(row)
 
+    async def schedule_info(self) -> ScheduleInfo | None:
+        await self.client.ready()
+        row = await self.client.redis.fcall_ro("queasy_schedule_info", 1, self.keys.base, "")
+        return self._schedule_info(row)
+
     async def counts(self) -> dict[str, int]:
         await self.client.ready()
         return self._counts(
@@ -227,7 +241,7 @@ class AsyncQueue(QueueBase):
             await pubsub.aclose()
 
     async def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
-        low, high, count = stream.range_args(self.keys.events, after, count)
+        low, high, count = events.range_args(self.keys.events, after, count)
         await self.client.ready()
         entries = await self.client.redis.xrange(self.keys.events, low, high, count=count)
-        return stream.parse_entries(entries)
+        return events.parse_entries(entries)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -14,21 +13,26 @@ from . import defaults
 from .errors import InvalidInput, QueasyError
 from .options import check_setting
 from .queue import Queue
+from .resolve import PathLike, Target, resolve
+from .store import fields
 from .store.calls import FastCall
 from .store.connection import mask_url, new_client_id, producer_client, wait_reachable
-from .store.keys import RegistryKeys
+from .store.keys import RegistryKeys, schedule_pattern, schedule_queue
 from .store.library import ensure_loaded
 
 if TYPE_CHECKING:
+    from .job import ScheduleInfo
     from .options import ListenOptions
     from .runtime.supervisor import Supervisor
-    from .store.embedded import EmbeddedServer
+    from .store.shared import SharedServer
 
 log = logging.getLogger("queasy_py")
 
 
 class Client:
-    """A connection to Redis. `url` None: $QUEASY_REDIS_URL, else an embedded server.
+    """A connection to Redis. `url` None: $QUEASY_REDIS_URL, else the `redis` of the project's
+    config (`config`: a TOML file; default the [tool.queasy] of the project's pyproject.toml),
+    else the project's embedded server (`data_dir`: its directory), as queasy_py/resolve.py says.
 
     Making one does not connect (a module-level client imports while Redis is down): the
     first call that needs Redis connects and loads the function library (ready()), as
@@ -41,11 +45,13 @@ class Client:
 
     def __init__(
         self,
-        url: str | None = None,
+        url: str | Target | None = None,
         workers: int | None = None,
         *,
         prefix: str = defaults.PREFIX,
         max_payload: int = defaults.MAX_PAYLOAD_BYTES,
+        config: PathLike | None = None,
+        data_dir: PathLike | None = None,
         **settings: Any,
     ) -> None:
         unknown = set(settings) - set(defaults.SUPERVISOR)
@@ -58,20 +64,16 @@ class Client:
         self.prefix = prefix
         self.max_payload = max_payload
         self.settings: dict[str, Any] = {**defaults.SUPERVISOR, **settings, "workers": workers}
-        self.server: EmbeddedServer | None = None
-        url = url or os.environ.get(defaults.URL_ENV) or None
-        if url is None:
-            from .store.embedded import EmbeddedServer
-
-            self.server = EmbeddedServer().start()
-            url = self.server.url
-            log.info("no Redis URL given: using an embedded server at %s", mask_url(url))
-        self.url = url
+        target = url if isinstance(url, Target) else resolve(url, config=config, data_dir=data_dir)
+        self.server: SharedServer | None = target.server
+        self.url = target.url
         try:  # a bad URL is a ConfigError now; the connection is made by the first call
-            self._redis: redis.Redis = producer_client(url)
+            self._redis: redis.Redis = producer_client(self.url)
         except BaseException:
             self.close()
             raise
+        # INFO when the URL was found (env, config, the embedded server), not given
+        log.log(logging.DEBUG if target.explicit else logging.INFO, "using %s", target.describe())
         self._fastcall = FastCall(self._redis)
         self.library_version: str | None = None  # set by ready()
         self._connecting = threading.Lock()
@@ -147,6 +149,22 @@ class Client:
                 live.append(entry)
         return sorted(live, key=lambda e: (str(e.get("host")), e.get("pid") or 0))
 
+    def schedules(self) -> dict[str, ScheduleInfo]:
+        """The schedule of every queue (under this client's prefix) that has one, by queue
+        name: its spec, the current occurrence's fire time and state, the last outcome."""
+        out = {}
+        for key in self.redis.scan_iter(match=schedule_pattern(self.prefix), count=1000):
+            found = schedule_queue(self.prefix, fields.text(key))
+            if found is None:
+                continue
+            try:
+                info = Queue(self, found[0], found[1]).schedule_info()
+            except InvalidInput:  # not a queue's key (a job id ending in ':schedule')
+                continue
+            if info is not None:
+                out[info.queue] = info
+        return dict(sorted(out.items()))
+
     def _add_listener(self, queue: Queue, spec: ListenOptions) -> None:
         if queue.name in self.listeners:
             raise InvalidInput(f"queue {queue.name!r} is already listened to by this client")
@@ -162,6 +180,8 @@ class Client:
             raise QueasyError("this client was made with workers=0 (producer only): it cannot run")
         self.ready()
         self._supervisor = Supervisor(self)
+        if self.server is not None:
+            self.server.long_lived = True
         try:
             return self._supervisor.run()
         finally:
@@ -178,7 +198,7 @@ class Client:
         if redis_client is not None:
             redis_client.close()
         if self.server is not None:
-            self.server.stop()
+            self.server.close()
             self.server = None
 
     def __enter__(self) -> Client:

@@ -36,6 +36,15 @@ PREFIX_ENV = "QUEASY_PREFIX"
 LOG_LEVEL_ENV = "QUEASY_LOG_LEVEL"
 #: log line format of the `queasy` command and of every worker process
 LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
+#: environment variable naming the embedded server's data directory (README "Where it runs")
+DATA_DIR_ENV = "QUEASY_DATA_DIR"
+#: the embedded server's data directory inside a project directory (the first one holding a
+#: pyproject.toml, walking up from the working directory)
+STATE_DIR_NAME = ".queasy"
+#: seconds between the embedded server keeper's checks whether any process still uses it
+KEEPER_POLL_INTERVAL = 0.1
+#: seconds a process waits for the project's embedded server to start (or to stop, at close)
+EMBEDDED_START_TIMEOUT = 30.0
 #: capacity units of one worker process
 WORKER_UNITS = 100
 #: seconds the scheduling loop waits on one Redis call at most (its own connections; a frozen
@@ -43,9 +52,22 @@ WORKER_UNITS = 100
 LOOP_REDIS_TIMEOUT = 2.0
 #: seconds a new worker has to import its handlers and say "ready" before it is killed
 WORKER_START_TIMEOUT = 60.0
+#: seconds after its run_at during which an id dispatched by the Spark sink (or
+#: Queue.dispatch_batch(dedup_window=...)) is not dispatched again: a retried task or a re-run
+#: of the whole write does not run it a second time
+DEDUP_WINDOW = 86400.0
 #: workers in a row that die (or time out) before "ready": the supervisor then gives up and
 #: exits with its HANDLER code, the import error logged once
 WORKER_START_FAILURES = 5
+
+#: the job id of a schedule's occurrence (listen(schedule=...)); lua/queasy.lua SCHEDULE_ID
+SCHEDULE_ID = "schedule"
+#: seconds after its fire time by which a schedule's occurrence must be able to start; a fire
+#: time passed by more than this (everything down, the previous occurrence still running) is
+#: missed, and `catch_up` decides
+SCHEDULE_GRACE = 1.0
+#: the values of listen(catch_up=...): run once now for the missed fire times, or skip them
+CATCH_UP = ("once", "skip")
 
 #: keyword arguments of Queue.listen() and their defaults
 LISTEN: dict[str, Any] = {
@@ -63,7 +85,14 @@ LISTEN: dict[str, Any] = {
     "keep_finished": KEEP_FINISHED,
     "keep_failed": KEEP_FAILED,
     "store_results": False,
+    "schedule": None,  # a cron expression: 5 fields, or 6 with seconds first
+    "schedule_every": None,  # seconds between fire times (from the epoch), instead of cron
+    "timezone": "UTC",  # of the cron expression (an IANA name)
+    "catch_up": "once",  # missed fire times: "once" (run once now) or "skip"
 }
+
+#: the listen() keywords of a schedule (not options of a fail queue)
+SCHEDULE_KEYS = ("schedule", "schedule_every", "timezone", "catch_up")
 
 #: options of a fail queue (its jobs run the fail handler); listen(fail_options=...) overrides
 FAIL_OPTIONS: dict[str, Any] = {

@@ -1,4 +1,5 @@
-"""What a job looks like to producers (JobInfo) and to handlers (Job)."""
+"""What a job looks like to producers (JobInfo) and to handlers (Job); a queue's schedule
+(ScheduleInfo)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,28 @@ class Job:
     retry_count: int
     stall_count: int
     timeout_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    """A queue's schedule as stored: returned by Queue.schedule_info() and Client.schedules().
+
+    `fire_at` is the fire time of its current occurrence (job id `defaults.SCHEDULE_ID`), whose
+    `state` is "waiting" or "delayed" (pending: it fires then), "active" (it runs), or None
+    (none right now: it ended, and the next supervisor check creates the next one). Times are
+    epoch seconds; `last_*` describe the last occurrence that ended (None before the first);
+    `skipped` counts the fire times catch-up passed over."""
+
+    queue: str
+    spec: str  # "cron <expression> <timezone>" or "every <seconds>s"
+    fire_at: float | None
+    state: Literal["waiting", "delayed", "active"] | None
+    last_fire_at: float | None
+    last_outcome: Literal["finished", "failed", "cancelled"] | None
+    last_ended_at: float | None
+    skipped: int
+
+    @property
+    def next_fire_at(self) -> float | None:
+        """When the pending occurrence fires (None while one runs or none exists)."""
+        return self.fire_at if self.state in ("waiting", "delayed") else None

@@ -73,6 +73,10 @@ class ListenOptions:
     keep_finished: tuple[int, float] = tuple(defaults.KEEP_FINISHED.values())  # type: ignore[assignment]
     keep_failed: tuple[int, float] = tuple(defaults.KEEP_FAILED.values())  # type: ignore[assignment]
     store_results: bool = False
+    schedule: str | None = None
+    schedule_every: float | None = None
+    timezone: str = defaults.LISTEN["timezone"]
+    catch_up: str = defaults.LISTEN["catch_up"]
 
     @classmethod
     def build(cls, queue: str, handler: str, options: dict[str, Any], check: bool = True):
@@ -83,7 +87,8 @@ class ListenOptions:
         fail_options = o["fail_options"] or {}
         if not isinstance(fail_options, dict):
             raise InvalidInput(f"fail_options must be a dict, not {fail_options!r}")
-        bad = set(fail_options) - (set(defaults.LISTEN) - {"fail_handler", "fail_options"})
+        own = {"fail_handler", "fail_options", *defaults.SCHEDULE_KEYS}
+        bad = set(fail_options) - (set(defaults.LISTEN) - own)
         if bad:
             raise InvalidInput(f"unknown fail_options key(s) {sorted(bad)} for queue {queue!r}")
         spec = cls(
@@ -103,6 +108,7 @@ class ListenOptions:
             keep_finished=_keep("keep_finished", o["keep_finished"], defaults.KEEP_FINISHED),
             keep_failed=_keep("keep_failed", o["keep_failed"], defaults.KEEP_FAILED),
             store_results=_bool("store_results", o["store_results"]),
+            **_schedule(queue, o),
         )
         if spec.min_backoff > spec.max_backoff:
             raise InvalidInput(
@@ -118,6 +124,10 @@ class ListenOptions:
                 load(spec.fail_handler)
         if spec.fail_handler is not None:
             spec.fail_spec(queue + defaults.FAIL_QUEUE_SUFFIX)  # check fail_options values
+        if spec.schedule is not None or spec.schedule_every is not None:
+            from .runtime.schedules import build  # lazily: the cron parser
+
+            build(queue, spec)  # parses the expression: InvalidInput names what is wrong
         return spec
 
     def fail_spec(self, fail_queue: str) -> ListenOptions:
@@ -130,6 +140,30 @@ class ListenOptions:
     def backoff(self, retry_count: int) -> float:
         """Seconds before retry number retry_count + 1 (without jitter)."""
         return min(self.max_backoff, self.min_backoff * 2 ** min(retry_count, 64))
+
+
+def _schedule(queue: str, o: dict[str, Any]) -> dict[str, Any]:
+    """The schedule keywords, type-checked (runtime/schedules.py parses the expression)."""
+    cron, every, zone, catch_up = (o[k] for k in defaults.SCHEDULE_KEYS)
+    if cron is not None and (not isinstance(cron, str) or not cron.strip()):
+        raise InvalidInput(f"queue {queue!r}: schedule must be a cron expression, not {cron!r}")
+    if every is not None:
+        every = _seconds(f"queue {queue!r}: schedule_every", every)
+        if every < 0.001:
+            raise InvalidInput(f"queue {queue!r}: schedule_every must be at least 0.001 s")
+    if not isinstance(zone, str) or not zone:
+        raise InvalidInput(f"queue {queue!r}: timezone must be an IANA name, not {zone!r}")
+    if catch_up not in defaults.CATCH_UP:
+        raise InvalidInput(
+            f"queue {queue!r}: catch_up must be one of {defaults.CATCH_UP}, not {catch_up!r}"
+        )
+    if cron is not None and every is not None:
+        raise InvalidInput(f"queue {queue!r}: give schedule or schedule_every, not both")
+    if cron is None and zone != defaults.LISTEN["timezone"]:
+        raise InvalidInput(f"queue {queue!r}: timezone is for a cron schedule; none given")
+    if cron is None and every is None and catch_up != defaults.LISTEN["catch_up"]:
+        raise InvalidInput(f"queue {queue!r}: catch_up needs a schedule; none given")
+    return {"schedule": cron, "schedule_every": every, "timezone": zone, "catch_up": catch_up}
 
 
 def check_setting(key: str, value: Any) -> Any:

@@ -3,19 +3,22 @@ and what operators need: jobs by state, requeue of failed jobs, purge, the outco
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
 
 from . import defaults, records, validate
-from .errors import InvalidInput, ResultTimeout
-from .job import END_STATES, JobInfo
-from .store import stream
+from .errors import InvalidInput
+from .job import JobInfo, ScheduleInfo
+from .operate import Operate, OperateArgs
+from .store import fields
 from .store.keys import QueueKeys, RegistryKeys
-from .store.library import fcall, lua_error
+from .store.library import Dispatched, fcall, lua_error
 
 if TYPE_CHECKING:
     from .client import Client
@@ -23,13 +26,38 @@ if TYPE_CHECKING:
 
 #: jobs per FCALL in dispatch_many (the chunks are pipelined in one round trip)
 DISPATCH_CHUNK = 500
-#: jobs per call of queasy_jobs (the most), queasy_requeue and queasy_purge
-PAGE = 1000
-LISTED = ("waiting", "delayed", "blocked", "active", *END_STATES)
-#: what purge("all") removes, in this order: every state but active
-PURGED = ("waiting", "delayed", "blocked", "cancelled", "finished", "failed")
-#: the longest wait of result() on one read before it looks at the job again
-RESULT_WAIT = 3600.0
+#: the longest dedup_window of dispatch_batch, in seconds (the library's bound, 999999999999 ms)
+MAX_DEDUP_WINDOW = 999_999_999.0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """What Queue.dispatch_batch did: the ids in the order given, one code per job."""
+
+    ids: list[str]
+    codes: list[Dispatched]
+
+    def _count(self, *codes: Dispatched) -> int:
+        return sum(1 for code in self.codes if code in codes)
+
+    @property
+    def created(self) -> int:
+        return self._count(Dispatched.CREATED)
+
+    @property
+    def updated(self) -> int:
+        """Waiting, delayed or blocked jobs of these ids that were updated."""
+        return self._count(Dispatched.UPDATED, Dispatched.BLOCKED_UPDATED)
+
+    @property
+    def blocked(self) -> int:
+        """New blocked jobs: these ids were active (never with a dedup_window)."""
+        return self._count(Dispatched.BLOCKED)
+
+    @property
+    def skipped(self) -> int:
+        """Ids left alone by a dedup_window: active, or dispatched within their window."""
+        return self._count(Dispatched.SKIPPED)
 
 
 def new_job_id() -> str:
@@ -38,7 +66,7 @@ def new_job_id() -> str:
     return os.urandom(16).hex()
 
 
-class QueueBase:
+class QueueBase(OperateArgs):
     """Validation, FCALL arguments and reply parsing shared by Queue and aio.AsyncQueue."""
 
     def __init__(self, client: Any, name: str, tag: str | None = None) -> None:
@@ -106,6 +134,20 @@ class QueueBase:
         chunks = [["", *flags, *args[i : i + step]] for i in range(0, len(args), step)]
         return chunks, args[0::3]
 
+    @staticmethod
+    def _window_ms(dedup_window: object) -> int:
+        if (
+            isinstance(dedup_window, bool)
+            or not isinstance(dedup_window, int | float)
+            or not math.isfinite(dedup_window)
+            or not 0 < dedup_window <= MAX_DEDUP_WINDOW
+        ):
+            raise InvalidInput(
+                f"dedup_window must be seconds in (0, {MAX_DEDUP_WINDOW:.0f}], not "
+                f"{validate.shown(dedup_window)}"
+            )
+        return max(1, round(dedup_window * 1000))
+
     def _cancel_args(self, job_id: str) -> list:
         keep = defaults.KEEP_CANCELLED
         keep_ms = int(keep["seconds"] * 1000)
@@ -114,54 +156,33 @@ class QueueBase:
     def _job_info(self, row: list | None) -> JobInfo | None:
         return records.job_info(self.name, row)
 
-    def _jobs_args(self, state: str, cursor: str, limit: int, with_data: bool) -> list:
-        if state not in LISTED:
-            raise InvalidInput(f"state must be one of {', '.join(LISTED)}, not {state!r}")
-        if not isinstance(cursor, str) or not cursor or len(cursor) > 40:
-            raise InvalidInput(f"cursor must be '0' or the one a page returned, not {cursor!r}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE:
-            raise InvalidInput(f"limit must be an int 1..{PAGE}, not {limit!r}")
-        return ["", state, cursor, limit, "1" if with_data else "0"]
-
-    @staticmethod
-    def _purged(state: str) -> tuple[str, ...]:
-        if state == "all":
-            return PURGED
-        if state not in PURGED:
-            raise InvalidInput(
-                f"purge state must be one of {', '.join(PURGED)} or all (never active), "
-                f"not {state!r}"
-            )
-        return (state,)
-
-    @staticmethod
-    def _requeue_chunks(ids: Iterable[str]) -> list[list[str]]:
-        if isinstance(ids, str):
-            raise InvalidInput("ids must be a list of job ids, not a str")
-        checked = [validate.job_id(i) for i in ids]
-        return [checked[i : i + PAGE] for i in range(0, len(checked), PAGE)]
-
-    @staticmethod
-    def _deadline(timeout: float | None) -> float | None:
-        if timeout is None:
+    def _schedule_info(self, row: list | None) -> ScheduleInfo | None:
+        if row is None:
             return None
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not (0 <= timeout <= validate.MAX_DURATION)
-        ):
-            raise InvalidInput(f"timeout must be None or seconds >= 0, not {timeout!r}")
-        return time.monotonic() + timeout
+        spec, fire_at, state, last_fire_at, outcome, ended, skipped = (
+            fields.text(value) for value in row
+        )
 
-    def _timed_out(self, job_id: str, timeout: float | None) -> ResultTimeout:
-        return ResultTimeout(f"job {job_id} of {self.name} did not end within {timeout}s")
+        def seconds(ms: str) -> float | None:
+            return fields.ms_to_seconds(ms, 0.0) if ms else None
+
+        return ScheduleInfo(
+            queue=self.name,
+            spec=spec,
+            fire_at=seconds(fire_at),
+            state=state or None,  # type: ignore[arg-type]
+            last_fire_at=seconds(last_fire_at),
+            last_outcome=outcome or None,  # type: ignore[arg-type]
+            last_ended_at=seconds(ended),
+            skipped=fields.to_int(skipped, 0),
+        )
 
     @staticmethod
     def _counts(row: list) -> dict[str, int]:
         return records.counts(row)
 
 
-class Queue(QueueBase):
+class Queue(QueueBase, Operate):
     """A named queue. Get one with Client.queue(name)."""
 
     client: Client
@@ -219,6 +240,41 @@ class Queue(QueueBase):
             self.client.redis.sadd(RegistryKeys(self.client.prefix).queues, self.name)
             self.registered = True
 
+    def dispatch_batch(
+        self,
+        jobs: Iterable[Mapping[str, Any]],
+        update_data: bool = True,
+        update_run_at: bool | str = True,
+        reset_counts: bool | None = None,
+        *,
+        dedup_window: float | None = None,
+    ) -> BatchResult:
+        """dispatch_many that says what happened to each job (BatchResult).
+
+        With `dedup_window` (seconds) the batch may be sent again without running an id twice
+        (a retried Spark task, a re-run job): an id whose job is active is skipped, and so is
+        one with no waiting job that a dispatch_batch with a dedup_window sent within the
+        window (it ran, failed or was cancelled since); the window of an id ends
+        `dedup_window` after its run_at. Waiting and delayed jobs are updated as usual.
+        """
+        window = None if dedup_window is None else self._window_ms(dedup_window)
+        chunks, ids = self._dispatch_many_args(jobs, update_data, update_run_at, reset_counts)
+        name = "queasy_dispatch"
+        if window is not None:
+            name = "queasy_dispatch_once"
+            chunks = [[*args[:4], window, *args[4:]] for args in chunks]
+        codes: list[Dispatched] = []
+        if chunks:
+            with self.client.redis.pipeline(transaction=False) as pipe:
+                for args in chunks:
+                    fcall(pipe, name, [self.keys.base], args)
+                try:
+                    replies = pipe.execute()
+                except redis.ResponseError as exc:
+                    raise lua_error(exc) from None
+            codes = [Dispatched(int(code)) for reply in replies for code in reply]
+        return BatchResult(ids, codes)
+
     # ------------------------------------------------------------------ inspect
 
     def cancel(self, job_id: str) -> bool:
@@ -244,82 +300,12 @@ class Queue(QueueBase):
         "failed_last_hour"; the last minute's is the per-minute rate)."""
         return self._counts(self.client.redis.fcall_ro("queasy_counts", 1, self.keys.base, ""))
 
-    def reset_totals(self) -> None:
-        """Start the finished and failed totals (and their per-minute counts) from 0."""
-        self.client.redis.delete(self.keys.stats)
-
-    def jobs(
-        self, state: str, cursor: str = "0", limit: int = 100, with_data: bool = False
-    ) -> tuple[list[JobInfo], str]:
-        """One page of the jobs in `state` (waiting, delayed, blocked, active, finished,
-        failed, cancelled) and the cursor of the next page ("0" after the last): pass it
-        back for the next. Each call is bounded (`limit` <= 1000); waiting and delayed come
-        by run_at, ended ones newest first. `data` is None unless `with_data`."""
-        args = self._jobs_args(state, cursor, limit, with_data)
-        reply = self.client.redis.fcall_ro("queasy_jobs", 1, self.keys.base, *args)
-        return records.page(self.name, reply)
-
-    def requeue_failed(self, ids: Iterable[str] | None = None) -> int:
-        """Dispatch failed jobs (their kept records) again, to run now with counts 0: those
-        with these ids, or every one that had failed when this was called. Their records
-        go; returns how many were requeued."""
-        total = 0
-        if ids is not None:
-            for chunk in self._requeue_chunks(ids):
-                total += self._call("queasy_requeue", ["", "", PAGE, *chunk])[0]
-            return total
-        cutoff = ""
-        while True:
-            done, cutoff, seen = self._call("queasy_requeue", ["", cutoff, PAGE])
-            total += done
-            if seen < PAGE:
-                return total
-
-    def purge(self, state: str) -> int:
-        """Remove the jobs in `state` (waiting, delayed, blocked, finished, failed, cancelled,
-        or all of those); never an active job. Returns how many were removed. No event is
-        written for them."""
-        total = 0
-        for name in self._purged(state):
-            bound = None
-            while True:
-                removed, left = self._call("queasy_purge", ["", name, PAGE])
-                total += removed
-                bound = removed + left if bound is None else bound - removed
-                if removed < PAGE or bound <= 0:
-                    break
-        return total
-
-    def result(self, job_id: str, timeout: float | None = None) -> Any:
-        """Wait for job `job_id` to end and return its handler's return value (None if its
-        queue does not store results). JobFailed when it failed for good or was cancelled,
-        JobNotFound for an unknown id, ResultTimeout after `timeout` seconds. The waiter is
-        woken by the end itself (a message on the job's channel, published when the
-        queue stores results; a queue that does not is seen at the timeout only)."""
-        validate.job_id(job_id)
-        deadline = self._deadline(timeout)
-        with self.client.redis.pubsub(ignore_subscribe_messages=True) as pubsub:
-            pubsub.subscribe(self.keys.done(job_id))
-            while True:  # subscribed first: an end after this look is a message
-                done, value = records.outcome(self.get_job(job_id), job_id, self.name)
-                if done:
-                    return value
-                left = RESULT_WAIT if deadline is None else deadline - time.monotonic()
-                if left <= 0:
-                    raise self._timed_out(job_id, timeout)
-                pubsub.get_message(timeout=min(left, RESULT_WAIT))
-
-    def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
-        """Up to `count` outcome events after event id `after` ("0": the oldest kept),
-        oldest first; each event's `event_id` is the `after` of the next read (README
-        "Outcome events")."""
-        return stream.read(self.client.redis, self.keys.events, after, count)
-
-    def _call(self, name: str, args: list) -> Any:
-        try:
-            return fcall(self.client.redis, name, [self.keys.base], args)
-        except redis.ResponseError as exc:
-            raise lua_error(exc) from None
+    def schedule_info(self) -> ScheduleInfo | None:
+        """This queue's schedule (listen(schedule=...)): its spec, the current occurrence's
+        fire time and state, the last outcome; None when it never had one."""
+        return self._schedule_info(
+            self.client.redis.fcall_ro("queasy_schedule_info", 1, self.keys.base, "")
+        )
 
     # ------------------------------------------------------------------ listen
 

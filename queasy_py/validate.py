@@ -28,7 +28,13 @@ def queue_name(name: object) -> str:
     return name
 
 
+#: the usual id: 1-256 printable ASCII characters, no space (the rule below, checked faster)
+PLAIN_ID = re.compile(r"[!-~]{1,256}")
+
+
 def job_id(value: object) -> str:
+    if type(value) is str and PLAIN_ID.fullmatch(value):
+        return value
     if not isinstance(value, str):
         raise InvalidInput(f"job id must be a str, not {type(value).__name__}")
     if not value or len(value) > MAX_ID_LENGTH:

@@ -95,6 +95,21 @@ class Lua:
         flags = [int(update_data), run_at_mode, int(reset)]
         return self.call("queasy_dispatch", [self.B], now, *flags, *flat)
 
+    def dispatch_once(
+        self,
+        *jobs: tuple[str, str, Any],
+        window: Any,
+        now: int = NOW,
+        update_data: bool = True,
+        run_at_mode: str = "replace",
+        reset: bool | None = None,
+    ) -> list[int]:
+        """queasy_dispatch_once of (id, data JSON, run_at ms or '') triples with a window (ms)."""
+        reset = update_data if reset is None else reset
+        flat = [part for job in jobs for part in job]
+        flags = [int(update_data), run_at_mode, int(reset)]
+        return self.call("queasy_dispatch_once", [self.B], now, *flags, window, *flat)
+
     def add(self, id: str, data: str = '"x"', run_at: Any = NOW, **flags: Any) -> int:
         """Dispatch one job; returns its code."""
         return self.dispatch((id, data, run_at), **flags)[0]
@@ -276,3 +291,50 @@ EVENT_FIELDS = {
     "traceback",
     "enqueued_at",
 }
+
+
+# ---------------------------------------------------------------- schedules (queasy_schedule)
+
+SCHEDULE_ID = "schedule"  # the occurrence's id (lua/queasy.lua SCHEDULE_ID)
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """A queasy_schedule reply: code (0 nothing, 1 stale, 2 created, 3 moved), and after the
+    call B:schedule's fire_at, spec, last_fire_at (None when unset) and the occurrence's state."""
+
+    code: int
+    fire_at: int | None
+    spec: str
+    last_fire_at: int | None
+    state: str
+
+
+def schedule(
+    lua: Lua,
+    seen: Any,
+    create_at: Any,
+    retime_at: Any = "",
+    spec: str = "every 1s",
+    skipped: Any = 0,
+    skipped_move: Any = 0,
+    now: Any = NOW,
+) -> Scheduled:
+    """queasy_schedule on `lua`'s queue; `seen` None is '' (no fire time seen)."""
+    args = [now, spec, "" if seen is None else seen, create_at, retime_at, skipped, skipped_move]
+    code, fire_at, got_spec, last, state = lua.call("queasy_schedule", [lua.B], *args)
+    return Scheduled(
+        code,
+        int(fire_at) if fire_at else None,
+        got_spec,
+        int(last) if last else None,
+        state,
+    )
+
+
+def schedule_info(lua: Lua, now: int = NOW) -> dict[str, str] | None:
+    row = lua.call("queasy_schedule_info", [lua.B], now)
+    if row is None:
+        return None
+    names = ("spec", "fire_at", "state", "last_fire_at", "last_outcome", "last_ended_at")
+    return dict(zip((*names, "skipped"), row, strict=True))

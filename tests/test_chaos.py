@@ -64,3 +64,6 @@ def test_chaos_short(
         assert details[fault] >= 1, (fault, details)
     for hostile in ("wake", "push", "fcall_refused", "api_refused"):
         assert details[f"hostile_{hostile}"] >= 10, (hostile, details)
+    assert details["hostile_schedule_refused"] >= 5, details
+    for queue in ("sched-once", "sched-skip"):  # the scheduled queues ran all along
+        assert details[f"{queue}_fires"] >= 10, (queue, details)

@@ -41,7 +41,8 @@ def test_readme_tables_quote_the_defaults(marker: str, source: dict) -> None:
     "name",
     ["PREFIX", "FAIL_QUEUE_SUFFIX", "MAX_PAYLOAD_BYTES", "CONNECT_ATTEMPTS", "CONNECT_BACKOFF",
      "RUN_CONNECT_TIMEOUT", "WORKER_UNITS", "LOOP_REDIS_TIMEOUT", "WORKER_START_TIMEOUT",
-     "WORKER_START_FAILURES", "TRACEBACK_BYTES", "EVENT_TRACEBACK_BYTES"],
+     "WORKER_START_FAILURES", "DATA_DIR_ENV", "STATE_DIR_NAME", "KEEPER_POLL_INTERVAL",
+     "EMBEDDED_START_TIMEOUT", "DEDUP_WINDOW", "TRACEBACK_BYTES", "EVENT_TRACEBACK_BYTES"],
 )
 def test_readme_quotes_the_constants(name: str) -> None:
     value = getattr(defaults, name)

@@ -192,34 +192,6 @@ def test_no_orphan_when_the_owner_is_killed(
         shutil.rmtree(data_dir.strip(), ignore_errors=True)  # SIGKILL left no one to remove it
 
 
-def test_serve_foreground_stops_on_sigterm(
-    popen: Callable[..., subprocess.Popen[str]], tmp_path: Path
-) -> None:
-    port = free_port()
-    data_dir = tmp_path / "served"
-    code = (
-        "from queasy_py.store.embedded import serve_foreground; "
-        f"raise SystemExit(serve_foreground({port}, {str(data_dir)!r}))"
-    )
-    proc = popen([sys.executable, "-c", code])
-    url_file = data_dir / "url"
-    wait_until(lambda: url_file.exists() or proc.poll() is not None, 15, "the server")
-    assert proc.poll() is None, proc.communicate(timeout=10)
-    wait_until(lambda: url_file.read_text().endswith("\n"), 5, "the URL file")
-    url = url_file.read_text().strip()
-    assert url_file.stat().st_mode & 0o777 == 0o600
-    with redis.Redis.from_url(url) as conn:
-        assert conn.ping()
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=10)
-    assert proc.returncode == 0, err
-    assert f"at redis://:***@127.0.0.1:{port}" in err
-    assert f"the URL with its password is in {url_file}" in err
-    password = url.split("@")[0].rsplit(":", 1)[1]
-    assert password not in err  # never logged
-    assert refuses(port)
-
-
 def test_auto_port_retries_when_the_port_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     import queasy_py.store.embedded as embedded
 
@@ -290,16 +262,18 @@ def test_the_state_dir_is_private(private_state_dir: str) -> None:
 
 
 def test_a_client_on_the_embedded_server_logs_its_url_masked(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, private_state_dir: str
 ) -> None:
     from queasy_py import Client
 
     monkeypatch.delenv("QUEASY_REDIS_URL", raising=False)
+    monkeypatch.setenv("QUEASY_DATA_DIR", os.path.join(private_state_dir, "project"))
     with caplog.at_level("DEBUG", logger="queasy_py"), Client(workers=0) as client:
         assert client.server is not None
-        password = client.server.password
+        password, sock = client.server.password, client.server.socket
         assert password in client.url
         assert client.queue("q").counts()["waiting"] == 0
         assert password not in repr(client) and password not in repr(client.server)
-    assert "using an embedded server at redis://:***@127.0.0.1" in caplog.text
+    assert "using the embedded server of " in caplog.text
+    assert f"at unix://:***@{sock} " in caplog.text
     assert password not in caplog.text

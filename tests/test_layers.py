@@ -19,13 +19,14 @@ ALLOWED = {
     "runtime": {"store"},
     "api": {"store"},  # client, queue, aio, context, __init__
     "cli": {"api", "store"},
+    "spark": {"api"},  # an interface, like the cli: the public API only
 }
 
 
 def part(module: str) -> str:
     """The layer of a module named relative to the package ('store.keys', 'client')."""
     head = module.split(".")[0]
-    if head in ("store", "runtime", "cli"):
+    if head in ("store", "runtime", "cli", "spark"):
         return head
     return "leaf" if head in LEAF else "api"
 
@@ -105,6 +106,13 @@ def test_no_import_cycle() -> None:
         if node not in state:
             visit(node, [node])
     assert not cycles, cycles
+
+
+def test_only_spark_imports_spark() -> None:
+    """queasy_py.spark is an optional extra: no other module imports it at module level."""
+    for module, imports in graph().items():
+        if part(module) != "spark":
+            assert not any(part(t) == "spark" for t in imports), (module, imports)
 
 
 def test_store_knows_nothing_above_it() -> None:

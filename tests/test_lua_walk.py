@@ -22,7 +22,7 @@ from queasy_py.store.library import ensure_loaded
 STEPS = int(os.environ.get("QUEASY_WALK_STEPS", "2500"))
 MAX_MS = 253_402_300_799_999
 INT = re.compile(r"\d+")
-IDS = ["a", "b", "c", "d", "e"]
+IDS = ["a", "b", "c", "d", "e", "schedule"]  # 'schedule': a schedule's occurrence
 HOSTILE_IDS = ["", "x\ny", "x y", "é" * 257, "tab\t", "nul\x00"]
 CLIENTS = ["c1", "c2", "c3"]
 DATA = ['"x"', '{"k": [1, 2.5, null]}', "0", '"line\\nbreak"']
@@ -36,6 +36,8 @@ TEXTS, BAD_TEXTS = ["", "boom", "Traceback (most recent call last):\n  x\nE: é"
 END_STATES = ("finished", "failed", "cancelled")
 LISTED = ["waiting", "delayed", "blocked", "active", *END_STATES]
 MAX_KEEP = 2  # the largest keep count of the walk (5 ids): no end state holds more records
+SPECS = ["every 1s", "cron */2 * * * * * UTC"]
+BAD_SPECS = ["", "every\n1s", "x" * 201]
 
 
 class Walk:
@@ -120,10 +122,11 @@ class Walk:
         B, F = lua.B, lua.F
         op = rng.choice(
             ["dispatch"] * 5
+            + ["dispatch_once"] * 2
             + ["dequeue"] * 4
             + ["finish", "finish", "retry", "retry", "fail", "fail"] * 2
             + ["cancel", "bump", "leave", "unpark", "get_job", "counts", "leases"]
-            + ["jobs", "requeue", "purge"]
+            + ["jobs", "requeue", "purge", "schedule", "schedule", "schedule_info"]
         )
         now = self.now_arg()
         client = self.pick(self.clients, ["c\n1", ""])
@@ -135,6 +138,13 @@ class Walk:
             if rng.random() < 0.02:
                 args.append("partial")
             return "queasy_dispatch", [B], args
+        if op == "dispatch_once":
+            args = [now, self.pick(["0", "1"], ["2"]), self.pick(MODES, ["later"])]
+            args.append(self.pick(["0", "1"], ["yes"]))
+            args.append(self.pick(["1", "2000", "60000"], ["0", "-5", "1.5", ""]))
+            for _ in range(rng.randint(1, 4)):
+                args += [self.pick(IDS, HOSTILE_IDS), self.pick(DATA, BAD_DATA), self.time()]
+            return "queasy_dispatch_once", [B], args
         if op == "dequeue":
             self.nonce += 1
             limit = self.pick([0, 1, 2, 4, 4], ["-1", "2.5"])
@@ -187,11 +197,36 @@ class Walk:
             return "queasy_leave", [B], [now, client]
         if op == "unpark":
             return "queasy_unpark", [B], [now, client, self.pick(["mark-1"], ["mark\n2"])]
+        if op == "schedule":
+            return "queasy_schedule", [B], [now, *self.schedule_args(state)]
+        if op == "schedule_info":
+            return "queasy_schedule_info", [B], [now]
         if op == "get_job":
             return "queasy_get_job", [rng.choice([B, F])], [now, self.pick(IDS, HOSTILE_IDS)]
         if op == "counts":
             return "queasy_counts", [rng.choice([B, F])], [now]
         return "queasy_leases", [B], [now, client]
+
+    def schedule_args(self, state: dict) -> list:
+        """spec, seen, create_at, retime_at, skipped if created, skipped if moved: mostly
+        from the fire time stored (as a supervisor computes), sometimes stale or hostile."""
+        rng = self.rng
+        stored = state["raw"].get(self.lua.B + ":schedule", ("hash", {}))[1]
+        fire_at = stored.get("fire_at")
+        seen: Any = fire_at if fire_at is not None and rng.random() < 0.8 else ""
+        if rng.random() < 0.1:
+            seen = self.pick([self.now + rng.randint(-5_000, 5_000)], BAD_TIMES, 0.3)
+        base = int(seen) if INT.fullmatch(str(seen)) else self.now
+        create_at: Any = base + rng.randint(1, 4_000)
+        if rng.random() < 0.1:
+            create_at = self.pick([base], BAD_TIMES, 0.5)  # not later than seen, or bad
+        retime_at: Any = ""
+        if rng.random() < 0.4:
+            last = int(stored.get("last_fire_at") or 0)
+            retime_at = self.pick([max(self.now, last) + rng.randint(-1_000, 6_000)], BAD_TIMES)
+        spec = self.pick(SPECS, BAD_SPECS)
+        skipped = [self.pick([0, rng.randint(1, 9)], ["-1", "x"]) for _ in range(2)]
+        return [spec, seen, create_at, retime_at, *skipped]
 
     # ------------------------------------------------------------ every key, read back
 
@@ -203,6 +238,10 @@ class Walk:
             for key in keys:
                 pipe.type(key)
             kinds = pipe.execute()
+        # a B:once:<id> key may expire (PX, the server's clock) between SCAN and TYPE
+        keys, kinds = [k for k, t in zip(keys, kinds, strict=True) if t != "none"], [
+            t for t in kinds if t != "none"
+        ]
         readers = {
             "hash": lambda p, k: p.hgetall(k),
             "zset": lambda p, k: p.zrange(k, 0, -1, withscores=True),
@@ -284,8 +323,17 @@ def check_queue(B: str, raw: dict) -> None:
         assert client in expiry, f"lease holder {client!r} has an expiry"
         for id, token in held.items():
             assert actives.get(id, {}).get("token") == token, f"{client!r} holds {id!r}"
+    for key, (_, value) in raw.items():
+        if key.startswith(B + ":once:"):
+            # (None: it expired between the TYPE and the GET of `read`)
+            assert value is None or is_int(value), f"the window end of {key!r}: {value!r}"
     for client, slots in get(":parked", {}).items():
         assert client in expiry and is_int(slots) and int(slots) > 0, (client, slots)
+    sched = get(":schedule", {})
+    for field in ("fire_at", "last_fire_at", "last_ended_at", "skipped"):
+        assert is_int(sched.get(field, ""), True), (field, sched)
+    if sched.get("fire_at") and sched.get("last_fire_at"):
+        assert int(sched["last_fire_at"]) <= int(sched["fire_at"]), sched
     for _, event in get(":events", []):
         assert set(event) == EVENT_FIELDS, event
         for field in ("run_at", "ended_at", "retry_count", "stall_count", "timeout_count"):
@@ -350,6 +398,31 @@ def check_ended(B: str, raw: dict) -> None:
             assert "result" in record or "error_name" in record, f"finished {id!r} kept whole"
 
 
+def schedule_grew(B: str, before: dict, after: dict) -> str | None:
+    """What went wrong with B:schedule across one step, if anything: its fire time and its
+    skipped count never go back (a fire time is never created twice), and the fire time of
+    the last occurrence that ended is the fire time it had."""
+    old = before.get(B + ":schedule", ("hash", {}))[1]
+    new = after.get(B + ":schedule", ("hash", {}))[1]
+    for field in ("fire_at", "skipped"):
+        if old.get(field) and int(new.get(field, -1)) < int(old[field]):
+            return f"B:schedule {field} went back: {old} -> {new}"
+    if new.get("last_fire_at") != old.get("last_fire_at") and new["last_fire_at"] not in (
+        "",
+        old.get("fire_at"),
+    ):
+        return f"B:schedule last_fire_at is not the fire time it had: {old} -> {new}"
+    return None
+
+
+def unexpired(raw: dict, later: dict | None = None) -> dict:
+    """`raw` without the B:once:<id> keys missing from `later`: they expire on the server's
+    clock (PX), which a walk does not control."""
+    if later is None:
+        return raw
+    return {k: v for k, v in raw.items() if ":once:" not in k or k in later}
+
+
 @pytest.fixture
 def walk(r: redis.Redis, redis_url: str, prefix: str) -> Walk:
     with redis.Redis.from_url(redis_url) as conn:
@@ -374,9 +447,15 @@ def test_random_walk_keeps_every_key_consistent(walk, r: redis.Redis) -> None:
                 error = str(exc)
             after = walk.read()
             context = f"seed {seed} (QUEASY_WALK_SEED={seed}), step {n}: {name} {keys} {args!r}"
+            grown = schedule_grew(walk.lua.B, state["raw"], after["raw"])
+            assert grown is None, f"{context}: {grown}"
+            if name == "queasy_dispatch_once" and error is None:
+                assert set(reply) <= {1, 2, 5}, f"{context}: never a blocked copy: {reply}"
             if error is not None:
                 assert error.startswith("INVALID "), f"{context}: {error}"
-                assert after["raw"] == state["raw"], f"{context}: refused, yet wrote"
+                assert unexpired(after["raw"]) == unexpired(state["raw"], after["raw"]), (
+                    f"{context}: refused, yet wrote"
+                )
             try:
                 walk.check(after)
             except AssertionError as exc:

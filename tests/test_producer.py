@@ -286,6 +286,7 @@ def test_client_without_a_url_starts_and_stops_an_embedded_server(
 ) -> None:
     monkeypatch.delenv("QUEASY_REDIS_URL", raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    monkeypatch.setenv("QUEASY_DATA_DIR", str(tmp_path) + "/project")  # not the repo's .queasy/
     c = Client()
     try:
         assert c.server is not None and c.url == c.server.url

@@ -18,7 +18,7 @@ from test_lua import published
 from queasy_py import Client, ConfigError, InvalidInput, JobInfo, Queue
 from queasy_py.cli import config
 from queasy_py.options import ListenOptions
-from queasy_py.store import stream
+from queasy_py.store import events
 from queasy_py.store.library import Ack, ensure_loaded
 
 MINUTE = 60_000
@@ -497,16 +497,16 @@ def test_a_queasy_run_config_takes_the_retention_and_results_keys() -> None:
 
 
 def test_the_stream_reader_follows_new_events(q: Queue, lua: Lua) -> None:
-    """store.stream.follow (what `queasy events --follow` reads with): waits for the next
+    """store.events.follow (what `queasy events --follow` reads with): waits for the next
     event, and gives those after a given event id."""
     got: list = []
     reader = threading.Thread(  # after "0" of an empty stream: whenever it starts, it waits
-        target=lambda: got.extend(stream.follow(q.client.redis, q.keys.events, "0", block=10.0))
+        target=lambda: got.extend(events.follow(q.client.redis, q.keys.events, "0", block=10.0))
     )
     reader.start()
     q.dispatch({}, id="a")
     q.cancel("a")
     reader.join(timeout=15)
     assert [e["outcome"] for e in got] == ["cancelled"] and got[0]["id"] == "a"
-    assert stream.follow(q.client.redis, q.keys.events, "0", block=0.1) == got
-    assert stream.follow(q.client.redis, q.keys.events, got[0]["event_id"], block=0.1) == []
+    assert events.follow(q.client.redis, q.keys.events, "0", block=0.1) == got
+    assert events.follow(q.client.redis, q.keys.events, got[0]["event_id"], block=0.1) == []

@@ -39,10 +39,10 @@ SECRET = "s3cret-queasy-pw-91c4"
 #: the README's ACL line: the commands queasy_py sends, and those its Lua library calls
 QUEASY_COMMANDS = (
     "+ping +fcall +fcall_ro +function|load +subscribe "
-    "+del +exists +hdel +hget +hgetall +hkeys +hlen +hmget +hscan +hset +incr +publish "
-    "+pubsub|numsub +rename +renamenx +sadd +scard +sismember +smembers +srandmember +srem "
-    "+sscan +time +xadd +xrange +xread +zadd +zcard +zcount +zrange +zrem +zremrangebyrank "
-    "+zremrangebyscore +zscore"
+    "+del +exists +get +hdel +hget +hgetall +hkeys +hlen +hmget +hscan +hset +incr +publish "
+    "+pubsub|numsub +rename +renamenx +sadd +scan +scard +set +sismember +smembers "
+    "+srandmember +srem +sscan +time +xadd +xrange +xread +zadd +zcard +zcount +zrange +zrem "
+    "+zremrangebyrank +zremrangebyscore +zscore"
 )
 
 
@@ -218,6 +218,24 @@ def test_a_minimal_acl_user_runs_the_full_cycle(
         assert "NOPERM" not in log and "Traceback" not in sup.log_without_job_tracebacks()
     denied = [e for e in admin.acl_log() if e["username"] == "queasy"]
     # redis-py's CLIENT SETINFO on connect is refused and ignored; nothing else is
+    assert {e["object"] for e in denied} <= {"client|setinfo"}, denied
+
+
+def test_a_minimal_acl_user_keeps_a_schedule_and_lists_it(
+    queasy_url: str, admin: redis.Redis, tmp_path: Path
+) -> None:
+    with Runtime(queasy_url, PREFIX, admin, tmp_path) as rt:
+        sup = rt.start({"tick": queue_spec(QUIET, schedule_every=0.5)})
+        wait_for(
+            lambda: sum(e["outcome"] == "finished" for e in rt.events("tick")) >= 2,
+            what="two occurrences",
+        )
+        with Client(queasy_url, workers=0, prefix=PREFIX) as client:
+            (info,) = client.schedules().values()  # SCAN: the only command it adds
+        assert (info.queue, info.spec, info.last_outcome) == ("tick", "every 0.5s", "finished")
+        assert sup.stop() == 0
+        assert "NOPERM" not in sup.log() and "Traceback" not in sup.log()
+    denied = [e for e in admin.acl_log() if e["username"] == "queasy"]
     assert {e["object"] for e in denied} <= {"client|setinfo"}, denied
 
 

@@ -23,9 +23,10 @@ from ..errors import (
     QueasyError,
     VersionMismatch,
 )
+from ..resolve import config_table, data_dir_for, find_pyproject, resolve
 from ..store.connection import mask_url
 from . import config as config_file
-from . import exitcodes
+from . import exitcodes, history
 
 log = logging.getLogger("queasy_py")
 
@@ -61,38 +62,62 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "config", nargs="?", help="TOML file (default: [tool.queasy] in ./pyproject.toml)"
     )
-    run.add_argument("--redis", help="Redis URL (overrides the config's `redis`)")
+    add_server_options(run)
     run.add_argument("--workers", type=int, help="worker processes (overrides `workers`)")
 
     server = sub.add_parser(
-        "server", parents=[common], help="run an embedded Valkey server in the foreground"
+        "server",
+        parents=[common],
+        help="run the project's embedded server in the foreground",
     )
-    server.add_argument("--port", type=int, default=6379, help="port on 127.0.0.1 (default 6379)")
-    server.add_argument("--dir", help="data directory (default: a new one under the state dir)")
+    server.add_argument("--config", help="TOML file: the data dir is .queasy/ next to it")
+    server.add_argument(
+        "--data-dir", help=f"the server's data directory (${defaults.DATA_DIR_ENV})"
+    )
 
     dispatch = sub.add_parser("dispatch", parents=[common], help="dispatch one job")
     dispatch.add_argument("queue")
     dispatch.add_argument("data", help="the job's data as JSON")
     dispatch.add_argument("--id", help="job id (default: generated)")
     dispatch.add_argument("--delay", type=float, help="seconds from now")
-    dispatch.add_argument("--redis", help=f"Redis URL (default ${defaults.URL_ENV})")
-    dispatch.add_argument("--prefix", default=defaults.PREFIX)
+    add_server_options(dispatch, config=True)
 
     cancel = sub.add_parser(
         "cancel", parents=[common], help="cancel a waiting, delayed or blocked job"
     )
     cancel.add_argument("queue")
     cancel.add_argument("id")
-    cancel.add_argument("--redis", help=f"Redis URL (default ${defaults.URL_ENV})")
-    cancel.add_argument("--prefix", default=defaults.PREFIX)
+    add_server_options(cancel, config=True)
+    history.add_parser(sub)
     return parser
 
 
-def producer_url(arg: str | None) -> str:
-    url = arg or os.environ.get(defaults.URL_ENV)
-    if not url:
-        raise ConfigError(f"give --redis URL or set ${defaults.URL_ENV}")
-    return url
+def add_server_options(parser: argparse.ArgumentParser, config: bool = False) -> None:
+    """--redis, --data-dir (and --config, --prefix): the server is found as resolve.py says."""
+    parser.add_argument(
+        "--redis",
+        help=f"Redis URL (default: ${defaults.URL_ENV}, else the config's `redis`, "
+        "else the project's embedded server)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        help=f"the embedded server's data directory (default: ${defaults.DATA_DIR_ENV}, "
+        f"else {defaults.STATE_DIR_NAME}/ next to the config file or pyproject.toml)",
+    )
+    if config:
+        parser.add_argument(
+            "--config", help="TOML file read for `redis` and `prefix` (default: ./pyproject.toml "
+            "or the first one above, its [tool.queasy])"
+        )  # fmt: skip
+        parser.add_argument("--prefix", help="key prefix (default: the config's, else queasy)")
+
+
+def producer(args: argparse.Namespace) -> Client:
+    """A producer-only client on the server and with the prefix `queasy run` would use."""
+    config = args.config or find_pyproject()
+    prefix = args.prefix or (config_table(config) if config else {}).get("prefix")
+    target = resolve(args.redis, config=args.config, data_dir=args.data_dir, given="--redis")
+    return Client(target, workers=0, prefix=prefix or defaults.PREFIX)
 
 
 def app_on_path() -> None:
@@ -135,7 +160,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--workers must be >= 1, not {args.workers}")
         workers = args.workers
     app_on_path()
-    client = Client(args.redis or conf.redis, workers, prefix=conf.prefix, **settings)
+    client = Client(
+        resolve(args.redis, config=conf.source, data_dir=args.data_dir, given="--redis"),
+        workers,
+        prefix=conf.prefix,
+        **settings,
+    )
     try:
         connect_retrying(client)
         log.info("queasy run: %s on %s", conf.source, mask_url(client.url))
@@ -147,9 +177,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from ..store.embedded import serve_foreground
+    from ..store.shared import serve_foreground
 
-    return serve_foreground(args.port, args.dir)
+    return serve_foreground(data_dir_for(args.data_dir, args.config))
 
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
@@ -157,13 +187,13 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
         data = orjson.loads(args.data)
     except orjson.JSONDecodeError as exc:
         raise InvalidInput(f"job data is not JSON: {exc}") from None
-    with Client(producer_url(args.redis), workers=0, prefix=args.prefix) as client:
+    with producer(args) as client:
         print(client.queue(args.queue).dispatch(data, id=args.id, delay=args.delay))
     return exitcodes.OK
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    with Client(producer_url(args.redis), workers=0, prefix=args.prefix) as client:
+    with producer(args) as client:
         if client.queue(args.queue).cancel(args.id):
             print(f"cancelled {args.id}")
             return exitcodes.OK
@@ -171,7 +201,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return exitcodes.NOT_FOUND
 
 
-COMMANDS = {"run": cmd_run, "server": cmd_server, "dispatch": cmd_dispatch, "cancel": cmd_cancel}
+COMMANDS = {
+    "run": cmd_run,
+    "server": cmd_server,
+    "dispatch": cmd_dispatch,
+    "cancel": cmd_cancel,
+    "history": history.run,
+}
 ERRORS: list[tuple[type[BaseException], int]] = [
     (HandlerError, exitcodes.HANDLER),
     (ConfigError, exitcodes.CONFIG),

@@ -37,6 +37,10 @@ class ServerClock:
         """A server time (ms since the epoch) on this host's clock, in seconds."""
         return server_ms / 1000.0 - self.offset
 
+    def server_ms(self, local: float) -> int:
+        """This host's time `local` (seconds since the epoch) on the server's clock, in ms."""
+        return int((local + self.offset) * 1000)
+
     def measure(self, server: tuple[int, int], before: float, after: float) -> None:
         """From a TIME reply (seconds, µs) read between `before` and `after` (time.time())."""
         self.offset = server[0] + server[1] / 1e6 - (before + after) / 2

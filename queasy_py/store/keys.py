@@ -51,6 +51,10 @@ class QueueKeys:
     def stats(self) -> str:
         """Totals and per-minute counts of finished and failed jobs (reset by DEL)."""
         return f"{self.base}:stats"
+    @property
+    def schedule(self) -> str:
+        """The queue's schedule (lua/queasy.lua B:schedule)."""
+        return f"{self.base}:schedule"
 
     def fail_keys(self, suffix: str) -> QueueKeys:
         return QueueKeys(self.prefix, self.name + suffix, self.tag)
@@ -76,3 +80,22 @@ class RegistryKeys:
     def supervisors(self) -> str:
         """A hash: client id -> JSON of a live supervisor, written by its heartbeat."""
         return f"{self.prefix}:supervisors"
+
+
+def schedule_pattern(prefix: str) -> str:
+    """A SCAN pattern matching the schedule key of every queue under `prefix` (and some other
+    keys: check each with schedule_queue)."""
+    return f"{prefix}:{{*}}:*:schedule"
+
+
+def schedule_queue(prefix: str, key: str) -> tuple[str, str] | None:
+    """(queue name, hash tag) of a key matched by schedule_pattern, when it is shaped like a
+    queue's schedule key (a job id may end in ':schedule' too: the caller reads the key)."""
+    head = f"{prefix}:{{"
+    if not key.startswith(head) or not key.endswith(":schedule"):
+        return None
+    tag, sep, rest = key[len(head) :].partition("}:")
+    name = rest[: -len(":schedule")]
+    if not sep or not tag or not name or QueueKeys(prefix, name, tag).schedule != key:
+        return None
+    return name, tag

@@ -20,6 +20,7 @@ class Dispatched(enum.IntEnum):
     UPDATED = 2
     BLOCKED = 3
     BLOCKED_UPDATED = 4
+    SKIPPED = 5  # queasy_dispatch_once: the id is active, or ran within its window
 
 
 class Ack(enum.IntEnum):

@@ -8,12 +8,27 @@ import socket
 _HOST = "127.0.0.1"
 
 
+def _connect(address: int | str, timeout: float) -> socket.socket:
+    """A connection to port `address` of 127.0.0.1, or to the unix socket at path `address`."""
+    if isinstance(address, int):
+        return socket.create_connection((_HOST, address), timeout=timeout)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def command(
-    port: int, *args: str, password: str | None = None, timeout: float = 1.0
+    address: int | str, *args: str, password: str | None = None, timeout: float = 1.0
 ) -> tuple[bytes, bytes]:
-    """Send one command over RESP (after AUTH when a password is given); return (reply type
-    byte, payload) for simple/bulk replies (the AUTH reply when AUTH is refused)."""
-    with socket.create_connection((_HOST, port), timeout=timeout) as sock:
+    """Send one command over RESP (after AUTH when a password is given) to a port of 127.0.0.1
+    or a unix socket path; return (reply type byte, payload) for simple/bulk replies (the AUTH
+    reply when AUTH is refused)."""
+    with _connect(address, timeout) as sock:
         if password is not None:
             sock.sendall(encode("AUTH", password))
             kind, body, _ = reply(sock, b"")
@@ -50,15 +65,15 @@ def reply(sock: socket.socket, buf: bytes) -> tuple[bytes, bytes, bytes]:
     return kind, rest[:size], rest[size + 2 :]
 
 
-def ping(port: int, password: str | None = None) -> bool:
+def ping(address: int | str, password: str | None = None) -> bool:
     try:
-        return command(port, "PING", password=password, timeout=0.5) == (b"+", b"PONG")
+        return command(address, "PING", password=password, timeout=0.5) == (b"+", b"PONG")
     except (OSError, ValueError):
         return False
 
 
-def info_server(port: int, password: str | None = None) -> dict[str, str]:
-    kind, body = command(port, "INFO", "server", password=password)
+def info_server(address: int | str, password: str | None = None) -> dict[str, str]:
+    kind, body = command(address, "INFO", "server", password=password)
     if kind != b"$":
         return {}
     fields = (line.partition(":") for line in body.decode(errors="replace").splitlines())

@@ -21,13 +21,14 @@ from typing import IO
 
 import psutil
 
-from .handlers import PERIODIC_QUEUE, RECORDS_URL_ENV, TIMEOUT, WORK_QUEUES
+from .handlers import PERIODIC_QUEUE, RECORDS_URL_ENV, SCHEDULED, TIMEOUT, WORK_QUEUES
 
 ROOT = Path(__file__).resolve().parents[2]
 PR_SET_PDEATHSIG = 1
 
 HEARTBEAT_INTERVAL = 0.5
-PRIORITIES = {"high": 300, "periodic": 250, "mid": 200, "low": 100}
+PRIORITIES = {"sched-once": 350, "sched-skip": 350, "high": 300, "periodic": 250, "mid": 200}
+PRIORITIES["low"] = 100
 QUEUE_OPTIONS = {
     "size": 10,
     "timeout": TIMEOUT,
@@ -59,6 +60,7 @@ def config_toml(url: str, prefix: str, workers: int) -> str:
     ]
     handlers = {q: "tests.chaos.handlers.work" for q in WORK_QUEUES}
     handlers[PERIODIC_QUEUE] = "tests.chaos.handlers.periodic"
+    handlers.update((q, "tests.chaos.handlers.scheduled") for q in SCHEDULED)
     for name, handler in handlers.items():
         fail = "periodic_failed" if name == PERIODIC_QUEUE else "failed"
         lines += [
@@ -69,6 +71,7 @@ def config_toml(url: str, prefix: str, workers: int) -> str:
             f'fail_handler = "tests.chaos.handlers.{fail}"',
         ]
         lines += [f"{k} = {v!r}" for k, v in QUEUE_OPTIONS.items()]
+        lines += [f"{k} = {v!r}".replace("'", '"') for k, v in SCHEDULED.get(name, {}).items()]
         lines += ["", f"[queues.{name}.fail_options]"]
         lines += [f"{k} = {v!r}" for k, v in FAIL_OPTIONS.items()]
     return "\n".join(lines) + "\n"

@@ -49,6 +49,7 @@ class ServerFaults:
     plan: list[float] = field(default_factory=list)  # times at which one is made due
     until: float = 0.0
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WEIGHTS, 0.0))
+    windows: list[tuple[float, float]] = field(default_factory=list)  # (began, lifted) each
 
     def __post_init__(self) -> None:
         # no retries: a call must never be sent twice without us knowing
@@ -97,6 +98,7 @@ class ServerFaults:
         elif kind == "flush":
             self.r.function_flush()
             self.counts[kind] += 1  # nothing to lift: the clients load the library again
+            self.windows.append((now, time.time()))
         elif kind == "redis_freeze":
             assert self.pid is not None
             os.kill(self.pid, signal.SIGSTOP)
@@ -137,6 +139,7 @@ class ServerFaults:
         elif kind == "oom":
             self.r.config_set("maxmemory", 0)
         self.seconds[kind] += time.time() - self.began
+        self.windows.append((self.began, time.time()))
 
     def ensure_library(self) -> bool:
         """Load the library again after a flush (a producer's job); False while the server

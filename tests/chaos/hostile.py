@@ -13,6 +13,8 @@ on the queues' keys, using the documented key layout (lua/queasy.lua) and the pu
             the library must refuse the whole call (INVALID) and write nothing of it
   api       public-API dispatches with out-of-range times or bad ids: InvalidInput, nothing
             written (one dispatch_many mixes a valid job with a bad one)
+  schedule  raw FCALL queasy_schedule with a bad spec, time or count, on a queue without a
+            schedule: refused (INVALID), and neither a schedule nor an occurrence is written
 
 A refused call is counted; a call that is accepted, a valid job of a refused call that was
 written anyway, or a public-API dispatch that does not raise InvalidInput, is a violation
@@ -33,6 +35,7 @@ from redis.retry import Retry
 from queasy_py import InvalidInput, Queue
 
 from .faults import missing_function, refused_write
+from .handlers import SCHEDULED
 
 WAKE_GARBAGE = [b"not-a-number", b"1e+20", b"-5", b"", b"\x00\xff\xfe", b"9" * 40, b"NaN", b" 1"]
 PUSH_GARBAGE = [
@@ -75,6 +78,7 @@ class Hostile:
             "push": 0,
             "fcall_refused": 0,
             "api_refused": 0,
+            "schedule_refused": 0,
             "faulted": 0,  # refused by OOM or a flushed library, not by the library's checks
         }
         if forge:
@@ -83,7 +87,8 @@ class Hostile:
     def act(self) -> None:
         """One hostile action, chosen at random."""
         self.n += 1
-        kind = self.rng.choices(("wake", "push", "fcall", "api"), (2, 3, 4, 2))[0]
+        kinds = ("wake", "push", "fcall", "api", "schedule")
+        kind = self.rng.choices(kinds, (2, 3, 4, 2, 2))[0]
         if self.forge_pushes and self.rng.random() < 0.2:
             kind = "forge"
         queue = self.rng.choice(list(self.queues.values()))
@@ -192,6 +197,31 @@ class Hostile:
                 self.flag((7, "api-half", self.n), f"7 hostile: {case} wrote {job_id}")
             return
         self.flag((7, "api", self.n), f"7 hostile: a public-API dispatch ({case}) was accepted")
+
+    # ---------------------------------------------------------------- schedules
+
+    def schedule(self, queue: Queue) -> None:
+        if queue.name in SCHEDULED:  # its supervisors write its schedule meanwhile
+            return
+        rng = self.rng
+        args = ["", "every 1s", "", "1700000000000", "", "0", "0"]
+        at = rng.choice((1, 2, 3, 4, 5, 6))  # spec, seen, create_at, retime_at, counts
+        args[at] = rng.choice(["", "x\ny", "x" * 201]) if at == 1 else rng.choice(BAD_TIMES)
+        if at == 5:
+            args[at] = rng.choice(["-1", "x", "1.5"])
+        try:
+            reply = self.r.fcall("queasy_schedule", 1, queue.keys.base, *args)
+        except redis.ResponseError as exc:
+            if str(exc).startswith("INVALID "):
+                self.counts["schedule_refused"] += 1
+            elif refused_write(exc) or missing_function(exc):
+                self.counts["faulted"] += 1
+            else:
+                self.flag((7, "schedule-error", self.n), f"7 hostile: {args!r} got {exc}")
+            if self.r.exists(queue.keys.schedule, queue.keys.job("schedule")):
+                self.flag((7, "schedule-half", self.n), f"7 hostile: {args!r} wrote a schedule")
+            return
+        self.flag((7, "schedule", self.n), f"7 hostile: queasy_schedule accepted {args!r}: {reply}")
 
     def close(self) -> None:
         self.r.close()

@@ -28,6 +28,12 @@ supervisor explains why (the group was frozen, swept, and its worker ran on afte
      producer is refused with INVALID (or by a fault of the server) and writes nothing, not
      even the valid job put before the bad one; every bad public-API dispatch raises
      InvalidInput and writes nothing.
+  8. Schedules (tests/chaos/schedules.py): every fire time of a scheduled queue since start
+     ran exactly once (one terminal outcome), or is the one pending, or catch-up passed over
+     it while it could not run (its previous occurrence still ran, the server had a fault, or
+     a supervisor logged moving it once it could not start in time); fire times are on the
+     schedule's grid, never run out of order, and each scheduled queue starts at least once
+     in every PERIODIC_WINDOW seconds.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cluster import Disruption, Freeze
-from .handlers import WORK_QUEUES
+from .handlers import SCHEDULED, WORK_QUEUES
 
 EARLY_TOLERANCE = 0.05
 PERIODIC_WINDOW = 10.0
@@ -125,7 +131,8 @@ class Records:
         self.confirmed.add(serial)
 
     def _start(self, row: dict[str, str]) -> None:
-        extra = {k: row[k] for k in ("oq", "oid", "oserial", "err", "kind") if k in row}
+        names = ("oq", "oid", "oserial", "err", "kind", "fire", "ofire")
+        extra = {k: row[k] for k in names if k in row}
         attempt = Attempt(
             q=row["q"],
             id=row["id"],
@@ -172,8 +179,9 @@ def is_work(q: str) -> bool:
 
 
 def unique_ids(q: str) -> bool:
-    """Queues whose job ids are never dispatched twice (all but the periodic one)."""
-    return q != "periodic"
+    """Queues whose job ids are never dispatched twice (all but the periodic and the
+    scheduled ones)."""
+    return q != "periodic" and q not in SCHEDULED
 
 
 @dataclass

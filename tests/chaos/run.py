@@ -23,9 +23,10 @@ from queasy_py.queue import DISPATCH_CHUNK
 
 from .cluster import Cluster, Slot
 from .faults import ServerFaults, missing_function, refused_write
-from .handlers import PERIODIC_QUEUE, WORK_QUEUES, records_key
+from .handlers import PERIODIC_QUEUE, SCHEDULED, WORK_QUEUES, records_key
 from .hostile import Hostile
 from .invariants import PERIODIC_WINDOW, PROGRESS_WINDOW, Checker, Records
+from .schedules import check_schedule, moves_in
 
 PERIODIC_IDS = [f"periodic-{n}" for n in range(4)]
 TICK = 0.1
@@ -94,11 +95,12 @@ class Chaos:
         self.last_start = 0.0
         self.records = Records()
         self.checker = Checker(self.records, self.cluster.kills, self.cluster.freezes)
-        self.queues = {q: self.client.queue(q) for q in (*WORK_QUEUES, PERIODIC_QUEUE)}
+        names = (*WORK_QUEUES, PERIODIC_QUEUE, *SCHEDULED)
+        self.queues = {q: self.client.queue(q) for q in names}
         self.fail_queues = {f"{q}-fail": self.client.queue(q).fail_queue for q in WORK_QUEUES}
-        periodic_fail = self.client.queue(PERIODIC_QUEUE).fail_queue
+        others = [self.client.queue(q).fail_queue for q in (PERIODIC_QUEUE, *SCHEDULED)]
         self.streams = {records_key(prefix): "0-0"}
-        for q in (*self.queues.values(), *self.fail_queues.values(), periodic_fail):
+        for q in (*self.queues.values(), *self.fail_queues.values(), *others):
             self.streams[q.keys.events] = "0-0"
         self.dispatched = 0
         self.pending: dict[str, list[dict]] = {q: [] for q in WORK_QUEUES}
@@ -326,12 +328,18 @@ class Chaos:
             if not any(any(c.values()) for c in counts.values()) or now > deadline:
                 break
             time.sleep(CHECK_EVERY)
+        schedules = {q: self.queues[q].schedule_info() for q in SCHEDULED}  # before the poll
         time.sleep(0.5)  # the last records of the last handlers
         now = time.time()
         self.poll()
         self.checker.check_all()
         self.checker.check_periodic(PERIODIC_IDS, begin + PERIODIC_WINDOW, now)
         tally = self.checker.check_lost(counts, now - GRACE)
+        moves = moves_in(self.cluster.logs())
+        for q, info in schedules.items():
+            faults, since = self.faults.windows, begin + PERIODIC_WINDOW
+            found = check_schedule(self.checker, q, info, faults, moves.get(q, []), since, now)
+            tally.update({f"{q}_{k}": v for k, v in found.items()})
         self.report()
         kills = self.cluster.kills
         details = {

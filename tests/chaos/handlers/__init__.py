@@ -12,7 +12,9 @@ set by the orchestrator), so the records are kept whatever the queue's server go
   ev=end      the handler's code is done (returned or about to raise): q, id, pid, t
   ev=exit     the handler is about to os._exit its own worker: q, id, pid, t
   ev=intent   about to dispatch a job (serial, q, id, nb); ev=dispatched once it was sent
-Fail handlers' start records also carry oq, oid, oserial, err, kind of the failed job.
+Fail handlers' start records also carry oq, oid, oserial, err, kind of the failed job (and
+ofire, its fire time, for an occurrence of a scheduled queue); a scheduled queue's start
+records carry fire (the occurrence's fire time, epoch s).
 
 The behaviour of an invocation is chosen by a Random seeded from $CHAOS_SEED, the job id,
 its serial and its counts, so a run is reproducible as far as process timing allows.
@@ -38,6 +40,11 @@ from queasy_py.store.library import ensure_loaded
 #: the three work queues, highest priority first; a finished job's follow-up goes to the next
 WORK_QUEUES = ("high", "mid", "low")
 PERIODIC_QUEUE = "periodic"
+#: scheduled queues (listen(schedule=...), issue #16) and their schedule keys
+SCHEDULED = {
+    "sched-once": {"schedule": "*/2 * * * * *"},
+    "sched-skip": {"schedule_every": 3, "catch_up": "skip"},
+}
 #: job timeout of every chaos queue (seconds); hang and spin last longer than this
 TIMEOUT = 1.0
 #: seconds between two runs of a periodic id

@@ -17,7 +17,8 @@ def start(data: list[Any], job: Job) -> None:
         "fail",
         oq=original_job["queue"],
         oid=original_job["id"],
-        oserial=original_data.get("serial"),
+        oserial=original_data.get("serial") if isinstance(original_data, dict) else None,
+        ofire=original_data.get("fire_at") if isinstance(original_data, dict) else None,
         err=error["name"],
         kind=error["kind"],
     )

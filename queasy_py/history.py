@@ -1,0 +1,88 @@
+"""The job-event history: the outcome-event streams of queues, found and read.
+
+Every outcome (finished, retried, failed, stalled, timed out, released, cancelled) appends one
+entry to its queue's capped stream, in the same FCALL as the change (README, "Failure
+semantics"). This is the public reader of those streams (the Spark events source uses it):
+`History(client).streams()` finds them, `end()` says where one ends, `read()` reads a range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from . import defaults, validate
+from .errors import InvalidInput
+from .store import events
+from .store.events import StreamEnd
+from .store.keys import QueueKeys
+
+if TYPE_CHECKING:
+    from .client import Client
+
+__all__ = ["EventStream", "History", "StreamEnd"]
+
+#: an entry: (stream entry id, its fields)
+Entry = tuple[str, dict[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class EventStream:
+    """The outcome-event stream of one queue (`tag`: the hash tag it shares)."""
+
+    queue: str
+    tag: str
+    key: str
+
+    @property
+    def ref(self) -> str:
+        """A short unique name: the queue's, or `{tag}name` for a fail queue."""
+        return self.queue if self.tag == self.queue else f"{{{self.tag}}}{self.queue}"
+
+
+class History:
+    """The outcome-event streams of one client's key prefix."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def stream(self, queue: str, tag: str | None = None) -> EventStream:
+        name = validate.queue_name(queue)
+        keys = QueueKeys(self.client.prefix, name, validate.queue_name(tag or name))
+        return EventStream(name, keys.tag, keys.events)
+
+    def streams(
+        self, queues: Iterable[str] | None = None, fail_queues: bool = True
+    ) -> list[EventStream]:
+        """The streams of `queues` (each with its fail queue's when `fail_queues`), whether
+        or not they hold events yet; None: every stream that exists (a SCAN of the keys)."""
+        if queues is None:
+            found = events.stream_keys(self.client.redis, self.client.prefix)
+            out = [EventStream(name, tag, key) for key, tag, name in found]
+            if not fail_queues:
+                out = [s for s in out if s.tag == s.queue]
+            return out
+        names = list(queues)
+        if not names:
+            raise InvalidInput("give at least one queue name (or None for every queue)")
+        out = []
+        for name in names:
+            out.append(self.stream(name))
+            if fail_queues:
+                out.append(self.stream(name + defaults.FAIL_QUEUE_SUFFIX, name))
+        return out
+
+    def end(self, stream: EventStream) -> StreamEnd:
+        """Where the stream ends now (its last id, entries ever added, entries held)."""
+        return events.stream_end(self.client.redis, stream.key)
+
+    def head(self, stream: EventStream, after: str, count: int) -> tuple[StreamEnd, list[str]]:
+        """The stream's end and the ids of up to `count` entries after `after`, read at once."""
+        return events.head(self.client.redis, stream.key, after, count)
+
+    def read(
+        self, stream: EventStream, after: str = "0-0", until: str = "+", chunk: int = 10_000
+    ) -> Iterator[list[Entry]]:
+        """The entries with ids in (after, until], in lists of up to `chunk`."""
+        return events.entries(self.client.redis, stream.key, after, until, chunk)

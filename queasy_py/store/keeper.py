@@ -1,0 +1,103 @@
+"""The keeper of a project's shared embedded server (see store/shared.py).
+
+    python -m queasy_py.store.keeper DATA_DIR SERVER_BINARY SOCKET_PATH KEEPER_LOCK_FD
+
+Started by `shared.join()` in a session of its own, holding `keeper.lock` (the inherited fd) for
+its whole life. It runs valkey-server (durable, on the unix socket only) as its child, which
+dies with it (PR_SET_PDEATHSIG), writes `server.json`, says `ready` on stdout (or
+`error <JSON message>`), then checks every KEEPER_POLL_INTERVAL whether any process still holds
+`users.lock`. When none does, or on SIGTERM, it shuts the server down (SHUTDOWN: the
+append-only file is flushed and fsynced), removes `server.json` and exits. Its log lines go to
+stderr, the data dir's `server.log`. It imports no redis-py: it starts fast.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import pathlib
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+
+from .. import defaults
+from ..errors import QueasyError
+from .embedded import EmbeddedServer, _write_private
+from .shared import lock_file, try_lock, wait_lock
+
+log = logging.getLogger("queasy_py.keeper")
+
+
+def _watch(server: EmbeddedServer, start: int, users: int, stop: threading.Event) -> str:
+    """Wait until the server should stop; return why (starting with "valkey-server exited" when
+    it died by itself). Holds start.lock when it returns (after SIGTERM: if it could)."""
+    while not stop.wait(defaults.KEEPER_POLL_INTERVAL):
+        proc = server._proc
+        if proc is None or proc.poll() is not None:
+            code = None if proc is None else proc.returncode
+            wait_lock(start, fcntl.LOCK_EX, time.monotonic() + 30.0, "start.lock")
+            return f"valkey-server exited unexpectedly (code {code}):\n{server._log_tail(0)}"
+        if try_lock(start, fcntl.LOCK_EX):
+            if try_lock(users, fcntl.LOCK_EX):
+                return "no process uses it"
+            fcntl.flock(start, fcntl.LOCK_UN)
+    try:  # SIGTERM: let a process joining right now finish first, then stop all the same
+        wait_lock(start, fcntl.LOCK_EX, time.monotonic() + 5.0, "start.lock")
+    except QueasyError:
+        pass
+    return "SIGTERM"
+
+
+def main(argv: list[str]) -> int:
+    data_dir, binary, socket, keeper_lock = pathlib.Path(argv[0]), argv[1], argv[2], int(argv[3])
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s queasy keeper[%(process)d] %(levelname)s %(message)s",
+    )
+    os.umask(0o077)  # the server's files (its data, its log) are this user's only
+    stop = threading.Event()
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    server = EmbeddedServer(data_dir=data_dir, binary=binary, unix_socket=socket, durable=True)
+    try:
+        server.start()
+    except QueasyError as exc:
+        print("error", json.dumps(str(exc)), flush=True)
+        return 1
+    info = {
+        "url": server.url,
+        "socket": socket,
+        "pid": server.pid,
+        "keeper_pid": os.getpid(),
+        "version": server.version,
+        "data_dir": str(data_dir),
+    }
+    info_file = _write_private(data_dir / "server.json", json.dumps(info, indent=1) + "\n")
+    start, users = lock_file(data_dir / "start.lock"), lock_file(data_dir / "users.lock")
+    print("ready", flush=True)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    why = _watch(server, start, users, stop)
+    log.info("stopping valkey-server (pid %s): %s", server.pid, why)
+    server.stop(timeout=10.0)
+    info_file.unlink(missing_ok=True)
+    pathlib.Path(socket).unlink(missing_ok=True)
+    os.close(keeper_lock)  # first: a process that takes start.lock next sees no keeper
+    os.close(users)
+    os.close(start)
+    return 1 if why.startswith("valkey-server exited") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

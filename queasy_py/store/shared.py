@@ -1,0 +1,330 @@
+"""A project's embedded server: one durable valkey-server per data directory, shared by every
+queasy process that uses the directory, stopped when the last of them is gone.
+
+`join(data_dir)` returns a `SharedServer` for the server of that directory, starting it if none
+runs; `SharedServer.close()` stops using it. The directory (0700) holds:
+
+- `password`: the server's password (0600), made the first time;
+- `server.json` (0600), there while it runs: `url` (holding the password), `socket`, `pid`,
+  `keeper_pid`, `version`;
+- `valkey.sock`: the unix socket (0700; no TCP port); when that path is too long for a socket,
+  `<$XDG_RUNTIME_DIR/queasy or /tmp/queasy-UID>/<hash of the dir>.sock` (a 0700 dir);
+- `appendonlydir/`: the data (append-only file, fsync every second); `server.log`: the log of
+  the server and its keeper;
+- `start.lock`: held while a process starts, joins or stops the server;
+- `keeper.lock`: held by the keeper while it lives: free means no server, whatever the other
+  files say;
+- `users.lock`: held shared by every process using the server.
+
+The server runs under a keeper (`queasy_py/store/keeper.py`, a session of its own, so a
+terminal's Ctrl-C does not reach it), its parent, which it dies with (PR_SET_PDEATHSIG), even by
+SIGKILL. The keeper tries to take `users.lock` exclusively every `KEEPER_POLL_INTERVAL`: once it
+can, no process uses the server (the kernel releases the lock of a process that exits, even by
+SIGKILL), and it shuts the server down (the append-only file flushed and fsynced) and exits.
+A start after a SIGKILL of the keeper finds `keeper.lock` free and replaces the stale files.
+Locks are taken in one order: `start.lock` first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import select
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from types import FrameType
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from .. import defaults
+from ..errors import ConfigError, QueasyError
+from .embedded import _private_dir, find_server_binary
+from .resp import ping
+
+__all__ = ["SharedServer", "join", "serve_foreground", "socket_path"]
+
+log = logging.getLogger("queasy_py.embedded")
+
+#: the longest unix socket path used as is (the kernel's limit is 107 bytes)
+_MAX_SOCKET_PATH = 100
+_INFO = "server.json"
+
+
+def lock_file(path: pathlib.Path) -> int:
+    """An fd of the lock file `path` (created 0600), for flock; never follows a symlink."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def try_lock(fd: int, kind: int) -> bool:
+    """flock(fd, kind) without waiting: True if taken."""
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def wait_lock(fd: int, kind: int, deadline: float, what: str) -> None:
+    """flock(fd, kind), polling until `deadline` (time.monotonic()), then QueasyError."""
+    while not try_lock(fd, kind):
+        if time.monotonic() > deadline:
+            raise QueasyError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def socket_path(data_dir: pathlib.Path) -> pathlib.Path:
+    """Where the server of `data_dir` listens: `data_dir/valkey.sock`, or for a path too long
+    for a unix socket, a file named by a hash of `data_dir` in a private directory of this user."""
+    path = data_dir / "valkey.sock"
+    if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+        return path
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = pathlib.Path(runtime) / "queasy" if runtime else None
+    if base is None or len(os.fsencode(base)) > _MAX_SOCKET_PATH - 25:
+        base = pathlib.Path(tempfile.gettempdir()) / f"queasy-{os.getuid()}"
+    base.mkdir(mode=0o700, exist_ok=True)
+    info = os.lstat(base)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise QueasyError(f"{base} is not a directory of this user: cannot put a socket there")
+    if info.st_mode & 0o077:
+        os.chmod(base, 0o700)
+    return base / f"{hashlib.sha256(os.fsencode(data_dir)).hexdigest()[:16]}.sock"
+
+
+def read_info(data_dir: pathlib.Path) -> dict[str, Any] | None:
+    """The running server's `server.json`, None if missing or unreadable."""
+    try:
+        info = json.loads((data_dir / _INFO).read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) and isinstance(info.get("url"), str) else None
+
+
+def _ignore_file(data_dir: pathlib.Path) -> None:
+    """A `.gitignore` of `*`, so the state directory is never committed."""
+    ignore = data_dir / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("# made by queasy_py: the embedded server's data and password\n*\n")
+
+
+class SharedServer:
+    """This process's use of the server of `data_dir` (its `users.lock` held shared).
+
+    `url` holds the password: log it through mask_url. `started` is True in the process
+    whose join() started it. `long_lived` (set by a supervisor) turns the WARNING logged when
+    this process was the last to use it into an INFO line."""
+
+    def __init__(
+        self,
+        data_dir: pathlib.Path,
+        info: dict[str, Any],
+        users: int,
+        started: bool,
+    ) -> None:
+        self.data_dir = data_dir
+        self.url: str = info["url"]
+        self.socket: str = str(info.get("socket", ""))
+        self.pid: int | None = info.get("pid")
+        self.keeper_pid: int | None = info.get("keeper_pid")
+        self.version: str = str(info.get("version", ""))
+        self.started = started
+        self.long_lived = False
+        self._users: int | None = users
+        atexit.register(self.close)
+
+    @property
+    def password(self) -> str:
+        return unquote(urlsplit(self.url).password or "")
+
+    def __repr__(self) -> str:
+        return f"<SharedServer {self.socket} pid={self.pid} data_dir={str(self.data_dir)!r}>"
+
+    def close(self, timeout: float = defaults.EMBEDDED_START_TIMEOUT) -> bool:
+        """Stop using the server; idempotent. When no other process uses it, the keeper stops
+        it: wait for that (bounded by `timeout`) and return True."""
+        users, self._users = self._users, None
+        if users is None:
+            return False
+        atexit.unregister(self.close)
+        os.close(users)
+        stopped = _wait_stopped(self.data_dir, time.monotonic() + timeout)
+        if stopped and self.long_lived:
+            log.info("stopped the embedded server of %s: no other process uses it", self.data_dir)
+        elif stopped:
+            log.warning(
+                "the embedded server of %s stopped with this process, the only one using it: "
+                "its jobs are kept there (append-only file) and run by the next `queasy run` "
+                "using that directory",
+                self.data_dir,
+            )
+        return stopped
+
+
+def _wait_stopped(data_dir: pathlib.Path, deadline: float) -> bool:
+    """After this process released `users.lock`: True once the keeper has stopped the server
+    because no process uses it; False at once if another process still uses it.
+
+    `users.lock` is only ever taken exclusively under `start.lock` (here and by the keeper), so
+    a failed try under `start.lock` means a process that uses the server."""
+    fds = [lock_file(data_dir / name) for name in ("start.lock", "users.lock", "keeper.lock")]
+    start, users, keeper = fds
+    try:
+        while True:
+            if try_lock(start, fcntl.LOCK_EX):
+                try:
+                    if try_lock(keeper, fcntl.LOCK_EX):
+                        return True  # no keeper: stopped
+                    if not try_lock(users, fcntl.LOCK_EX):
+                        return False  # another process uses it
+                    fcntl.flock(users, fcntl.LOCK_UN)
+                finally:
+                    fcntl.flock(start, fcntl.LOCK_UN)
+            if time.monotonic() > deadline:
+                log.warning("the embedded server of %s has not stopped yet", data_dir)
+                return False
+            time.sleep(0.01)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def join(
+    data_dir: str | os.PathLike[str], timeout: float = defaults.EMBEDDED_START_TIMEOUT
+) -> SharedServer:
+    """Use the server of `data_dir` (made 0700 if missing), starting it if none runs."""
+    path = pathlib.Path(data_dir).absolute()
+    try:
+        _private_dir(path)
+        _ignore_file(path)
+        start = lock_file(path / "start.lock")
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot use {path} as the embedded server's data directory ({exc}); choose "
+            f"another with --data-dir or ${defaults.DATA_DIR_ENV}, or give a Redis URL"
+        ) from None
+    deadline = time.monotonic() + timeout
+    try:
+        wait_lock(start, fcntl.LOCK_EX, deadline, f"the embedded server of {path} to start")
+        keeper_lock = lock_file(path / "keeper.lock")
+        users = lock_file(path / "users.lock")
+        try:
+            started = False
+            if try_lock(keeper_lock, fcntl.LOCK_EX):  # no keeper alive: start one
+                for stale in (path / _INFO, socket_path(path)):
+                    stale.unlink(missing_ok=True)
+                wait_lock(users, fcntl.LOCK_SH, deadline, f"{path / 'users.lock'}")
+                _start_keeper(path, keeper_lock, deadline)
+                started = True
+            else:
+                wait_lock(users, fcntl.LOCK_SH, deadline, f"{path / 'users.lock'}")
+            info = read_info(path)
+            if info is None:
+                raise QueasyError(
+                    f"the embedded server of {path} has a keeper (see {path / 'server.log'}) "
+                    f"but no readable {_INFO}"
+                )
+        except BaseException:
+            os.close(users)
+            raise
+        finally:
+            os.close(keeper_lock)  # a started keeper holds the lock through its own copy
+    finally:
+        os.close(start)
+    return SharedServer(path, info, users, started)
+
+
+def _start_keeper(data_dir: pathlib.Path, keeper_lock: int, deadline: float) -> None:
+    """Run the keeper (handing it `keeper_lock`); return once it says its server answers.
+
+    A shell starts it in the background and exits at once, so the keeper is no child of this
+    process: nothing to reap here, and it lives on when this process exits while others use
+    the server."""
+    package_root = str(pathlib.Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    args = [
+        "/bin/sh", "-c", 'exec "$@" </dev/null &', "queasy-keeper",
+        sys.executable, "-m", "queasy_py.store.keeper",
+        str(data_dir), find_server_binary(), str(socket_path(data_dir)), str(keeper_lock),
+    ]  # fmt: skip
+    with open(data_dir / "server.log", "ab") as log_file:
+        try:
+            shell = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                cwd=data_dir,
+                env=env,
+                pass_fds=(keeper_lock,),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise QueasyError(f"cannot run the embedded server's keeper: {exc}") from exc
+    shell.wait()
+    assert shell.stdout is not None
+    with shell.stdout:
+        line = b""
+        while not line.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([shell.stdout], [], [], remaining)[0]:
+                # closing the pipe makes the keeper, still starting, fail to say "ready"
+                raise QueasyError(f"the embedded server of {data_dir} did not start in time")
+            chunk = os.read(shell.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            line += chunk
+    if line.startswith(b"ready"):
+        return
+    try:
+        why = json.loads(line.partition(b" ")[2]) if line.startswith(b"error ") else None
+    except ValueError:
+        why = None
+    raise QueasyError(why or f"the embedded server's keeper failed: see {data_dir / 'server.log'}")
+
+
+def serve_foreground(data_dir: str | os.PathLike[str]) -> int:
+    """`queasy server`: use (starting it if needed) the server of `data_dir` until SIGTERM or
+    SIGINT, logging where it listens; then leave it, which stops it unless other processes
+    use it. Return the exit code."""
+    if not logging.getLogger().hasHandlers():
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server = join(data_dir)
+        server.long_lived = True
+        try:
+            log.info(
+                "serving the embedded server of %s on unix socket %s (valkey %s, pid %s, "
+                "no TCP port); the URL with its password is in %s (readable by this user "
+                "only); stop with Ctrl-C or SIGTERM",
+                server.data_dir, server.socket, server.version, server.pid,
+                server.data_dir / _INFO,
+            )  # fmt: skip
+            while not stopping.wait(0.5):
+                if not ping(server.socket, server.password):
+                    log.error("the embedded server stopped answering; see %s",
+                              server.data_dir / "server.log")  # fmt: skip
+                    return 1
+        finally:
+            if not server.close():
+                log.info("left the embedded server: other processes still use it")
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,193 @@
+"""Schedules in the public API (issue #16): listen() and `queasy run` configs check them
+(InvalidInput / ConfigError naming the queue and what is wrong), the fire-time grid and the
+catch-up plan of runtime/schedules.py, and schedule_info() / Client.schedules() against a
+real server."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+import redis
+from lua_calls import Lua, schedule
+
+from queasy_py import Client, ScheduleInfo
+from queasy_py.aio import AsyncClient
+from queasy_py.cli.config import parse
+from queasy_py.errors import ConfigError, InvalidInput
+from queasy_py.options import ListenOptions
+from queasy_py.runtime.scheduler import QueueState
+from queasy_py.runtime.schedules import ScheduleCheck, Seen, build
+from queasy_py.store.keys import QueueKeys
+
+HANDLER = "tests.runtime_handlers.act"
+
+
+def ms(text: str) -> int:
+    """ms since the epoch of an ISO time (UTC unless it says otherwise)."""
+    at = datetime.fromisoformat(text)
+    return int((at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
+def spec(**options: object) -> ListenOptions:
+    return ListenOptions.build("q", HANDLER, options, check=False)
+
+
+# ---------------------------------------------------------------- what listen() refuses
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"schedule": "*/5 * * *"}, "is not a cron expression of 5 fields"),
+        ({"schedule": "61 * * * *"}, "Bad minute"),
+        ({"schedule": "* * * * * * *"}, "Wrong number of fields"),
+        ({"schedule": "0 0 30 2 *"}, "Bad day-of-month"),
+        ({"schedule": ""}, "schedule must be a cron expression"),
+        ({"schedule": 5}, "schedule must be a cron expression"),
+        ({"schedule_every": 0}, "schedule_every must be at least 0.001 s"),
+        ({"schedule_every": -1}, "schedule_every must be >= 0"),
+        ({"schedule_every": "60"}, "schedule_every must be a number of seconds"),
+        ({"schedule_every": 1e12}, "schedule_every must be at most"),
+        ({"schedule": "* * * * *", "schedule_every": 60}, "not both"),
+        ({"schedule": "* * * * *", "timezone": "Mars/Olympus"}, "not a known IANA time zone"),
+        ({"schedule_every": 60, "timezone": "Europe/Paris"}, "timezone is for a cron"),
+        ({"timezone": "Europe/Paris"}, "timezone is for a cron"),
+        ({"schedule_every": 60, "catch_up": "all"}, "catch_up must be one of"),
+        ({"catch_up": "skip"}, "catch_up needs a schedule"),
+    ],
+)
+def test_listen_refuses_a_bad_schedule_naming_the_queue(options: dict, says: str) -> None:
+    with pytest.raises(InvalidInput) as info:
+        spec(**options)
+    assert "queue 'q'" in str(info.value) and says in str(info.value), info.value
+
+
+def test_a_fail_queue_takes_no_schedule() -> None:
+    with pytest.raises(InvalidInput, match="unknown fail_options key"):
+        spec(fail_handler="queasy_py.handlers.dead_letter", fail_options={"schedule_every": 5})
+
+
+def test_a_queasy_run_config_takes_the_schedule_keys_and_names_a_bad_one() -> None:
+    keys = {"schedule": "0 9 * * MON-FRI", "timezone": "Europe/Paris", "catch_up": "skip"}
+    config = parse({"queues": {"reports": {"handler": HANDLER, **keys}}}, "q.toml")
+    assert config.queues["reports"] == (HANDLER, keys)
+    with pytest.raises(ConfigError) as info:
+        bad = {"handler": HANDLER, **keys, "schedule": "0 25 * * *"}
+        parse({"queues": {"reports": bad}}, "q.toml")
+    assert str(info.value).startswith("q.toml: queues.reports: queue 'reports': schedule")
+    assert "Bad hour" in str(info.value)
+
+
+# ---------------------------------------------------------------- the fire-time grid
+
+
+def test_cron_fire_times_follow_the_expression_in_its_timezone() -> None:
+    s = build("q", spec(schedule="0 9 * * MON-FRI", timezone="Europe/Paris"))
+    assert s is not None and s.text == "cron 0 9 * * MON-FRI Europe/Paris"
+    friday = ms("2024-03-29T08:00:00")  # 09:00 in Paris (winter time)
+    assert s.next_after(friday - 1) == friday
+    assert s.next_after(friday) == ms("2024-04-01T07:00:00")  # Monday, summer time
+    assert s.latest(friday + 5) == friday and s.latest(friday) == friday
+    assert s.count(friday, ms("2024-04-06T00:00:00")) == 1 + 5
+
+
+def test_seconds_cron_and_interval_fire_times() -> None:
+    every_second = build("q", spec(schedule="*/2  * * * * *"))  # seconds first; spaces squeezed
+    assert every_second is not None and every_second.text == "cron */2 * * * * * UTC"
+    t = ms("2024-01-01T00:00:00")
+    assert every_second.next_after(t) == t + 2000 and every_second.latest(t + 1999) == t
+    assert every_second.count(t, t + 10_000) == 5
+    every = build("q", spec(schedule_every=0.25))
+    assert every is not None and every.text == "every 0.25s"
+    assert (every.next_after(t + 1), every.latest(t + 249), every.count(t, t + 1000)) == (
+        t + 250,
+        t,
+        4,
+    )
+    assert build("q", spec(schedule_every=300)).text == "every 300s"  # type: ignore[union-attr]
+    assert build("q", spec()) is None
+
+
+# ---------------------------------------------------------------- the catch-up plan
+
+
+def check(catch_up: str, seen: Seen, **options: object) -> ScheduleCheck:
+    options = {"schedule_every": 10, "catch_up": catch_up, **options}
+    listen = spec(**options)
+    state = QueueState("q", "b", QueueKeys("p", "q", "q"), listen, None)
+    schedule = build("q", listen)
+    assert schedule is not None
+    plan = ScheduleCheck(state, schedule, 1.0)
+    plan.seen = seen
+    return plan
+
+
+T = 1_700_000_000_000  # a multiple of 10 s
+
+
+def test_plan_the_first_occurrence_is_the_next_fire_time() -> None:
+    assert check("once", Seen()).plan(T + 3_000) == (T + 10_000, None, 0, 0)
+
+
+@pytest.mark.parametrize("catch_up", ["once", "skip"])
+def test_plan_on_time_the_next_comes_from_the_last_fire_time_not_now(catch_up: str) -> None:
+    seen = Seen(T, "every 10s", T, "")  # ended at T + 9.5 s: the next is T + 10 s, not later
+    assert check(catch_up, seen).plan(T + 9_500) == (T + 10_000, None, 0, 0)
+    # a little late (within SCHEDULE_GRACE): still that fire time, it runs now
+    assert check(catch_up, seen).plan(T + 10_900) == (T + 10_000, None, 0, 0)
+
+
+def test_plan_once_runs_one_for_the_latest_missed_fire_time() -> None:
+    ended = Seen(T, "every 10s", T, "")
+    assert check("once", ended).plan(T + 45_000)[:3] == (T + 40_000, None, 3)  # 10, 20, 30
+    pending = Seen(T, "every 10s", None, "waiting")  # nothing ran it: moved to the latest
+    assert check("once", pending).plan(T + 45_000) == (T + 40_000, T + 40_000, 3, 4)
+    # late by less than a fire time: it runs late, not moved
+    assert check("once", pending).plan(T + 5_000)[1] is None
+
+
+def test_plan_skip_goes_to_the_next_fire_time() -> None:
+    ended = Seen(T, "every 10s", T, "")
+    assert check("skip", ended).plan(T + 45_000)[:3] == (T + 50_000, None, 4)
+    pending = Seen(T, "every 10s", None, "waiting")
+    assert check("skip", pending).plan(T + 5_000) == (T + 10_000, T + 10_000, 0, 1)
+    assert check("skip", pending).plan(T + 500)[1] is None  # within the grace
+
+
+def test_plan_a_changed_schedule_moves_the_pending_occurrence() -> None:
+    pending = Seen(T + 3_600_000, "every 3600s", T, "waiting")
+    assert check("once", pending).plan(T + 1_000) == (T + 3_610_000, T + 10_000, 0, 0)
+
+
+# ---------------------------------------------------------------- reading it back
+
+
+@pytest.fixture
+def client(redis_url: str, prefix: str):
+    with Client(redis_url, workers=0, prefix=prefix) as c:
+        yield c
+
+
+def test_schedule_info_and_schedules_read_what_the_library_stored(
+    client: Client, r: redis.Redis, prefix: str, redis_url: str
+) -> None:
+    soon = int(datetime.now(UTC).timestamp() * 1000) + 60_000
+    schedule(Lua(r, prefix, "reports"), None, soon, spec="cron 0 9 * * * UTC")
+    schedule(Lua(r, prefix, "ticks"), None, soon, spec="every 1s")
+    Lua(r, prefix, "plain").take("x:schedule")  # a job key ending in ':schedule'
+    Lua(r, prefix, "plain").add("schedule")  # a job named like an occurrence, no schedule
+    info = client.queue("reports").schedule_info()
+    spec = "cron 0 9 * * * UTC"
+    assert info == ScheduleInfo("reports", spec, soon / 1000, "delayed", None, None, None, 0)
+    assert info is not None and info.next_fire_at == soon / 1000
+    assert client.queue("plain").schedule_info() is None
+    assert list(client.schedules()) == ["reports", "ticks"]
+    assert client.schedules()["ticks"].spec == "every 1s"
+
+    async def read() -> ScheduleInfo | None:
+        async with AsyncClient(redis_url, prefix=prefix) as aclient:
+            return await aclient.queue("reports").schedule_info()
+
+    assert asyncio.run(read()) == info
