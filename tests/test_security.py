@@ -233,7 +233,7 @@ def test_the_acl_user_cannot_touch_other_keys_or_commands(
         with pytest.raises(redis.exceptions.NoPermissionError):
             conn.get("other:key")
         with pytest.raises(redis.exceptions.NoPermissionError):
-            conn.get(f"{PREFIX}:x")  # GET is not among its commands either
+            conn.lpush(f"{PREFIX}:x", 1)  # LPUSH is not among its commands, even on its keys
         with pytest.raises(redis.exceptions.NoPermissionError):
             conn.flushall()
     finally:
