@@ -399,14 +399,21 @@ def check_ended(B: str, raw: dict) -> None:
 
 
 def schedule_grew(B: str, before: dict, after: dict) -> str | None:
-    """What went wrong with B:schedule across one step, if anything: its fire time and its
-    skipped count never go back (a fire time is never created twice), and the fire time of
-    the last occurrence that ended is the fire time it had."""
+    """What went wrong with B:schedule across one step, if anything: its skipped count never
+    goes back; its fire time goes back only when a pending occurrence that never ran is moved
+    earlier (a schedule changed), and then stays later than the last fire time that ended (so
+    a fire time is never created twice); the fire time of the last occurrence that ended is
+    the fire time it had."""
     old = before.get(B + ":schedule", ("hash", {}))[1]
     new = after.get(B + ":schedule", ("hash", {}))[1]
-    for field in ("fire_at", "skipped"):
-        if old.get(field) and int(new.get(field, -1)) < int(old[field]):
-            return f"B:schedule {field} went back: {old} -> {new}"
+    if old.get("skipped") and int(new.get("skipped", -1)) < int(old["skipped"]):
+        return f"B:schedule skipped went back: {old} -> {new}"
+    if old.get("fire_at") and int(new.get("fire_at", -1)) < int(old["fire_at"]):
+        last = new.get("last_fire_at")
+        if new.get("last_fire_at") != old.get("last_fire_at") or (
+            last and int(new["fire_at"]) <= int(last)
+        ):
+            return f"B:schedule fire_at went back: {old} -> {new}"
     if new.get("last_fire_at") != old.get("last_fire_at") and new["last_fire_at"] not in (
         "",
         old.get("fire_at"),
