@@ -3,7 +3,8 @@
     python benchmarks/profile.py [--n 40000] [--size 10] [--cprofile]
 
 Prints the throughput and the CPU seconds each process used (supervisor, each worker, the
-server), which shows where a job's cost goes; with --cprofile the supervisor runs under
+server), and the server's own time in the queasy functions (INFO commandstats: usec of
+FCALL), which shows where a job's cost goes; with --cprofile the supervisor runs under
 cProfile and its top functions are printed. It starts its own valkey-server.
 """
 
@@ -47,6 +48,10 @@ SUPERVISOR = textwrap.dedent(
 )
 
 
+#: the states of jobs not ended yet (counts() also has totals of ended ones)
+LIVE = ("waiting", "delayed", "blocked", "active")
+
+
 def cpu(proc: psutil.Process) -> float:
     try:
         times = proc.cpu_times()
@@ -55,11 +60,30 @@ def cpu(proc: psutil.Process) -> float:
         return 0.0
 
 
+def fcall_time(client: Client) -> int:
+    """The server's usec in FCALL so far (INFO commandstats; FCALL_RO, this script's counts
+    polling, left out)."""
+    return int(client.redis.info("commandstats").get("cmdstat_fcall", {}).get("usec", 0))
+
+
+#: commands this script and the clients send themselves (the rest run inside FCALLs)
+NOT_INNER = {"fcall_ro", "info", "ping", "hello", "client|setinfo", "sadd", "function|load"}
+
+
+def command_calls(client: Client) -> dict[str, int]:
+    """Calls of each command so far (INFO commandstats)."""
+    stats = client.redis.info("commandstats")
+    return {k[len("cmdstat_") :]: int(v["calls"]) for k, v in stats.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=40000)
     parser.add_argument("--size", type=int, default=10)
     parser.add_argument("--cprofile", action="store_true")
+    parser.add_argument(
+        "--calls", action="store_true", help="also print the commands the library ran per job"
+    )
     args = parser.parse_args()
     with EmbeddedServer() as server, Client(server.url, prefix="prof") as client:
         q = client.queue("bench")
@@ -85,8 +109,10 @@ def main() -> int:
                 time.sleep(0.005)
             start = time.perf_counter()
             base = {p.pid: cpu(p) for p in [parent, srv, *parent.children()]}
-            while sum(q.counts().values()) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            fcall_usec = fcall_time(client)
+            calls = command_calls(client)
+            while sum(q.counts()[k] for k in LIVE) and time.monotonic() < deadline:
+                time.sleep(0.05)
             elapsed = time.perf_counter() - start
             procs = [("supervisor", parent), ("server", srv)]
             procs += [(f"worker {p.pid}", p) for p in parent.children()]
@@ -97,6 +123,18 @@ def main() -> int:
             for name, proc in procs:
                 used = cpu(proc) - base.get(proc.pid, 0.0)
                 print(f"  {name:>14}: {used:.2f} CPU s, {used / args.n * 1e6:.1f} us/job")
+            usec = fcall_time(client) - fcall_usec
+            print(f"  {'server FCALL':>14}: {usec / 1e6:.2f} s, {usec / args.n:.1f} us/job")
+            ran = {k: v - calls.get(k, 0) for k, v in command_calls(client).items()}
+            fcalls = ran.pop("fcall", 0)
+            inner = {k: v for k, v in ran.items() if k not in NOT_INNER}
+            print(
+                f"  {'server calls':>14}: {fcalls / args.n:.2f} FCALL and "
+                f"{sum(inner.values()) / args.n:.2f} commands inside them per job"
+            )
+            if args.calls:
+                for name, count in sorted(inner.items(), key=lambda kv: -kv[1]):
+                    print(f"  {name:>14}: {count / args.n:.2f}")
         finally:
             os.killpg(sup.pid, signal.SIGTERM)
             sup.wait(timeout=60)

@@ -15,13 +15,14 @@ import time
 
 from queasy_py import Client
 from queasy_py.handlers import dead_letter
+from queasy_py.job import LIVE_STATES
 
 
 def stop_when_idle(client: Client, queues: list, timeout: float = 60.0) -> None:
     """Stop the supervisor once every queue is empty (the example's end)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(sum(q.counts().values()) == 0 for q in queues):
+        if all(sum(q.counts()[s] for s in LIVE_STATES) == 0 for q in queues):
             break
         time.sleep(0.1)
     client.stop()

@@ -14,10 +14,32 @@ derive the keys below from it (same slot, so cluster routing holds).
   key                  type    holds
   B:waiting            zset    id -> run_at (ms) of waiting and delayed jobs (not blocked)
   B:job:<id>           hash    the waiting/delayed/blocked record of <id>:
-                               id, data, run_at, retry_count, stall_count, timeout_count
+                               id, data, run_at, retry_count, stall_count, timeout_count,
+                               enqueued_at (ms of the dispatch that made it), attempts (times
+                               leased), and after a failed attempt its last error: error_name,
+                               error_kind, error_message, traceback, error_at (ms)
                                (+ u_data, u_reset, u_run_at 'replace'|'clamp', u_lo, u_hi:
                                the composed updates of a blocked job, see run_at_update)
   B:active:<id>        hash    the active record of <id>: same fields + client, token, leased_at
+  B:ends               hash    id -> the end of each job kept after its end, one line:
+                               "<state> <ended_at> <started_at> <pid> <attempts> <run_at>
+                               <enqueued_at> <retry_count> <stall_count> <timeout_count>
+                               <client> <host>" (state 'finished'|'failed'|'cancelled'; '-' for
+                               a value unknown; the host last: it may hold spaces), written
+                               once per call for all the jobs it ended
+  B:ended:<id>         hash    the record of an ended job kept whole: a failed or cancelled
+                               one, a finished one with a result (a queue that stores them)
+                               or an earlier failed attempt; the active (or, cancelled,
+                               waiting) record as it was, + a failure's error fields, result
+                               (the handler's JSON return value). Other finished jobs keep
+                               their end only (no data): the cheap path of every no-op job
+  B:finished           zset    id -> ended_at (ms) of each end kept in that state: the index
+  B:failed             zset    the retention trims (oldest first, a few per call) and listings
+  B:cancelled          zset    page through. An id that ended again in another state may stay
+                               in the index of the first until trimmed: B:ends says its state
+  B:stats              hash    finished, failed: totals since a reset; finished:<minute>,
+                               failed:<minute>: jobs that ended in that minute (epoch ms //
+                               60000), the last hour's kept
   B:blocked            set     ids whose record in B:job:<id> waits for the active one
   B:expiry             zset    client id -> expiry (ms) of each client holding leases here
   B:fresh              zset    client id -> until when (ms) it is fresh: half its expiry window
@@ -32,12 +54,17 @@ derive the keys below from it (same slot, so cluster routing holds).
                                dispatch <id> again (its run_at + window); expires then
   B:events             stream  one entry per job outcome (capped, MAXLEN ~): id, queue, outcome,
                                run_at, started_at, ended_at, client, pid, retry_count,
-                               stall_count, timeout_count, error_name, error_kind
+                               stall_count, timeout_count, error_name, error_kind,
+                               error_message, traceback (its last EVENT_TRACEBACK bytes),
+                               enqueued_at (README "Outcome events": the schema, versioned
+                               with this library)
   B:schedule           hash    the queue's schedule (queasy_schedule): spec (its text), fire_at
                                (ms: fire time of the current occurrence, job id SCHEDULE_ID),
                                skipped (fire times catch-up passed over), and of the last
                                occurrence that ended: last_fire_at, last_outcome, last_ended_at
   B:wake               channel PUBLISHed when a dispatch may make a job ready earlier
+  B:done:<id>          channel PUBLISHed <state> when job <id> ends: finished or failed (when
+                               the call asks to notify: the queue stores results), cancelled
   B:push:<client>      channel a job pushed to <client> (already leased to it), one per message:
                                "id\ntoken\nrun_at\nretry_count\nstall_count\ntimeout_count\ndata"
                                (ids hold no whitespace; data is last and may hold anything)
@@ -58,15 +85,29 @@ Result codes (queasy_py/store/library.py maps them to an enum):
   dispatch_once: 1 created, 2 updated, 5 skipped (active, or dispatched within its window)
   finish/retry/fail: 0 ok, 1 stale (this client no longer holds that lease)
   dequeue/bump: status 0 ok, 2 swept (this client was swept as dead; start over)
+
+Retention: finish, fail and cancel keep the end of each job that ended (B:ends, and its
+record when kept whole) while it is among the newest `keep count` of its state and younger
+than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond that, so no
+call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '1.5.0'
+local VERSION = '2.0.0'
+-- the functions called per job, as locals (a global is two table lookups per use); the
+-- globals exist only while a function runs: `entry` (registration) sets them
+local call, format = nil, nil
 local OWNER = 'queasy_py' -- queasy_library returns OWNER .. ' ' .. VERSION: our marker
 local TOMBSTONE_MS = 86400000
 local MAX_MS = 253402300799999 -- 9999-12-31T23:59:59.999Z
 local MAX_COUNT = 999999999999 -- events maxlen, batch limit, expiry window, pid
 local MAX_ID_CHARS = 256
-local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count'}
+local MAX_TEXT = 65536 -- bytes of an error message, a traceback, a host name
+local EVENT_TRACEBACK = 1024 -- bytes of a traceback an event keeps (its end)
+local MAX_PAGE = 1000 -- jobs per call of queasy_jobs, queasy_requeue, queasy_purge
+local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
+  'attempts'}
+local ERROR_FIELDS = {'error_name', 'error_kind', 'error_message', 'traceback', 'error_at'}
+local END_STATES = {finished = true, failed = true, cancelled = true}
 local SCHEDULE_ID = 'schedule' -- the id of a schedule's occurrence (queasy_py defaults.py)
 local MAX_SPEC = 200 -- bytes of a schedule's text
 
@@ -125,7 +166,7 @@ local function clock(arg)
   if arg ~= nil and arg ~= '' then
     return ms(arg, 'now')
   end
-  local t = redis.call('TIME')
+  local t = call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
@@ -181,6 +222,24 @@ local function check_json(arg, name, n)
   end
 end
 
+-- Free text (an error message, a traceback, a host name): a string of at most MAX_TEXT bytes.
+local function text(arg, name, n)
+  if type(arg) ~= 'string' or #arg > MAX_TEXT then
+    invalid(label(name, n) .. ' must be text of at most ' .. MAX_TEXT .. ' bytes, got '
+      .. (type(arg) == 'string' and (#arg .. ' bytes') or 'nothing'))
+  end
+  return arg
+end
+
+-- A count bounded by MAX_PAGE, at least 1.
+local function page(arg, name)
+  local n = whole(arg, name, MAX_PAGE)
+  if n < 1 then
+    invalid(name .. ' must be 1..' .. MAX_PAGE .. ', got 0')
+  end
+  return n
+end
+
 local function groups(args, from, width, name)
   if (#args - from + 1) % width ~= 0 then
     invalid(name .. ': ARGV from ' .. from .. ' must come in groups of ' .. width .. ', got '
@@ -193,7 +252,7 @@ end
 -- Every number written to Redis (hash fields, scores, stream fields, messages) is an integer
 -- string: a Lua number would go as '%.14g' ('2.5340230079999e+14', '1e+20').
 local function int(n)
-  return string.format('%d', n)
+  return format('%d', n)
 end
 
 -- A number field of a record as an integer in 0 ..= high; a field written around the library
@@ -207,21 +266,53 @@ local function field_int(v, high)
 end
 
 local function read_job(key)
-  local v = redis.call('HMGET', key, unpack(JOB_FIELDS))
+  local v = call('HMGET', key, unpack(JOB_FIELDS))
   if v[1] == false then
     return nil
   end
   return {
     id = v[1], data = v[2] or '', run_at = field_int(v[3], MAX_MS),
     retry_count = field_int(v[4], MAX_MS), stall_count = field_int(v[5], MAX_MS),
-    timeout_count = field_int(v[6], MAX_MS),
+    timeout_count = field_int(v[6], MAX_MS), attempts = v[7],
   }
 end
 
+-- A number field as the library writes it (1-15 decimal digits) as it is, else ''
+-- (unknown): for fields only passed on, as the enqueued_at of an event.
+local function digits(v)
+  if type(v) == 'string' and #v <= 15 and string.find(v, '^%d+$') then
+    return v
+  end
+  return ''
+end
+
+-- A number field as an integer string: as it is when the library wrote it, else as
+-- field_int reads it (garbage is '0'); cheaper than a round trip through a number.
+local function passed(v)
+  if type(v) == 'string' and #v <= 15 and string.find(v, '^%d+$') then
+    return v
+  end
+  return int(field_int(v, MAX_MS))
+end
+
+-- Write the fields of `job` that change while it lives (the others stay in the hash).
 local function write_job(key, job)
-  redis.call('HSET', key, 'id', job.id, 'data', job.data, 'run_at', int(job.run_at),
+  call('HSET', key, 'id', job.id, 'data', job.data, 'run_at', int(job.run_at),
     'retry_count', int(job.retry_count), 'stall_count', int(job.stall_count),
     'timeout_count', int(job.timeout_count))
+end
+
+-- A new waiting/blocked record of a job dispatched at `now` (never leased yet).
+local function new_record(key, id, data, run_at, now)
+  call('HSET', key, 'id', id, 'data', data, 'run_at', int(run_at), 'retry_count', 0,
+    'stall_count', 0, 'timeout_count', 0, 'enqueued_at', int(now), 'attempts', 0)
+end
+
+-- The error of an attempt that failed: {name, kind, message, traceback} (strings), or nil.
+-- It is written into the job's record as its last error, at `now`.
+local function write_error(key, err, now)
+  call('HSET', key, 'error_name', err.name, 'error_kind', err.kind,
+    'error_message', err.message, 'traceback', err.traceback, 'error_at', int(now))
 end
 
 local RUN_AT_MODES = {replace = true, keep = true, if_later = true, if_earlier = true}
@@ -284,85 +375,243 @@ end
 
 local function emit(B, maxlen, fields)
   if maxlen > 0 then
-    redis.call('XADD', B .. ':events', 'MAXLEN', '~', maxlen, '*', unpack(fields))
+    call('XADD', B .. ':events', 'MAXLEN', '~', maxlen, '*', unpack(fields))
   end
 end
 
--- `job.client` is the client that held it ('' for a job that was not active).
--- `pid` and `started_at` are strings ('' or checked digits).
-local function outcome_event(B, maxlen, now, outcome, job, pid, started_at, err_name, err_kind)
-  emit(B, maxlen, {
-    'id', job.id, 'queue', string.match(B, '}:(.*)$'), 'outcome', outcome,
-    'run_at', int(job.run_at), 'started_at', started_at, 'ended_at', int(now),
+-- The last `limit` bytes of `s`, not starting inside a UTF-8 sequence.
+local function tail(s, limit)
+  if #s <= limit then
+    return s
+  end
+  local from = #s - limit + 1
+  while from <= #s and string.find(string.sub(s, from, from), '[\128-\191]') do
+    from = from + 1
+  end
+  return string.sub(s, from)
+end
+
+local NO_ERROR = {name = '', kind = '', message = '', traceback = ''}
+local QUEUE_NAMES = {} -- B -> its queue's name (the events' `queue` field)
+
+-- The event of an outcome of `job` at `now` (ms, a string), appended to B:events unless
+-- `maxlen` is 0; returns its fields (END_OF reads them). `job.client` is the client that held
+-- it ('' for a job that was not active); `job.enqueued_at` its field as stored (passed on
+-- through digits). `pid` and `started_at` are strings ('' or checked digits); `err` as in
+-- write_error, or nil.
+local function outcome_event(B, maxlen, now, outcome, job, pid, started_at, err)
+  err = err or NO_ERROR
+  local queue = QUEUE_NAMES[B]
+  if queue == nil then
+    queue = string.match(B, '}:(.*)$')
+    QUEUE_NAMES[B] = queue
+  end
+  local trace = err.traceback
+  if #trace > EVENT_TRACEBACK then
+    trace = tail(trace, EVENT_TRACEBACK)
+  end
+  local fields = {
+    'id', job.id, 'queue', queue, 'outcome', outcome,
+    'run_at', job.run_at_s or int(job.run_at), 'started_at', started_at, 'ended_at', now,
     'client', job.client or '', 'pid', pid,
-    'retry_count', int(job.retry_count), 'stall_count', int(job.stall_count),
-    'timeout_count', int(job.timeout_count),
-    'error_name', err_name, 'error_kind', err_kind,
-  })
+    'retry_count', job.retry_s or int(job.retry_count),
+    'stall_count', job.stall_s or int(job.stall_count),
+    'timeout_count', job.timeout_s or int(job.timeout_count),
+    'error_name', err.name, 'error_kind', err.kind, 'error_message', err.message,
+    'traceback', trace, 'enqueued_at', digits(job.enqueued_at),
+  }
+  emit(B, maxlen, fields)
+  return fields
 end
 
 -- Put `job` (leaving the active state) back in waiting at run_at, merging the update of a
--- blocked job with its id, if any, so one job with that id remains.
-local function requeue(B, job, run_at)
+-- blocked job with its id, if any, so one job with that id remains. Its record moves (the
+-- fields it gathered stay: enqueued_at, attempts, the last error); `err` (or nil) becomes its
+-- last error, at `now`.
+local function requeue(B, job, run_at, err, now)
   local id = job.id
   local bkey = B .. ':job:' .. id
-  local blocked = redis.call('HMGET', bkey, 'data', 'run_at', 'u_data', 'u_run_at', 'u_reset',
+  local blocked = call('HMGET', bkey, 'data', 'run_at', 'u_data', 'u_run_at', 'u_reset',
     'u_lo', 'u_hi')
   if blocked[1] ~= false then
     if blocked[3] == '1' then
       job.data = blocked[1]
     end
-    local record_run_at = tonumber(blocked[2])
+    local record_run_at = field_int(blocked[2], MAX_MS)
     local kind, lo, hi = run_at_update(blocked[4], blocked[6], blocked[7], record_run_at)
     run_at = apply_update(kind, lo, hi, record_run_at, run_at)
     if blocked[5] == '1' then
       job.retry_count, job.stall_count, job.timeout_count = 0, 0, 0
     end
-    redis.call('DEL', bkey)
-    redis.call('SREM', B .. ':blocked', id)
+    call('DEL', bkey)
+    call('SREM', B .. ':blocked', id)
   end
   job.run_at = run_at
-  redis.call('DEL', B .. ':active:' .. id)
+  call('RENAME', B .. ':active:' .. id, bkey)
+  call('HDEL', bkey, 'client', 'token', 'leased_at')
   write_job(bkey, job)
-  redis.call('ZADD', B .. ':waiting', int(run_at), id)
+  if err ~= nil then
+    write_error(bkey, err, now)
+  end
+  call('ZADD', B .. ':waiting', int(run_at), id)
 end
 
--- The active job `id` has ended: drop it and promote a blocked job with its id, if any.
+-- The state of an end (its first word, see B:ends), or nil.
+local function end_state(v)
+  local state = v and string.match(v, '^(%a+)')
+  return END_STATES[state] and state or nil
+end
+
+-- An end in `state`, as B:ends holds it, from the fields of its event (outcome_event) and
+-- the job's `attempts` (as stored): "<state> <ended_at> <started_at> <pid> <attempts>
+-- <run_at> <enqueued_at> <retry_count> <stall_count> <timeout_count> <client> <host>" (a
+-- value unknown: '-'; the host last: it may hold spaces).
+local function ending(state, e, attempts, host)
+  attempts = digits(attempts)
+  return state .. ' ' .. e[12] .. ' ' .. (e[10] == '' and '-' or e[10]) .. ' '
+    .. (e[16] == '' and '-' or e[16]) .. ' ' .. (attempts == '' and '-' or attempts) .. ' '
+    .. e[8] .. ' ' .. (e[32] == '' and '-' or e[32]) .. ' ' .. e[18] .. ' ' .. e[20] .. ' '
+    .. e[22] .. ' ' .. (e[14] == '' and '-' or e[14]) .. ' ' .. host
+end
+local END_FIELDS = {'state', 'ended_at', 'started_at', 'pid', 'attempts', 'run_at',
+  'enqueued_at', 'retry_count', 'stall_count', 'timeout_count', 'client', 'host'}
+
+-- A job's record `key` ends. Kept whole (`whole`: a failure, a cancel, a result, a job with
+-- an earlier failed attempt) it becomes B:ended:<id>, with the `extra` field-value pairs if
+-- any; else it goes, and its end alone (in B:ends) is what is kept of it. A record of an
+-- earlier end of that id is replaced or dropped; its id may stay in the index of another
+-- state (readers go by B:ends). `keep` false (a retention of 0): nothing is kept. The caller
+-- writes the end into B:ends and the id into B:<state> (once per call: retain).
+local function end_record(B, key, id, keep, whole, extra)
+  local ekey = B .. ':ended:' .. id
+  if keep and whole then
+    call('RENAME', key, ekey)
+    if extra ~= nil then
+      call('HSET', ekey, unpack(extra))
+    end
+    return
+  end
+  call('DEL', key, ekey)
+  if not keep then
+    call('HDEL', B .. ':ends', id)
+  end
+end
+
+-- Drop `ids` (the first of the index of `state`, about to be removed from it) with their
+-- records and ends: those whose end (B:ends) is of another state are only unindexed.
+local function drop_ends(B, state, ids)
+  if #ids == 0 then
+    return
+  end
+  local ends = call('HMGET', B .. ':ends', unpack(ids))
+  local gone, records = {}, {}
+  for i, id in ipairs(ids) do
+    if end_state(ends[i]) == state then
+      gone[#gone + 1] = id
+      records[#records + 1] = B .. ':ended:' .. id
+    end
+  end
+  if #gone > 0 then
+    call('DEL', unpack(records))
+    call('HDEL', B .. ':ends', unpack(gone))
+  end
+end
+
+-- Drop the oldest entries of B:<state> beyond the newest `count` and those that ended
+-- before now - age_ms: at most `budget` per call (a call that ended n jobs passes n + 2, so
+-- the records shrink back when the retention is lowered).
+local function trim(B, state, now, count, age_ms, budget)
+  local zkey = B .. ':' .. state
+  local n = math.max(call('ZCARD', zkey) - count,
+    call('ZCOUNT', zkey, '-inf', '(' .. int(now - age_ms)))
+  n = math.min(n, budget)
+  if n > 0 then
+    drop_ends(B, state, call('ZRANGE', zkey, 0, n - 1))
+    call('ZREMRANGEBYRANK', zkey, 0, n - 1)
+  end
+end
+
+-- Keep the ends of this call's ended jobs (`scored`: {ended_at, id, ...}, `ends`: {id,
+-- end, ...}) and trim.
+local function retain(B, state, now, keep_count, keep_ms, scored, ends)
+  if #scored > 0 and keep_count > 0 and keep_ms > 0 then
+    call('ZADD', B .. ':' .. state, unpack(scored))
+    call('HSET', B .. ':ends', unpack(ends))
+  end
+  trim(B, state, now, keep_count, keep_ms, #scored / 2 + 2)
+end
+
+-- Count `n` jobs that ended in `state` ('finished'|'failed') at `now`: the total since a
+-- reset and this minute's count. A minute's first count drops the buckets older than an hour.
+local function tally(B, state, now, n)
+  if n == 0 then
+    return
+  end
+  local skey = B .. ':stats'
+  local minute = math.floor(now / 60000)
+  local bucket = state .. ':' .. int(minute)
+  local v = call('HMGET', skey, state, bucket)
+  local fresh = field_int(v[2], MAX_MS) == 0
+  call('HSET', skey, state, int(field_int(v[1], MAX_MS) + n),
+    bucket, int(field_int(v[2], MAX_MS) + n))
+  if fresh then
+    local stale = {}
+    for _, f in ipairs(call('HKEYS', skey)) do
+      local m = tonumber(string.match(f, ':(%d+)$'))
+      if m ~= nil and m < minute - 60 then
+        stale[#stale + 1] = f
+      end
+    end
+    if #stale > 0 then
+      call('HDEL', skey, unpack(stale))
+    end
+  end
+end
+
+-- The active job `id` has ended: promote a blocked job with its id, if any.
 -- `any_blocked` false (B:blocked is empty) saves a lookup.
-local function retire(B, id, any_blocked)
-  redis.call('DEL', B .. ':active:' .. id)
-  if any_blocked and redis.call('SREM', B .. ':blocked', id) == 1 then
+local function promote(B, id, any_blocked)
+  if any_blocked and call('SREM', B .. ':blocked', id) == 1 then
     local bkey = B .. ':job:' .. id
-    redis.call('HDEL', bkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
-    local run_at = int(tonumber(redis.call('HGET', bkey, 'run_at')))
-    redis.call('ZADD', B .. ':waiting', run_at, id)
-    redis.call('PUBLISH', B .. ':wake', run_at)
+    call('HDEL', bkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
+    local run_at = int(field_int(call('HGET', bkey, 'run_at'), MAX_MS))
+    call('ZADD', B .. ':waiting', run_at, id)
+    call('PUBLISH', B .. ':wake', run_at)
   end
 end
 
 -- Check the lease of `client` on `id` (the active record names its client and token; a
 -- swept client's record is gone or re-leased). Returns the active record or nil when stale.
 local function leased(B, client, id, token)
-  local v = redis.call('HMGET', B .. ':active:' .. id, 'id', 'data', 'run_at', 'retry_count',
-    'stall_count', 'timeout_count', 'client', 'token')
+  local v = call('HMGET', B .. ':active:' .. id, 'id', 'data', 'run_at', 'retry_count',
+    'stall_count', 'timeout_count', 'client', 'token', 'enqueued_at', 'attempts')
   if v[7] ~= client or v[8] ~= token then
     return nil
   end
-  redis.call('HDEL', B .. ':lease:' .. client, id)
+  call('HDEL', B .. ':lease:' .. client, id)
+  -- the numbers as strings, passed on as they are (numbers() makes them numbers)
   return {
-    id = v[1], data = v[2] or '', run_at = field_int(v[3], MAX_MS),
-    retry_count = field_int(v[4], MAX_MS), stall_count = field_int(v[5], MAX_MS),
-    timeout_count = field_int(v[6], MAX_MS), client = client,
+    id = v[1], data = v[2] or '', run_at_s = passed(v[3]), retry_s = passed(v[4]),
+    stall_s = passed(v[5]), timeout_s = passed(v[6]), client = client, enqueued_at = v[9],
+    attempts = v[10],
   }
 end
 
--- The loop of finish, retry and fail: for each group of `width` ARGV from index 4 (id and
--- token first), `act(job, i)` runs on the job when `client` still holds its lease (when
+-- The numbers of a job from leased(), to count or compare (its strings go: stale after that).
+local function numbers(job)
+  job.run_at, job.retry_count = tonumber(job.run_at_s), tonumber(job.retry_s)
+  job.stall_count, job.timeout_count = tonumber(job.stall_s), tonumber(job.timeout_s)
+  job.run_at_s, job.retry_s, job.stall_s, job.timeout_s = nil, nil, nil, nil
+  return job
+end
+
+-- The loop of finish, retry and fail: for each group of `width` ARGV from index `from` (id
+-- and token first), `act(job, i)` runs on the job when `client` still holds its lease (when
 -- `usable(i)` is true, if given; else the lease is left alone). Returns one code per job:
 -- 0 ok, 1 stale.
-local function each_leased(B, client, args, width, act, usable)
+local function each_leased(B, client, args, from, width, act, usable)
   local codes = {}
-  for i = 4, #args, width do
+  for i = from, #args, width do
     local job = nil
     if usable == nil or usable(i) then
       job = leased(B, client, args[i], args[i + 1])
@@ -378,12 +627,13 @@ local function each_leased(B, client, args, width, act, usable)
 end
 
 -- Check the ack ARGV shared by finish, retry and fail: client, maxlen, whole groups of
--- `width`, and a worker pid and started_at ('' or digits) at offsets `pid_at`, `pid_at + 1`.
-local function check_acks(args, width, pid_at, name)
+-- `width` from index `from`, and a worker pid and started_at ('' or digits) at offsets
+-- `pid_at`, `pid_at + 1` of each group.
+local function check_acks(args, from, width, pid_at, name)
   check_id(args[2], 'client id')
   local maxlen = whole(args[3], 'events maxlen', MAX_COUNT)
-  groups(args, 4, width, name)
-  for i = 4, #args, width do
+  groups(args, from, width, name)
+  for i = from, #args, width do
     if args[i + pid_at] ~= '' then
       whole(args[i + pid_at], 'worker pid', MAX_COUNT)
     end
@@ -394,29 +644,51 @@ local function check_acks(args, width, pid_at, name)
   return args[2], maxlen
 end
 
+-- Check the ARGV 4-7 of finish and fail (how their records are kept) and return them as
+-- {count, ms, host, notify}.
+local function check_ends(args)
+  return {
+    count = whole(args[4], 'keep count', MAX_COUNT),
+    ms = whole(args[5], 'keep ms', MAX_MS),
+    host = text(args[6], 'host'),
+    notify = flag(args[7], 'notify'),
+  }
+end
+
+-- The error of a group: name, message and traceback at ARGV i, i + 1, i + 2 (checked).
+local function check_error(args, i, n)
+  text(args[i], 'error name', n)
+  text(args[i + 1], 'error message', n)
+  text(args[i + 2], 'traceback', n)
+end
+
 -- Sweep one dead client (expiry passed), other than `self`: its active jobs go back to
 -- waiting with stall_count + 1. Bounded: at most one client per call.
 local function sweep_one(B, now, self, maxlen)
-  local dead = redis.call('ZRANGE', B .. ':expiry', '-inf', int(now), 'BYSCORE', 'LIMIT', 0, 2)
+  local dead = call('ZRANGE', B .. ':expiry', '-inf', int(now), 'BYSCORE', 'LIMIT', 0, 2)
   for _, client in ipairs(dead) do
     if client ~= self then
       local lkey = B .. ':lease:' .. client
-      local leases = redis.call('HKEYS', lkey)
+      local leases = call('HKEYS', lkey)
       for _, id in ipairs(leases) do
         local job = read_job(B .. ':active:' .. id)
         if job ~= nil then
           job.stall_count = job.stall_count + 1
           job.client = client
-          outcome_event(B, maxlen, now, 'stalled', job, '', '', 'StallError', 'stall')
-          requeue(B, job, now)
+          job.enqueued_at = call('HGET', B .. ':active:' .. id, 'enqueued_at')
+          local err = {name = 'StallError', kind = 'stall', traceback = '',
+            message = 'its supervisor (client ' .. client .. ') was swept as dead: no heartbeat '
+              .. 'for its expiry'}
+          outcome_event(B, maxlen, int(now), 'stalled', job, '', '', err)
+          requeue(B, job, now, err, now)
         end
       end
-      redis.call('DEL', lkey)
-      redis.call('HDEL', B .. ':parked', client)
-      redis.call('ZREM', B .. ':expiry', client)
-      redis.call('ZREM', B .. ':fresh', client)
-      redis.call('ZADD', B .. ':swept', int(now), client)
-      redis.call('ZREMRANGEBYSCORE', B .. ':swept', '-inf', int(now - TOMBSTONE_MS))
+      call('DEL', lkey)
+      call('HDEL', B .. ':parked', client)
+      call('ZREM', B .. ':expiry', client)
+      call('ZREM', B .. ':fresh', client)
+      call('ZADD', B .. ':swept', int(now), client)
+      call('ZREMRANGEBYSCORE', B .. ':swept', '-inf', int(now - TOMBSTONE_MS))
       return 1
     end
   end
@@ -426,20 +698,22 @@ end
 -- Register `client` as alive until now + expiry_ms, and fresh (pushes go to it) for half of
 -- that. Returns false when it was swept.
 local function keep_alive(B, now, client, expiry_ms)
-  if redis.call('ZSCORE', B .. ':swept', client) ~= false then
+  if call('ZSCORE', B .. ':swept', client) ~= false then
     return false
   end
-  redis.call('ZADD', B .. ':expiry', int(now + expiry_ms), client)
-  redis.call('ZADD', B .. ':fresh', int(now + math.floor(expiry_ms / 2)), client)
+  call('ZADD', B .. ':expiry', int(now + expiry_ms), client)
+  call('ZADD', B .. ':fresh', int(now + math.floor(expiry_ms / 2)), client)
   return true
 end
 
--- Check out the job `id` (its record in B:job:<id>, with no active record; the caller
--- removes it from B:waiting) to `client` under `token`.
-local function lease(B, now, id, client, token)
+-- Check out the job `id` (its record in B:job:<id>, with no active record, `attempts` its
+-- field as stored; the caller removes it from B:waiting) to `client` under `token` at `now`
+-- (ms, a string): one more attempt.
+local function lease(B, now, id, attempts, client, token)
   local akey = B .. ':active:' .. id
-  redis.call('RENAME', B .. ':job:' .. id, akey)
-  redis.call('HSET', akey, 'client', client, 'token', token, 'leased_at', int(now))
+  call('RENAME', B .. ':job:' .. id, akey)
+  call('HSET', akey, 'client', client, 'token', token, 'leased_at', now,
+    'attempts', int(field_int(attempts, MAX_MS) + 1))
 end
 
 -- The fresh clients parked on B, as a list of {client, slots}: a client is fresh while at
@@ -447,14 +721,14 @@ end
 -- from B:parked (a frozen client keeps its subscription, but not its heartbeat).
 local function live_parked(B, now)
   local pkey = B .. ':parked'
-  local flat = redis.call('HGETALL', pkey)
+  local flat = call('HGETALL', pkey)
   local out = {}
   for i = 1, #flat, 2 do
-    local fresh = redis.call('ZSCORE', B .. ':fresh', flat[i])
+    local fresh = call('ZSCORE', B .. ':fresh', flat[i])
     if fresh ~= false and tonumber(fresh) >= now then
       out[#out + 1] = {flat[i], tonumber(flat[i + 1])}
     else
-      redis.call('HDEL', pkey, flat[i])
+      call('HDEL', pkey, flat[i])
     end
   end
   return out
@@ -477,29 +751,29 @@ local function push(B, now, id, parked)
     end
     local client = best[1]
     local channel = B .. ':push:' .. client
-    if redis.call('PUBSUB', 'NUMSUB', channel)[2] > 0 then
-      local token = 'p' .. redis.call('INCR', B .. ':seq')
+    if call('PUBSUB', 'NUMSUB', channel)[2] > 0 then
+      local token = 'p' .. call('INCR', B .. ':seq')
       local job = read_job(B .. ':job:' .. id)
-      redis.call('PUBLISH', channel, table.concat({job.id, token, int(job.run_at),
+      call('PUBLISH', channel, table.concat({job.id, token, int(job.run_at),
         int(job.retry_count), int(job.stall_count), int(job.timeout_count), job.data}, '\n'))
-      lease(B, now, id, client, token)
-      redis.call('ZREM', B .. ':waiting', id)
-      redis.call('HSET', B .. ':lease:' .. client, id, token)
+      lease(B, int(now), id, job.attempts, client, token)
+      call('ZREM', B .. ':waiting', id)
+      call('HSET', B .. ':lease:' .. client, id, token)
       best[2] = best[2] - 1
       if best[2] > 0 then
-        redis.call('HSET', B .. ':parked', client, int(best[2]))
+        call('HSET', B .. ':parked', client, int(best[2]))
       else
-        redis.call('HDEL', B .. ':parked', client)
+        call('HDEL', B .. ':parked', client)
       end
       return true
     end
     best[2] = 0
-    redis.call('HDEL', B .. ':parked', client)
+    call('HDEL', B .. ':parked', client)
   end
 end
 
 local function next_run_at(B)
-  local first = redis.call('ZRANGE', B .. ':waiting', 0, 0, 'WITHSCORES')
+  local first = call('ZRANGE', B .. ':waiting', 0, 0, 'WITHSCORES')
   if first[2] == nil then
     return ''
   end
@@ -510,10 +784,10 @@ end
 -- cancelled; a cancelled blocked copy while it is active is no end): B:schedule keeps its
 -- fire time and outcome, for status. Other ids cost nothing.
 local function schedule_ended(B, id, now, outcome)
-  if id == SCHEDULE_ID and redis.call('EXISTS', B .. ':schedule') == 1
-      and redis.call('EXISTS', B .. ':active:' .. id) == 0 then
+  if id == SCHEDULE_ID and call('EXISTS', B .. ':schedule') == 1
+      and call('EXISTS', B .. ':active:' .. id) == 0 then
     local skey = B .. ':schedule'
-    redis.call('HSET', skey, 'last_fire_at', redis.call('HGET', skey, 'fire_at') or '',
+    call('HSET', skey, 'last_fire_at', call('HGET', skey, 'fire_at') or '',
       'last_outcome', outcome, 'last_ended_at', int(now))
   end
 end
@@ -550,34 +824,33 @@ local function dispatch_triples(args, from, now, name)
   return run_ats
 end
 
--- A new waiting job `id` (it has no record and is not active). Returns code 1, its run_at.
-local function create_job(B, id, data, run_at)
-  redis.call('HSET', B .. ':job:' .. id, 'id', id, 'data', data, 'run_at', int(run_at),
-    'retry_count', 0, 'stall_count', 0, 'timeout_count', 0)
-  redis.call('ZADD', B .. ':waiting', int(run_at), id)
+-- A new waiting job `id` dispatched at `now` (it has no record and is not active). Returns
+-- code 1, its run_at.
+local function create_job(B, id, data, run_at, now)
+  new_record(B .. ':job:' .. id, id, data, run_at, now)
+  call('ZADD', B .. ':waiting', int(run_at), id)
   return 1, run_at
 end
 
 -- Write one dispatched job: a new waiting job, an update of the waiting/blocked one, or a
 -- blocked job behind the active one. Returns its code (1-4) and the run_at it now has.
-local function put_job(B, id, data, run_at, update_data, mode, reset)
+local function put_job(B, id, data, run_at, update_data, mode, reset, now)
   local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
   local existing, is_active = nil, false
-  if redis.call('EXISTS', jkey, akey) > 0 then -- one call for the usual new id
+  if call('EXISTS', jkey, akey) > 0 then -- one call for the usual new id
     existing = read_job(jkey)
-    is_active = redis.call('EXISTS', akey) == 1
+    is_active = call('EXISTS', akey) == 1
   end
   if existing == nil and not is_active then
-    return create_job(B, id, data, run_at)
+    return create_job(B, id, data, run_at, now)
   end
   if existing == nil then -- the id is active: a blocked job waits for it
-    redis.call('HSET', jkey, 'id', id, 'data', data, 'run_at', int(run_at),
-      'retry_count', 0, 'stall_count', 0, 'timeout_count', 0)
+    new_record(jkey, id, data, run_at, now)
     local kind, lo, hi = then_merge('clamp', nil, nil, mode, run_at)
-    redis.call('HSET', jkey, 'u_data', update_data and '1' or '0', 'u_run_at', kind,
+    call('HSET', jkey, 'u_data', update_data and '1' or '0', 'u_run_at', kind,
       'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
       'u_reset', reset and '1' or '0')
-    redis.call('SADD', B .. ':blocked', id)
+    call('SADD', B .. ':blocked', id)
     return 3, run_at
   end
   local old_run_at = existing.run_at
@@ -592,16 +865,16 @@ local function put_job(B, id, data, run_at, update_data, mode, reset)
   if is_active then
     -- compose the run_at updates, and take the union of the other flags, so the
     -- updates apply to the active job, if it is requeued, as to a waiting job
-    local f = redis.call('HMGET', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
+    local f = call('HMGET', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
     local kind, lo, hi = run_at_update(f[2], f[4], f[5], old_run_at)
     kind, lo, hi = then_merge(kind, lo, hi, mode, run_at)
-    redis.call('HSET', jkey,
+    call('HSET', jkey,
       'u_data', (update_data or f[1] == '1') and '1' or '0', 'u_run_at', kind,
       'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
       'u_reset', (reset or f[3] == '1') and '1' or '0')
     return 4, existing.run_at
   end
-  redis.call('ZADD', B .. ':waiting', int(existing.run_at), id)
+  call('ZADD', B .. ':waiting', int(existing.run_at), id)
   return 2, existing.run_at
 end
 
@@ -629,7 +902,7 @@ local function dispatch_jobs(B, now, args, from, run_ats, put)
     end
   end
   if earliest ~= nil then
-    redis.call('PUBLISH', B .. ':wake', int(earliest))
+    call('PUBLISH', B .. ':wake', int(earliest))
   end
   return codes
 end
@@ -655,7 +928,7 @@ local function dispatch(keys, args)
   local update_data, mode, reset = dispatch_flags(args)
   local run_ats = dispatch_triples(args, 5, now, 'queasy_dispatch')
   return dispatch_jobs(B, now, args, 5, run_ats, function(id, data, run_at)
-    return put_job(B, id, data, run_at, update_data, mode, reset)
+    return put_job(B, id, data, run_at, update_data, mode, reset, now)
   end)
 end
 
@@ -687,24 +960,24 @@ local function dispatch_once(keys, args)
   local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch_once')
   return dispatch_jobs(B, now, args, 6, run_ats, function(id, data, run_at)
     local okey, akey = B .. ':once:' .. id, B .. ':active:' .. id
-    if redis.call('EXISTS', akey, B .. ':job:' .. id) == 0 then -- the usual new id
+    if call('EXISTS', akey, B .. ':job:' .. id) == 0 then -- the usual new id
       -- set its window, unless one is open (SET NX GET: one call for both)
       local close = math.max(run_at, now) + window
-      local open = redis.call('SET', okey, int(close), 'NX', 'GET', 'PX', int(close - now))
+      local open = call('SET', okey, int(close), 'NX', 'GET', 'PX', int(close - now))
       if open then
         if (tonumber(open) or 0) > now then -- ('or 0': a garbled value is no window)
           return 5
         end
-        redis.call('SET', okey, int(close), 'PX', int(close - now))
+        call('SET', okey, int(close), 'PX', int(close - now))
       end
-      return create_job(B, id, data, run_at)
+      return create_job(B, id, data, run_at, now)
     end
-    if redis.call('EXISTS', akey) == 1 then
+    if call('EXISTS', akey) == 1 then
       return 5
     end
-    local code, at = put_job(B, id, data, run_at, update_data, mode, reset)
+    local code, at = put_job(B, id, data, run_at, update_data, mode, reset, now)
     local close = math.max(at, now) + window
-    redis.call('SET', okey, int(close), 'PX', int(close - now))
+    call('SET', okey, int(close), 'PX', int(close - now))
     return code, at
   end)
 end
@@ -714,25 +987,149 @@ KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  events maxlen (0: no event)
 ARGV[3]  id
-Returns: 1 if a job was removed, else 0.
-Emits:   event outcome=cancelled. The end of a schedule's occurrence is noted in B:schedule.
+ARGV[4]  keep count: cancelled records kept (0: none; see Retention)
+ARGV[5]  keep ms: how long cancelled records are kept
+Returns: 1 if a job was removed (its record kept as cancelled), else 0.
+Emits:   event outcome=cancelled; PUBLISH B:done:<id> 'cancelled'. The end of a schedule's
+         occurrence is noted in B:schedule.
 ]]
 local function cancel(keys, args)
   local B = keys[1]
   local now = clock(args[1])
   local maxlen = whole(args[2], 'events maxlen', MAX_COUNT)
   local id = args[3]
+  local keep_count = whole(args[4], 'keep count', MAX_COUNT)
+  local keep_ms = whole(args[5], 'keep ms', MAX_MS)
   local jkey = B .. ':job:' .. id
   local job = read_job(jkey)
   if job == nil then
     return 0
   end
-  redis.call('DEL', jkey)
-  redis.call('ZREM', B .. ':waiting', id)
-  redis.call('SREM', B .. ':blocked', id)
-  outcome_event(B, maxlen, now, 'cancelled', job, '', '', '', '')
+  job.enqueued_at = call('HGET', jkey, 'enqueued_at')
+  call('ZREM', B .. ':waiting', id)
+  if call('SREM', B .. ':blocked', id) == 1 then
+    call('HDEL', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
+  end
+  local event = outcome_event(B, maxlen, int(now), 'cancelled', job, '', '', nil)
+  end_record(B, jkey, id, keep_count > 0 and keep_ms > 0, true, nil)
+  retain(B, 'cancelled', now, keep_count, keep_ms, {int(now), id},
+    {id, ending('cancelled', event, job.attempts, '')})
+  call('PUBLISH', B .. ':done:' .. id, 'cancelled')
   schedule_ended(B, id, now, 'cancelled')
   return 1
+end
+
+--[[ queasy_requeue: put failed jobs (their kept records) back in waiting, to run now.
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2]  cutoff (ms or '': now): with no ids, take the records that failed at or before it
+ARGV[3]  limit (1..MAX_PAGE): with no ids, how many of the oldest such records
+ARGV[4..] ids (optional, at most MAX_PAGE; the id rules): these records (an id without a
+          failed record is skipped)
+Returns: {requeued, cutoff, looked at}: how many records were requeued, the cutoff used
+         (pass it again to go on without taking jobs that failed since), and how many ids
+         were looked at (fewer than limit: none is left). Each becomes a new job with
+         its data and counts 0, waiting (or blocked behind an active job with its id); an
+         id that already has a waiting or blocked job keeps that one. The records go.
+Emits:   PUBLISH B:wake when a job was made waiting; no event (a requeue is a dispatch).
+]]
+local function requeue_failed(keys, args)
+  local B = keys[1]
+  local now = clock(args[1])
+  local cutoff = now
+  if args[2] ~= '' then
+    cutoff = ms(args[2], 'cutoff')
+  end
+  local limit = page(args[3], 'limit')
+  if #args - 3 > MAX_PAGE then
+    invalid('at most ' .. MAX_PAGE .. ' ids per call, got ' .. (#args - 3))
+  end
+  local ids = {}
+  for i = 4, #args do
+    ids[#ids + 1] = check_id(args[i], 'id', i - 3)
+  end
+  if #ids == 0 then
+    ids = call('ZRANGE', B .. ':failed', '-inf', int(cutoff), 'BYSCORE', 'LIMIT', 0,
+      limit)
+  end
+  local done, wake = 0, false
+  for _, id in ipairs(ids) do
+    local ekey = B .. ':ended:' .. id
+    if end_state(call('HGET', B .. ':ends', id)) ~= 'failed' then
+      call('ZREM', B .. ':failed', id) -- an id that ended again since, in another state
+    else
+      if call('EXISTS', B .. ':job:' .. id) == 0 then -- new: waiting, or blocked if active
+        local data = call('HGET', ekey, 'data') or 'null'
+        if put_job(B, id, data, now, true, 'replace', true, now) == 1 then
+          wake = true
+        end
+      end
+      call('DEL', ekey)
+      call('HDEL', B .. ':ends', id)
+      call('ZREM', B .. ':failed', id)
+      done = done + 1
+    end
+  end
+  if wake then
+    call('PUBLISH', B .. ':wake', int(now))
+  end
+  return {done, cutoff, #ids}
+end
+
+--[[ queasy_purge: remove up to `limit` jobs of one state. Never touches an active job.
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2]  state: 'waiting' (ready now) | 'delayed' | 'blocked' | 'finished' | 'failed' |
+         'cancelled' (the last three: the kept records)
+ARGV[3]  limit (1..MAX_PAGE)
+Returns: {removed, left}: the number removed, and how many of that state are left (a caller
+         looping until none are left stops after `removed + left` of the first call, so
+         jobs that keep coming cannot keep it going).
+Emits:   nothing: no event, no PUBLISH (a purge is an operator's clean-up, not an outcome).
+]]
+local function purge(keys, args)
+  local B = keys[1]
+  local now = clock(args[1])
+  local state = args[2]
+  local limit = page(args[3], 'limit')
+  local ids, records, left
+  if state == 'waiting' or state == 'delayed' then
+    local low, high = '-inf', int(now)
+    if state == 'delayed' then
+      low, high = '(' .. int(now), '+inf'
+    end
+    ids = call('ZRANGE', B .. ':waiting', low, high, 'BYSCORE', 'LIMIT', 0, limit)
+    records = ':job:'
+    if #ids > 0 then
+      call('ZREM', B .. ':waiting', unpack(ids))
+    end
+    left = call('ZCOUNT', B .. ':waiting', low, high)
+  elseif state == 'blocked' then
+    ids = call('SRANDMEMBER', B .. ':blocked', limit)
+    records = ':job:'
+    if #ids > 0 then
+      call('SREM', B .. ':blocked', unpack(ids))
+    end
+    left = call('SCARD', B .. ':blocked')
+  elseif END_STATES[state] then
+    ids = call('ZRANGE', B .. ':' .. state, 0, limit - 1)
+    drop_ends(B, state, ids)
+    if #ids > 0 then
+      call('ZREMRANGEBYRANK', B .. ':' .. state, 0, #ids - 1)
+    end
+    left = call('ZCARD', B .. ':' .. state)
+  else
+    invalid('state must be waiting, delayed, blocked, finished, failed or cancelled, got '
+      .. shown(state))
+  end
+  if #ids > 0 and records then
+    local dels = {}
+    for i, id in ipairs(ids) do
+      dels[i] = B .. records .. id
+    end
+    call('DEL', unpack(dels))
+  end
+  return {#ids, left}
 end
 
 -- ---------------------------------------------------------------- lease cycle: dequeue ... fail
@@ -773,39 +1170,40 @@ local function dequeue(keys, args)
   end
   local out = {0, ''}
   if limit > 0 then
-    local ids = redis.call('ZRANGE', B .. ':waiting', '-inf', int(now), 'BYSCORE', 'LIMIT', 0,
+    local ids = call('ZRANGE', B .. ':waiting', '-inf', int(now), 'BYSCORE', 'LIMIT', 0,
       limit)
     local leases = {}
+    local now_s = int(now)
     for _, id in ipairs(ids) do
-      local job = read_job(B .. ':job:' .. id)
-      if job == nil then
+      local v = call('HMGET', B .. ':job:' .. id, unpack(JOB_FIELDS))
+      if v[1] == false then
         -- a stray id without a record: only dropped from B:waiting (below)
-      elseif redis.call('EXISTS', B .. ':active:' .. id) == 1 then
-        redis.call('SADD', B .. ':blocked', id) -- its record waits for the active one
+      elseif call('EXISTS', B .. ':active:' .. id) == 1 then
+        call('SADD', B .. ':blocked', id) -- its record waits for the active one
       else
         local token = nonce .. '.' .. (#leases / 2 + 1)
-        lease(B, now, id, client, token)
+        lease(B, now_s, id, v[7], client, token)
         leases[#leases + 1] = id
         leases[#leases + 1] = token
         out[#out + 1] = id
         out[#out + 1] = token
-        out[#out + 1] = job.data
-        out[#out + 1] = int(job.run_at)
-        out[#out + 1] = int(job.retry_count)
-        out[#out + 1] = int(job.stall_count)
-        out[#out + 1] = int(job.timeout_count)
+        out[#out + 1] = v[2] or ''
+        out[#out + 1] = passed(v[3])
+        out[#out + 1] = passed(v[4])
+        out[#out + 1] = passed(v[5])
+        out[#out + 1] = passed(v[6])
       end
     end
     if #ids > 0 then -- every record selected has moved: they leave B:waiting together
-      redis.call('ZREM', B .. ':waiting', unpack(ids))
+      call('ZREM', B .. ':waiting', unpack(ids))
     end
     if #leases > 0 then
-      redis.call('HSET', B .. ':lease:' .. client, unpack(leases))
+      call('HSET', B .. ':lease:' .. client, unpack(leases))
     end
     if park and #leases / 2 < limit then
-      redis.call('HSET', B .. ':parked', client, int(limit - #leases / 2))
+      call('HSET', B .. ':parked', client, int(limit - #leases / 2))
     else
-      redis.call('HDEL', B .. ':parked', client)
+      call('HDEL', B .. ':parked', client)
     end
   end
   out[2] = next_run_at(B)
@@ -817,21 +1215,57 @@ KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  client id
 ARGV[3]  events maxlen
-ARGV[4..] quadruples: id, token, worker pid ('' or digits), started_at ('' or ms)
+ARGV[4]  keep count: finished records kept (0: none; see Retention)
+ARGV[5]  keep ms: how long finished records are kept
+ARGV[6]  host of the client (free text, '' unknown), written into the records
+ARGV[7]  notify '1'|'0': PUBLISH B:done:<id> 'finished' for each job (the queue stores results)
+ARGV[8..] quintuples: id, token, worker pid ('' or digits), started_at ('' or ms), result
+          ('' none, else JSON: the handler's return value, kept in the record)
 Returns: one code per job: 0 ok, 1 stale (lease lost; nothing changed).
+Refuses: a result that is not JSON (INVALID, nothing written).
 Emits:   event outcome=finished. A blocked job with the same id becomes waiting. The end
          of a schedule's occurrence is noted in B:schedule (its next: queasy_schedule).
 ]]
 local function finish(keys, args)
   local B = keys[1]
   local now = clock(args[1])
-  local client, maxlen = check_acks(args, 4, 2, 'queasy_finish')
-  local any_blocked = redis.call('EXISTS', B .. ':blocked') == 1
-  return each_leased(B, client, args, 4, function(job, i)
-    outcome_event(B, maxlen, now, 'finished', job, args[i + 2], args[i + 3], '', '')
-    retire(B, job.id, any_blocked)
+  local client, maxlen = check_acks(args, 8, 5, 2, 'queasy_finish')
+  local ends = check_ends(args)
+  for i = 8, #args, 5 do
+    if args[i + 4] ~= '' then -- results: checked like job data (the strict decoder is set once)
+      strict_json(function()
+        for k = i, #args, 5 do
+          if args[k + 4] ~= '' then
+            check_json(args[k + 4], 'result', (k - 3) / 5)
+          end
+        end
+      end)
+      break
+    end
+  end
+  local any_blocked = call('EXISTS', B .. ':blocked') == 1
+  local keep = ends.count > 0 and ends.ms > 0
+  local ended = int(now)
+  local scored, done = {}, {}
+  local codes = each_leased(B, client, args, 8, 5, function(job, i)
+    local event = outcome_event(B, maxlen, ended, 'finished', job, args[i + 2], args[i + 3], nil)
+    local result = args[i + 4]
+    local failed_before = job.retry_s ~= '0' or job.stall_s ~= '0' or job.timeout_s ~= '0'
+    end_record(B, B .. ':active:' .. job.id, job.id, keep, result ~= '' or failed_before,
+      result ~= '' and {'result', result} or nil)
+    scored[#scored + 1] = ended
+    scored[#scored + 1] = job.id
+    done[#done + 1] = job.id
+    done[#done + 1] = ending('finished', event, job.attempts, ends.host)
+    promote(B, job.id, any_blocked)
     schedule_ended(B, job.id, now, 'finished')
+    if ends.notify then
+      call('PUBLISH', B .. ':done:' .. job.id, 'finished')
+    end
   end)
+  retain(B, 'finished', now, ends.count, ends.ms, scored, done)
+  tally(B, 'finished', now, #scored / 2)
+  return codes
 end
 
 --[[ queasy_retry: put active jobs back in waiting at a given time.
@@ -839,17 +1273,19 @@ KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  client id
 ARGV[3]  events maxlen
-ARGV[4..] groups of 7: id, token, run_at, kind, worker pid, started_at, error name
+ARGV[4..] groups of 9: id, token, run_at, kind, worker pid, started_at, error name,
+          error message, traceback (free text, '' none)
           run_at: ms since the epoch, or '+<ms>': that long after now (the server's clock)
           kind: 'retry' (retry_count + 1), 'timeout' (timeout_count + 1),
                 'stall' (stall_count + 1), 'release' (no count: shutdown hand-back),
                 'return' (no count, no event: a pushed job the client had no room for;
                 its parked slots are cleared and B:wake is PUBLISHed)
 Returns: one code per job: 0 ok, 1 stale (also for an unknown kind: the lease is kept).
-Refuses: a run_at not integer ms in 0..MAX_MS nor '+' and integer ms (INVALID, nothing
-         written). now + delay is capped at MAX_MS.
+Refuses: a run_at not integer ms in 0..MAX_MS nor '+' and integer ms, error text over
+         MAX_TEXT bytes (INVALID, nothing written). now + delay is capped at MAX_MS.
 Emits:   event outcome=retried|timed_out|stalled|released (none for 'return'). A blocked
          job's update is applied to the retried job (data, run_at, counts per its flags).
+         The error of a retry, timeout or stall becomes the job's last error.
 ]]
 local RETRY_KINDS = {
   retry = {'retry_count', 'retried', 'retriable'},
@@ -861,24 +1297,27 @@ local RETRY_KINDS = {
 local function retry(keys, args)
   local B = keys[1]
   local now = clock(args[1])
-  local client, maxlen = check_acks(args, 7, 4, 'queasy_retry')
+  local client, maxlen = check_acks(args, 4, 9, 4, 'queasy_retry')
   local run_ats = {}
-  for i = 4, #args, 7 do
+  for i = 4, #args, 9 do
     run_ats[i] = run_at_from(args[i + 2], now, 'retry run_at')
+    check_error(args, i + 6, (i + 5) / 9)
   end
-  return each_leased(B, client, args, 7, function(job, i)
+  return each_leased(B, client, args, 4, 9, function(job, i)
+    numbers(job)
     local kind = RETRY_KINDS[args[i + 3]]
     if kind[1] ~= nil then
       job[kind[1]] = job[kind[1]] + 1
     end
+    local err = {name = args[i + 6], kind = kind[3], message = args[i + 7],
+      traceback = args[i + 8]}
     if kind[2] ~= nil then
-      outcome_event(B, maxlen, now, kind[2], job, args[i + 4], args[i + 5], args[i + 6],
-        kind[3])
+      outcome_event(B, maxlen, int(now), kind[2], job, args[i + 4], args[i + 5], err)
     end
-    requeue(B, job, run_ats[i])
+    requeue(B, job, run_ats[i], kind[3] ~= '' and err or nil, now)
     if kind[2] == nil then
-      redis.call('HDEL', B .. ':parked', client)
-      redis.call('PUBLISH', B .. ':wake', int(job.run_at))
+      call('HDEL', B .. ':parked', client)
+      call('PUBLISH', B .. ':wake', int(job.run_at))
     end
   end, function(i)
     return RETRY_KINDS[args[i + 3]] ~= nil -- an unknown kind must not consume the lease
@@ -891,41 +1330,65 @@ KEYS[2]  F: base key of the fail queue (same hash tag), or absent when there is 
 ARGV[1]  now (ms or '')
 ARGV[2]  client id
 ARGV[3]  events maxlen (of B)
-ARGV[4..] groups of 8: id, token, fail job id (the id rules; '' without F), fail job data
+ARGV[4]  keep count: failed records kept (0: none; see Retention)
+ARGV[5]  keep ms: how long failed records are kept
+ARGV[6]  host of the client (free text, '' unknown), written into the records
+ARGV[7]  notify '1'|'0': PUBLISH B:done:<id> 'failed' for each job (the queue stores results)
+ARGV[8..] groups of 10: id, token, fail job id (the id rules; '' without F), fail job data
           (JSON built by the supervisor from the job's record; '' without F), worker pid,
-          started_at, error name, error kind
+          started_at, error name, error kind, error message, traceback (free text)
 Returns: one code per job: 0 ok, 1 stale (nothing changed, no fail job).
-Refuses: with F, a fail job id that breaks the id rules (INVALID, nothing written).
-Emits:   event outcome=failed on B; PUBLISH F:wake. The end of a schedule's occurrence is
-         noted in B:schedule (its next: queasy_schedule).
+Refuses: with F, a fail job id that breaks the id rules; error text over MAX_TEXT bytes
+         (INVALID, nothing written).
+Emits:   event outcome=failed on B; PUBLISH F:wake. The error is kept in the job's record. The
+         end of a schedule's occurrence is noted in B:schedule (its next: queasy_schedule).
 ]]
 local function fail(keys, args)
   local B, F = keys[1], keys[2]
   local now = clock(args[1])
-  local client, maxlen = check_acks(args, 8, 4, 'queasy_fail')
-  if F ~= nil then
-    for i = 4, #args, 8 do
-      check_id(args[i + 2], 'fail job id')
+  local client, maxlen = check_acks(args, 8, 10, 4, 'queasy_fail')
+  local ends = check_ends(args)
+  for i = 8, #args, 10 do
+    local n = (i + 2) / 10
+    if F ~= nil then
+      check_id(args[i + 2], 'fail job id', n)
     end
+    text(args[i + 6], 'error name', n)
+    text(args[i + 7], 'error kind', n)
+    text(args[i + 8], 'error message', n)
+    text(args[i + 9], 'traceback', n)
   end
-  local any_blocked = redis.call('EXISTS', B .. ':blocked') == 1
-  local dispatched = false
-  local codes = each_leased(B, client, args, 8, function(job, i)
-    outcome_event(B, maxlen, now, 'failed', job, args[i + 4], args[i + 5], args[i + 6],
-      args[i + 7])
-    retire(B, job.id, any_blocked)
+  local any_blocked = call('EXISTS', B .. ':blocked') == 1
+  local keep = ends.count > 0 and ends.ms > 0
+  local ended = int(now)
+  local scored, done = {}, {}
+  local codes = each_leased(B, client, args, 8, 10, function(job, i)
+    local err = {name = args[i + 6], kind = args[i + 7], message = args[i + 8],
+      traceback = args[i + 9]}
+    local event = outcome_event(B, maxlen, ended, 'failed', job, args[i + 4], args[i + 5], err)
+    end_record(B, B .. ':active:' .. job.id, job.id, keep, true, {'error_name', err.name,
+      'error_kind', err.kind, 'error_message', err.message, 'traceback', err.traceback,
+      'error_at', ended})
+    scored[#scored + 1] = ended
+    scored[#scored + 1] = job.id
+    done[#done + 1] = job.id
+    done[#done + 1] = ending('failed', event, job.attempts, ends.host)
+    promote(B, job.id, any_blocked)
     schedule_ended(B, job.id, now, 'failed')
+    if ends.notify then
+      call('PUBLISH', B .. ':done:' .. job.id, 'failed')
+    end
     if F ~= nil then
       local fid = args[i + 2]
-      write_job(F .. ':job:' .. fid, {id = fid, data = args[i + 3], run_at = now,
-        retry_count = 0, stall_count = 0, timeout_count = 0})
-      redis.call('ZADD', F .. ':waiting', int(now), fid)
-      dispatched = true
+      new_record(F .. ':job:' .. fid, fid, args[i + 3], now, now)
+      call('ZADD', F .. ':waiting', int(now), fid)
     end
   end)
-  if dispatched then
-    redis.call('PUBLISH', F .. ':wake', int(now))
+  if F ~= nil and #scored > 0 then
+    call('PUBLISH', F .. ':wake', int(now))
   end
+  retain(B, 'failed', now, ends.count, ends.ms, scored, done)
+  tally(B, 'failed', now, #scored / 2)
   return codes
 end
 
@@ -967,11 +1430,11 @@ Its parked slots are cleared.
 local function leave(keys, args)
   local B = keys[1]
   local client = check_id(args[2], 'client id')
-  redis.call('HDEL', B .. ':parked', client)
-  local held = redis.call('HLEN', B .. ':lease:' .. client)
+  call('HDEL', B .. ':parked', client)
+  local held = call('HLEN', B .. ':lease:' .. client)
   if held == 0 then
-    redis.call('ZREM', B .. ':expiry', client)
-    redis.call('ZREM', B .. ':fresh', client)
+    call('ZREM', B .. ':expiry', client)
+    call('ZREM', B .. ':fresh', client)
   end
   return held
 end
@@ -989,8 +1452,8 @@ local function unpark(keys, args)
   local B = keys[1]
   local client = check_id(args[2], 'client id')
   local mark = check_id(args[3], 'mark')
-  local had = redis.call('HDEL', B .. ':parked', client)
-  return {had, redis.call('PUBLISH', B .. ':push:' .. client, mark)}
+  local had = call('HDEL', B .. ':parked', client)
+  return {had, call('PUBLISH', B .. ':push:' .. client, mark)}
 end
 
 -- ---------------------------------------------------------------- schedules
@@ -1014,9 +1477,9 @@ end
 -- The occurrence's state: 'active' (a blocked copy may wait behind it), 'waiting' (waiting or
 -- delayed), or '' when there is none.
 local function occurrence_state(B)
-  if redis.call('EXISTS', B .. ':active:' .. SCHEDULE_ID) == 1 then
+  if call('EXISTS', B .. ':active:' .. SCHEDULE_ID) == 1 then
     return 'active'
-  elseif redis.call('EXISTS', B .. ':job:' .. SCHEDULE_ID) == 1 then
+  elseif call('EXISTS', B .. ':job:' .. SCHEDULE_ID) == 1 then
     return 'waiting'
   end
   return ''
@@ -1066,11 +1529,11 @@ local function schedule(keys, args)
     invalid('create_at must be later than seen, got ' .. shown(args[4]))
   end
   local skey = B .. ':schedule'
-  local s = redis.call('HMGET', skey, 'fire_at', 'spec', 'last_fire_at', 'skipped')
+  local s = call('HMGET', skey, 'fire_at', 'spec', 'last_fire_at', 'skipped')
   local fire_at, last_fire_at = tonumber(s[1]), tonumber(s[3])
   local state = occurrence_state(B)
   local function reply(code)
-    local row = redis.call('HMGET', skey, 'fire_at', 'spec', 'last_fire_at')
+    local row = call('HMGET', skey, 'fire_at', 'spec', 'last_fire_at')
     return {code, row[1] or '', row[2] or '', row[3] or '', occurrence_state(B)}
   end
   if fire_at ~= seen then -- first: a caller that computed from an old fire time learns it
@@ -1094,12 +1557,16 @@ local function schedule(keys, args)
   if at == nil then
     return reply(0)
   end
-  write_job(jkey, {id = SCHEDULE_ID, data = fire_data(at), run_at = at, retry_count = 0,
-    stall_count = 0, timeout_count = 0})
-  redis.call('ZADD', B .. ':waiting', int(at), SCHEDULE_ID)
-  redis.call('HSET', skey, 'spec', spec, 'fire_at', int(at),
+  if state == '' then
+    new_record(jkey, SCHEDULE_ID, fire_data(at), at, now)
+  else
+    write_job(jkey, {id = SCHEDULE_ID, data = fire_data(at), run_at = at, retry_count = 0,
+      stall_count = 0, timeout_count = 0})
+  end
+  call('ZADD', B .. ':waiting', int(at), SCHEDULE_ID)
+  call('HSET', skey, 'spec', spec, 'fire_at', int(at),
     'skipped', int(math.min(MAX_COUNT, field_int(s[4], MAX_COUNT) + skipped)))
-  redis.call('PUBLISH', B .. ':wake', int(at))
+  call('PUBLISH', B .. ':wake', int(at))
   if state == '' then
     return reply(2)
   end
@@ -1108,56 +1575,255 @@ end
 
 -- ---------------------------------------------------------------- reads: no writes
 
---[[ queasy_get_job: one job's record and state (read-only).
+local HIDDEN = {token = true, u_data = true, u_run_at = true, u_reset = true, u_lo = true,
+  u_hi = true}
+-- number fields, read as the library reads them (field_int: garbage is 0); those marked
+-- false may also be '' (unknown)
+local NUMBERS = {run_at = true, retry_count = true, stall_count = true, timeout_count = true,
+  attempts = true, enqueued_at = true, leased_at = true, ended_at = true, error_at = true,
+  started_at = false, pid = false}
+
+-- The fields of record `key` as {field, value, ...}, without the lease token and the update
+-- fields of a blocked job (and without data unless `with_data`); nil when there is none.
+local function describe(key, with_data, ending_, id)
+  local flat = call('HGETALL', key)
+  local out, seen = {}, {}
+  if ending_ then -- the end of an ended job (B:ends), as separate fields, first
+    out[1], out[2], seen.id = 'id', id, true
+    local i = 0
+    for word in string.gmatch(ending_, '%S+') do
+      i = i + 1
+      if i > #END_FIELDS then
+        break
+      end
+      out[#out + 1] = END_FIELDS[i]
+      out[#out + 1] = word
+      seen[END_FIELDS[i]] = true
+    end
+    if i == #END_FIELDS then -- the host is the rest of the line (it may hold spaces)
+      out[#out] = string.match(ending_, '^' .. string.rep('%S+ ', #END_FIELDS - 1) .. '(.*)$')
+    end
+  elseif #flat == 0 then
+    return nil
+  end
+  for i = 1, #flat, 2 do
+    local name, value = flat[i], flat[i + 1]
+    if not HIDDEN[name] and not seen[name] and (with_data or name ~= 'data') then
+      out[#out + 1] = name
+      out[#out + 1] = value
+    end
+  end
+  for i = 1, #out, 2 do
+    local kind, value = NUMBERS[out[i]], out[i + 1]
+    if value == '-' then
+      out[i + 1] = ''
+    elseif kind or (kind == false and value ~= '') then
+      out[i + 1] = int(field_int(value, MAX_MS))
+    end
+  end
+  return out
+end
+
+local function lookup(fields, name)
+  for i = 1, #fields, 2 do
+    if fields[i] == name then
+      return fields[i + 1]
+    end
+  end
+  return nil
+end
+
+-- {state, fields} of the waiting, delayed or blocked record of `id`, or nil.
+local function queued(B, id, now, with_data)
+  local rec = describe(B .. ':job:' .. id, with_data)
+  if rec == nil then
+    return nil
+  end
+  if call('SISMEMBER', B .. ':blocked', id) == 1 then
+    return {'blocked', rec}
+  elseif field_int(lookup(rec, 'run_at'), MAX_MS) > now then
+    return {'delayed', rec}
+  end
+  return {'waiting', rec}
+end
+
+-- {state, fields} of an ended record `key` (its state field), or nil.
+local function ended(B, id, with_data)
+  local done = call('HGET', B .. ':ends', id)
+  if not end_state(done) then
+    return nil
+  end
+  return {end_state(done), describe(B .. ':ended:' .. id, with_data, done, id)}
+end
+
+--[[ queasy_get_job: one job's state and record (read-only).
 KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  id
-Returns: nil, or {state, id, data, run_at, retry_count, stall_count, timeout_count}:
-         the active record if there is one, else the waiting one.
-         state: 'active' | 'blocked' | 'waiting' | 'delayed'
+Returns: nil, or {state, {field, value, ...}}: the active record if there is one, else the
+         waiting one, else the record of its end while the retention keeps it.
+         state: 'active' | 'blocked' | 'waiting' | 'delayed' | 'finished' | 'failed' |
+         'cancelled'. Fields: those of the key layout (not the lease token, nor a blocked
+         job's update fields).
 ]]
 local function get_job(keys, args)
   local B = keys[1]
   local now = clock(args[1])
   local id = args[2]
-  local job = read_job(B .. ':active:' .. id)
-  local state = 'active'
-  if job == nil then
-    job = read_job(B .. ':job:' .. id)
-    if job == nil then
-      return nil
-    end
-    if redis.call('SISMEMBER', B .. ':blocked', id) == 1 then
-      state = 'blocked'
-    elseif job.run_at > now then
-      state = 'delayed'
-    else
-      state = 'waiting'
-    end
+  local rec = describe(B .. ':active:' .. id, true)
+  if rec ~= nil then
+    return {'active', rec}
   end
-  return {state, job.id, job.data, int(job.run_at), job.retry_count, job.stall_count,
-    job.timeout_count}
+  return queued(B, id, now, true) or ended(B, id, true)
 end
 
---[[ queasy_counts: jobs per state (read-only).
+--[[ queasy_jobs: one page of the jobs of a state (read-only: each call bounded; a listing
+of the whole queue is a loop of calls that hands on the cursor).
 KEYS[1]  B
 ARGV[1]  now (ms or '')
-Returns: {waiting, delayed, blocked, active}
+ARGV[2]  state: 'waiting' (ready now) | 'delayed' | 'blocked' | 'active' | 'finished' |
+         'failed' | 'cancelled'
+ARGV[3]  cursor: '0' for the first page, then the one the page before returned
+ARGV[4]  limit: jobs per page (1..MAX_PAGE; a blocked or active page may hold a few more)
+ARGV[5]  with data '1'|'0': include each record's data
+Returns: {next cursor ('0' after the last page), {state, {field, value, ...}}, ...}:
+         waiting and delayed by run_at, finished, failed and cancelled newest first, blocked
+         and active in scan order. A page may miss or repeat a job that changed state since
+         the page before.
+Refuses: an unknown state, a malformed cursor, a limit out of range.
+]]
+local function jobs(keys, args)
+  local B = keys[1]
+  local now = clock(args[1])
+  local state = args[2]
+  local cursor = args[3]
+  local limit = page(args[4], 'limit')
+  local with_data = flag(args[5], 'with data')
+  local out = {'0'}
+  if state == 'active' then
+    local i, c = string.match(cursor or '', '^(%d+)%.(%d+)$')
+    if cursor == '0' then
+      i, c = '1', '0'
+    elseif i == nil or #i > 15 or #c > 20 then
+      invalid('cursor of active jobs must be 0 or <n>.<n>, got ' .. shown(cursor))
+    end
+    i = tonumber(i)
+    local clients = call('ZRANGE', B .. ':expiry', 0, -1)
+    local calls = 0
+    while i <= #clients and #out - 1 < limit and calls < 10 do
+      calls = calls + 1
+      local scan = call('HSCAN', B .. ':lease:' .. clients[i], c, 'COUNT', limit)
+      for k = 1, #scan[2], 2 do
+        local rec = describe(B .. ':active:' .. scan[2][k], with_data)
+        if rec ~= nil then
+          out[#out + 1] = {'active', rec}
+        end
+      end
+      c = scan[1]
+      if c == '0' then
+        i = i + 1
+      end
+    end
+    if i <= #clients then
+      out[1] = int(i) .. '.' .. c
+    end
+    return out
+  end
+  local at = whole(cursor, 'cursor', MAX_MS)
+  if state == 'blocked' then
+    local scan = call('SSCAN', B .. ':blocked', cursor, 'COUNT', limit)
+    out[1] = scan[1]
+    for _, id in ipairs(scan[2]) do
+      local rec = describe(B .. ':job:' .. id, with_data)
+      if rec ~= nil then
+        out[#out + 1] = {'blocked', rec}
+      end
+    end
+    return out
+  end
+  local ids, total, from
+  if state == 'waiting' or state == 'delayed' then
+    local ready = call('ZCOUNT', B .. ':waiting', '-inf', int(now))
+    if state == 'waiting' then
+      from, total = 0, ready
+    else
+      from, total = ready, call('ZCARD', B .. ':waiting')
+    end
+    local first = from + at
+    ids = {}
+    if first < total then
+      ids = call('ZRANGE', B .. ':waiting', first, math.min(first + limit, total) - 1)
+    end
+    for _, id in ipairs(ids) do
+      local rec = describe(B .. ':job:' .. id, with_data)
+      if rec ~= nil then
+        out[#out + 1] = {state, rec}
+      end
+    end
+  elseif END_STATES[state] then
+    local zkey = B .. ':' .. state
+    from, total = 0, call('ZCARD', zkey)
+    ids = call('ZRANGE', zkey, at, at + limit - 1, 'REV')
+    for _, id in ipairs(ids) do
+      local rec = ended(B, id, with_data)
+      if rec ~= nil and rec[1] == state then -- an id that ended again since: not this state
+        out[#out + 1] = rec
+      end
+    end
+  else
+    invalid('state must be waiting, delayed, blocked, active, finished, failed or cancelled, '
+      .. 'got ' .. shown(state))
+  end
+  if from + at + #ids < total then
+    out[1] = int(at + #ids)
+  end
+  return out
+end
+
+--[[ queasy_counts: jobs per state, and how many ended (read-only).
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+Returns: {waiting, delayed, blocked, active, finished, failed, finished_last_minute,
+          failed_last_minute, finished_last_hour, failed_last_hour}: finished and failed are
+          totals since the last reset of B:stats; the last minute and hour are estimated from
+          per-minute counts (the oldest minute weighed by the part of it still in the window).
 ]]
 local function counts(keys, args)
   local B = keys[1]
-  local now = int(clock(args[1]))
+  local now = clock(args[1])
   -- every lease holder is in B:expiry (a swept client's leases are gone with it)
   local active = 0
-  for _, client in ipairs(redis.call('ZRANGE', B .. ':expiry', 0, -1)) do
-    active = active + redis.call('HLEN', B .. ':lease:' .. client)
+  for _, client in ipairs(call('ZRANGE', B .. ':expiry', 0, -1)) do
+    active = active + call('HLEN', B .. ':lease:' .. client)
   end
-  return {
-    redis.call('ZCOUNT', B .. ':waiting', '-inf', now),
-    redis.call('ZCOUNT', B .. ':waiting', '(' .. now, '+inf'),
-    redis.call('SCARD', B .. ':blocked'),
+  local out = {
+    call('ZCOUNT', B .. ':waiting', '-inf', int(now)),
+    call('ZCOUNT', B .. ':waiting', '(' .. int(now), '+inf'),
+    call('SCARD', B .. ':blocked'),
     active,
   }
+  local minute = math.floor(now / 60000)
+  local left = 1 - (now % 60000) / 60000 -- the part of the oldest minute still in the window
+  local windows = {}
+  for k, state in ipairs({'finished', 'failed'}) do
+    local names = {state}
+    for m = minute - 60, minute do
+      names[#names + 1] = state .. ':' .. int(m)
+    end
+    local v = call('HMGET', B .. ':stats', unpack(names))
+    out[#out + 1] = field_int(v[1], MAX_MS)
+    local hour = field_int(v[2], MAX_MS) * left
+    for j = 3, #v do
+      hour = hour + field_int(v[j], MAX_MS)
+    end
+    local last = field_int(v[#v], MAX_MS) + field_int(v[#v - 1], MAX_MS) * left
+    windows[k] = {math.floor(last + 0.5), math.floor(hour + 0.5)}
+  end
+  out[#out + 1] = windows[1][1]
+  out[#out + 1] = windows[2][1]
+  out[#out + 1] = windows[1][2]
+  out[#out + 1] = windows[2][2]
+  return out
 end
 
 --[[ queasy_leases: the jobs a client holds (read-only), to reconcile after a lost reply.
@@ -1167,7 +1833,7 @@ ARGV[2]  client id
 Returns: {id, token, id, token, ...}
 ]]
 local function leases(keys, args)
-  return redis.call('HGETALL', keys[1] .. ':lease:' .. args[2])
+  return call('HGETALL', keys[1] .. ':lease:' .. args[2])
 end
 
 --[[ queasy_schedule_info: a queue's schedule (read-only), for status.
@@ -1181,14 +1847,14 @@ Returns: nil when B has no schedule, else {spec, fire_at, state, last_fire_at, l
 local function schedule_info(keys, args)
   local B = keys[1]
   local now = clock(args[1])
-  local v = redis.call('HMGET', B .. ':schedule', 'spec', 'fire_at', 'last_fire_at',
+  local v = call('HMGET', B .. ':schedule', 'spec', 'fire_at', 'last_fire_at',
     'last_outcome', 'last_ended_at', 'skipped')
   if v[1] == false then
     return nil
   end
   local state = occurrence_state(B)
   if state == 'waiting'
-      and field_int(redis.call('HGET', B .. ':job:' .. SCHEDULE_ID, 'run_at'), MAX_MS) > now then
+      and field_int(call('HGET', B .. ':job:' .. SCHEDULE_ID, 'run_at'), MAX_MS) > now then
     state = 'delayed'
   end
   return {v[1], v[2] or '', state, v[3] or '', v[4] or '', v[5] or '', v[6] or '0'}
@@ -1213,26 +1879,38 @@ end
 
 -- ---------------------------------------------------------------- registration
 
-redis.register_function('queasy_dispatch', dispatch)
-redis.register_function('queasy_dispatch_once', dispatch_once)
-redis.register_function('queasy_cancel', cancel)
-redis.register_function('queasy_dequeue', dequeue)
-redis.register_function('queasy_finish', finish)
-redis.register_function('queasy_retry', retry)
-redis.register_function('queasy_fail', fail)
-redis.register_function('queasy_bump', bump)
-redis.register_function('queasy_leave', leave)
-redis.register_function('queasy_unpark', unpark)
-redis.register_function('queasy_schedule', schedule)
-redis.register_function{function_name = 'queasy_get_job', callback = get_job,
+-- An entry point as registered: `call` is redis.call while it runs.
+local function entry(fn)
+  return function(keys, args)
+    call, format = redis.call, string.format
+    return fn(keys, args)
+  end
+end
+
+redis.register_function('queasy_dispatch', entry(dispatch))
+redis.register_function('queasy_dispatch_once', entry(dispatch_once))
+redis.register_function('queasy_cancel', entry(cancel))
+redis.register_function('queasy_requeue', entry(requeue_failed))
+redis.register_function('queasy_purge', entry(purge))
+redis.register_function('queasy_dequeue', entry(dequeue))
+redis.register_function('queasy_finish', entry(finish))
+redis.register_function('queasy_retry', entry(retry))
+redis.register_function('queasy_fail', entry(fail))
+redis.register_function('queasy_bump', entry(bump))
+redis.register_function('queasy_leave', entry(leave))
+redis.register_function('queasy_unpark', entry(unpark))
+redis.register_function('queasy_schedule', entry(schedule))
+redis.register_function{function_name = 'queasy_get_job', callback = entry(get_job),
   flags = {'no-writes'}}
-redis.register_function{function_name = 'queasy_counts', callback = counts,
+redis.register_function{function_name = 'queasy_counts', callback = entry(counts),
   flags = {'no-writes'}}
-redis.register_function{function_name = 'queasy_leases', callback = leases,
+redis.register_function{function_name = 'queasy_jobs', callback = entry(jobs),
   flags = {'no-writes'}}
-redis.register_function{function_name = 'queasy_schedule_info', callback = schedule_info,
+redis.register_function{function_name = 'queasy_schedule_info', callback = entry(schedule_info),
   flags = {'no-writes'}}
-redis.register_function{function_name = 'queasy_version', callback = version,
+redis.register_function{function_name = 'queasy_leases', callback = entry(leases),
   flags = {'no-writes'}}
-redis.register_function{function_name = 'queasy_library', callback = library,
+redis.register_function{function_name = 'queasy_version', callback = entry(version),
+  flags = {'no-writes'}}
+redis.register_function{function_name = 'queasy_library', callback = entry(library),
   flags = {'no-writes'}}

@@ -12,18 +12,22 @@ and fail_queue; running handlers (listen/run) stays with the synchronous Client.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 
-from . import defaults, validate
+from . import defaults, records, validate
 from .errors import ConnectionFailed, InvalidInput
 from .job import JobInfo, ScheduleInfo
+from .operate import PAGE, RESULT_WAIT
 from .queue import QueueBase
 from .resolve import PathLike, Target, resolve
+from .store import events
 from .store.connection import from_url, mask_url
+from .store.keys import RegistryKeys
 from .store.library import handshake, lua_error, run_handshake_async
 
 log = logging.getLogger("queasy_py")
@@ -118,6 +122,12 @@ class AsyncQueue(QueueBase):
         except redis.ResponseError as exc:
             raise lua_error(exc) from None
 
+    async def _register(self) -> None:
+        if not self.registered:
+            await self.client.ready()
+            await self.client.redis.sadd(RegistryKeys(self.client.prefix).queues, self.name)
+            self.registered = True
+
     async def dispatch(
         self,
         data: Any,
@@ -131,6 +141,7 @@ class AsyncQueue(QueueBase):
         args = self._dispatch_args(
             data, id, run_at, delay, update_data, update_run_at, reset_counts
         )
+        await self._register()
         await self._fcall("queasy_dispatch", args)
         return args[4]
 
@@ -143,7 +154,7 @@ class AsyncQueue(QueueBase):
     ) -> list[str]:
         chunks, ids = self._dispatch_many_args(jobs, update_data, update_run_at, reset_counts)
         if chunks:
-            await self.client.ready()
+            await self._register()
             async with self.client.redis.pipeline(transaction=False) as pipe:
                 for args in chunks:
                     pipe.fcall("queasy_dispatch", 1, self.keys.base, *args)
@@ -172,3 +183,65 @@ class AsyncQueue(QueueBase):
         return self._counts(
             await self.client.redis.fcall_ro("queasy_counts", 1, self.keys.base, "")
         )
+
+    async def reset_totals(self) -> None:
+        await self.client.ready()
+        await self.client.redis.delete(self.keys.stats)
+
+    async def jobs(
+        self, state: str, cursor: str = "0", limit: int = 100, with_data: bool = False
+    ) -> tuple[list[JobInfo], str]:
+        args = self._jobs_args(state, cursor, limit, with_data)
+        await self.client.ready()
+        reply = await self.client.redis.fcall_ro("queasy_jobs", 1, self.keys.base, *args)
+        return records.page(self.name, reply)
+
+    async def requeue_failed(self, ids: Iterable[str] | None = None) -> int:
+        total = 0
+        if ids is not None:
+            for chunk in self._requeue_chunks(ids):
+                total += (await self._fcall("queasy_requeue", ["", "", PAGE, *chunk]))[0]
+            return total
+        cutoff = ""
+        while True:
+            done, cutoff, seen = await self._fcall("queasy_requeue", ["", cutoff, PAGE])
+            total += done
+            if seen < PAGE:
+                return total
+
+    async def purge(self, state: str) -> int:
+        total = 0
+        for name in self._purged(state):
+            bound = None
+            while True:
+                removed, left = await self._fcall("queasy_purge", ["", name, PAGE])
+                total += removed
+                bound = removed + left if bound is None else bound - removed
+                if removed < PAGE or bound <= 0:
+                    break
+        return total
+
+    async def result(self, job_id: str, timeout: float | None = None) -> Any:
+        """Like Queue.result: woken by the job's end, never polling."""
+        validate.job_id(job_id)
+        deadline = self._deadline(timeout)
+        await self.client.ready()
+        pubsub = self.client.redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(self.keys.done(job_id))
+            while True:
+                done, value = records.outcome(await self.get_job(job_id), job_id, self.name)
+                if done:
+                    return value
+                left = RESULT_WAIT if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise self._timed_out(job_id, timeout)
+                await pubsub.get_message(timeout=min(left, RESULT_WAIT))
+        finally:
+            await pubsub.aclose()
+
+    async def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
+        low, high, count = events.range_args(self.keys.events, after, count)
+        await self.client.ready()
+        entries = await self.client.redis.xrange(self.keys.events, low, high, count=count)
+        return events.parse_entries(entries)

@@ -6,6 +6,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import redis
 
 from . import defaults
@@ -16,7 +17,7 @@ from .resolve import PathLike, Target, resolve
 from .store import fields
 from .store.calls import FastCall
 from .store.connection import mask_url, new_client_id, producer_client, wait_reachable
-from .store.keys import schedule_pattern, schedule_queue
+from .store.keys import RegistryKeys, schedule_pattern, schedule_queue
 from .store.library import ensure_loaded
 
 if TYPE_CHECKING:
@@ -122,6 +123,31 @@ class Client:
                 f"it cannot also be the fail queue of {tag!r}"
             )
         return queue
+
+    def queues(self) -> list[str]:
+        """The names of the queues that exist under this prefix: dispatched to (by a
+        queasy_py client) or listened on, sorted."""
+        names = self.redis.smembers(RegistryKeys(self.prefix).queues)
+        return sorted(n.decode() if isinstance(n, bytes) else n for n in names)
+
+    def supervisors(self) -> list[dict[str, Any]]:
+        """The live supervisors of this prefix, as each published itself with its last
+        heartbeat: id (client id), host, pid, started_at, queues, workers (pids), units,
+        free_units, jobs ([{queue, id, worker_pid, started_at, timed_out}]), stopping,
+        beat_at and expires_at (epoch seconds; beat_at and expires_at on the server's
+        clock). Sorted by host, then pid."""
+        seconds, micros = self.redis.time()
+        now = seconds + micros / 1e6
+        live = []
+        for raw in self.redis.hgetall(RegistryKeys(self.prefix).supervisors).values():
+            try:
+                entry = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue
+            expires = entry.get("expires_at") if isinstance(entry, dict) else None
+            if isinstance(expires, int | float) and expires >= now:
+                live.append(entry)
+        return sorted(live, key=lambda e: (str(e.get("host")), e.get("pid") or 0))
 
     def schedules(self) -> dict[str, ScheduleInfo]:
         """The schedule of every queue (under this client's prefix) that has one, by queue

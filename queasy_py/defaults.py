@@ -13,6 +13,16 @@ FAIL_QUEUE_SUFFIX = "-fail"
 MAX_PAYLOAD_BYTES = 1024 * 1024
 #: entries kept in a queue's outcome-event stream (approximate MAXLEN; 0 turns events off)
 EVENTS_MAXLEN = 100_000
+#: records of ended jobs kept per queue and state (get_job, jobs(), result()): the newest
+#: `count`, for at most `seconds` (a count of 0 keeps none). Finished records hold the data
+#: (and a stored result), failed ones the data and the error with its traceback
+KEEP_FINISHED: dict[str, Any] = {"count": 1000, "seconds": 3600.0}
+KEEP_FAILED: dict[str, Any] = {"count": 1000, "seconds": 604800.0}
+#: cancelled records (Queue.cancel keeps them; a producer has no listen() options)
+KEEP_CANCELLED: dict[str, Any] = KEEP_FINISHED
+#: bytes of a handler's traceback a worker keeps (its end), and of that an event keeps
+TRACEBACK_BYTES = 8192
+EVENT_TRACEBACK_BYTES = 1024
 #: attempts and first backoff (seconds, doubling) when connecting to Redis
 CONNECT_ATTEMPTS = 3
 CONNECT_BACKOFF = 0.2
@@ -72,6 +82,9 @@ LISTEN: dict[str, Any] = {
     "fail_handler": None,
     "fail_options": None,
     "events_maxlen": EVENTS_MAXLEN,
+    "keep_finished": KEEP_FINISHED,
+    "keep_failed": KEEP_FAILED,
+    "store_results": False,
     "schedule": None,  # a cron expression: 5 fields, or 6 with seconds first
     "schedule_every": None,  # seconds between fire times (from the epoch), instead of cron
     "timezone": "UTC",  # of the cron expression (an IANA name)

@@ -31,6 +31,24 @@ class HandlerError(QueasyError):
     """A handler module path does not import, or its module has no callable `handle`."""
 
 
+class JobNotFound(QueasyError, LookupError):
+    """No job with that id is waiting, running, or kept as ended (see keep_finished)."""
+
+
+class JobFailed(QueasyError):
+    """Queue.result(): the job failed for good (or was cancelled). `job` is its JobInfo,
+    `error` its error: {"name", "kind", "message", "traceback", "at"}."""
+
+    def __init__(self, message: str, job: object = None, error: dict | None = None) -> None:
+        super().__init__(message)
+        self.job = job
+        self.error = error or {}
+
+
+class ResultTimeout(QueasyError, TimeoutError):
+    """Queue.result(): the job had not ended when the timeout passed."""
+
+
 class PermanentError(QueasyError):
     """Raised by a handler to fail its job at once: no retries, straight to the fail handler."""
 

@@ -26,6 +26,24 @@ def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
     return value
 
 
+def _keep(name: str, value: Any, default: dict[str, Any]) -> tuple[int, float]:
+    """A retention: {"count": int >= 0, "seconds": >= 0} (a missing key: its default)."""
+    if not isinstance(value, dict):
+        raise InvalidInput(f'{name} must be a dict {{"count": n, "seconds": s}}, not {value!r}')
+    unknown = set(value) - {"count", "seconds"}
+    if unknown:
+        raise InvalidInput(f"{name} has unknown key(s) {sorted(unknown)}: count, seconds")
+    merged = {**default, **value}
+    count = _int(f"{name}['count']", merged["count"], 0, 10**12 - 1)
+    return count, _seconds(f"{name}['seconds']", merged["seconds"])
+
+
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{name} must be True or False, not {value!r}")
+    return value
+
+
 def _seconds(name: str, value: Any, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         raise InvalidInput(f"{name} must be a number of seconds, not {value!r}")
@@ -51,6 +69,10 @@ class ListenOptions:
     fail_handler: str | None
     fail_options: dict[str, Any] = field(default_factory=dict)
     events_maxlen: int = defaults.EVENTS_MAXLEN
+    #: records of ended jobs kept: (count, seconds)
+    keep_finished: tuple[int, float] = tuple(defaults.KEEP_FINISHED.values())  # type: ignore[assignment]
+    keep_failed: tuple[int, float] = tuple(defaults.KEEP_FAILED.values())  # type: ignore[assignment]
+    store_results: bool = False
     schedule: str | None = None
     schedule_every: float | None = None
     timezone: str = defaults.LISTEN["timezone"]
@@ -83,6 +105,9 @@ class ListenOptions:
             fail_handler=o["fail_handler"],
             fail_options=dict(fail_options),
             events_maxlen=_int("events_maxlen", o["events_maxlen"], 0),
+            keep_finished=_keep("keep_finished", o["keep_finished"], defaults.KEEP_FINISHED),
+            keep_failed=_keep("keep_failed", o["keep_failed"], defaults.KEEP_FAILED),
+            store_results=_bool("store_results", o["store_results"]),
             **_schedule(queue, o),
         )
         if spec.min_backoff > spec.max_backoff:

@@ -1,4 +1,5 @@
-"""The producer API of one queue: dispatch, cancel, get_job, counts (and listen)."""
+"""The producer API of one queue: dispatch, cancel, get_job, counts, result (and listen),
+and what operators need: jobs by state, requeue of failed jobs, purge, the outcome events."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import orjson
 import redis
 
-from . import defaults, validate
+from . import defaults, records, validate
 from .errors import InvalidInput
 from .job import JobInfo, ScheduleInfo
+from .operate import Operate, OperateArgs
 from .store import fields
-from .store.keys import QueueKeys
+from .store.keys import QueueKeys, RegistryKeys
 from .store.library import Dispatched, fcall, lua_error
 
 if TYPE_CHECKING:
@@ -65,13 +66,14 @@ def new_job_id() -> str:
     return os.urandom(16).hex()
 
 
-class QueueBase:
+class QueueBase(OperateArgs):
     """Validation, FCALL arguments and reply parsing shared by Queue and aio.AsyncQueue."""
 
     def __init__(self, client: Any, name: str, tag: str | None = None) -> None:
         self.client = client
         self.name = validate.queue_name(name)
         self.keys = QueueKeys(client.prefix, self.name, tag or self.name)
+        self.registered = False  # its name is in the registry of queues (Client.queues)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -147,24 +149,12 @@ class QueueBase:
         return max(1, round(dedup_window * 1000))
 
     def _cancel_args(self, job_id: str) -> list:
-        return ["", defaults.EVENTS_MAXLEN, validate.job_id(job_id)]
+        keep = defaults.KEEP_CANCELLED
+        keep_ms = int(keep["seconds"] * 1000)
+        return ["", defaults.EVENTS_MAXLEN, validate.job_id(job_id), keep["count"], keep_ms]
 
     def _job_info(self, row: list | None) -> JobInfo | None:
-        if row is None:
-            return None
-        state, jid, data, run_at, retries, stalls, timeouts = row
-        # numbers through store.fields: Lua writes large ones in exponent form ('2.5e+14'),
-        # and a field written by hand may hold anything (read as 0, never an exception)
-        return JobInfo(
-            id=fields.text(jid),
-            queue=self.name,
-            data=orjson.loads(data),
-            state=fields.text(state),  # type: ignore[arg-type]
-            run_at=fields.ms_to_seconds(run_at, 0.0),
-            retry_count=fields.to_int(retries, 0),
-            stall_count=fields.to_int(stalls, 0),
-            timeout_count=fields.to_int(timeouts, 0),
-        )
+        return records.job_info(self.name, row)
 
     def _schedule_info(self, row: list | None) -> ScheduleInfo | None:
         if row is None:
@@ -189,11 +179,10 @@ class QueueBase:
 
     @staticmethod
     def _counts(row: list) -> dict[str, int]:
-        values = (fields.to_int(value, 0) for value in row)
-        return dict(zip(("waiting", "delayed", "blocked", "active"), values, strict=True))
+        return records.counts(row)
 
 
-class Queue(QueueBase):
+class Queue(QueueBase, Operate):
     """A named queue. Get one with Client.queue(name)."""
 
     client: Client
@@ -218,6 +207,7 @@ class Queue(QueueBase):
         args = self._dispatch_args(
             data, id, run_at, delay, update_data, update_run_at, reset_counts
         )
+        self._register()
         try:
             self.client.fastcall("queasy_dispatch", [self.keys.base], args)
         except redis.ResponseError as exc:
@@ -234,6 +224,7 @@ class Queue(QueueBase):
         """Dispatch many jobs in pipelined batches. Every job is checked before any is sent."""
         chunks, ids = self._dispatch_many_args(jobs, update_data, update_run_at, reset_counts)
         if chunks:
+            self._register()
             with self.client.redis.pipeline(transaction=False) as pipe:
                 for args in chunks:
                     fcall(pipe, "queasy_dispatch", [self.keys.base], args)
@@ -242,6 +233,12 @@ class Queue(QueueBase):
                 except redis.ResponseError as exc:
                     raise lua_error(exc) from None
         return ids
+
+    def _register(self) -> None:
+        """Put this queue's name in the registry (Client.queues), once per Queue object."""
+        if not self.registered:
+            self.client.redis.sadd(RegistryKeys(self.client.prefix).queues, self.name)
+            self.registered = True
 
     def dispatch_batch(
         self,
@@ -289,14 +286,18 @@ class Queue(QueueBase):
             raise lua_error(exc) from None
 
     def get_job(self, job_id: str) -> JobInfo | None:
-        """The active job with this id, else the waiting (or delayed/blocked) one, else None."""
+        """The active job with this id, else the waiting (or delayed/blocked) one, else the
+        record of its end (finished, failed, cancelled) while it is kept; else None."""
         validate.job_id(job_id)
         return self._job_info(
             self.client.redis.fcall_ro("queasy_get_job", 1, self.keys.base, "", job_id)
         )
 
     def counts(self) -> dict[str, int]:
-        """Jobs per state: {"waiting", "delayed", "blocked", "active"}."""
+        """Jobs per state {"waiting", "delayed", "blocked", "active"}, the totals of
+        "finished" and "failed" since reset_totals(), and those of the last minute and hour
+        ("finished_last_minute", "failed_last_minute", "finished_last_hour",
+        "failed_last_hour"; the last minute's is the per-minute rate)."""
         return self._counts(self.client.redis.fcall_ro("queasy_counts", 1, self.keys.base, ""))
 
     def schedule_info(self) -> ScheduleInfo | None:

@@ -44,43 +44,44 @@ def job_id(value: object) -> str:
     return value
 
 
-def _check_json(value: object, path: str, depth: int = 0) -> None:
+def _check_json(value: object, path: str, depth: int = 0, what: str = "job data") -> None:
     kind = type(value)
     if kind is str or kind is int or kind is bool or value is None:
         return
     if depth >= MAX_DEPTH and (kind is dict or kind is list or kind is tuple):
         # also what stops a list that contains itself (a RecursionError before)
-        raise InvalidInput(f"job data is nested deeper than {MAX_DEPTH} levels (at {path[:60]}...)")
+        raise InvalidInput(f"{what} is nested deeper than {MAX_DEPTH} levels (at {path[:60]}...)")
     if kind is float:
         if not math.isfinite(value):  # type: ignore[arg-type]
-            raise InvalidInput(f"job data at {path} is {value}, which JSON cannot hold")
+            raise InvalidInput(f"{what} at {path} is {value}, which JSON cannot hold")
         return
     if kind is dict:
         for key, item in value.items():  # type: ignore[attr-defined]
             if type(key) is not str:
-                raise InvalidInput(f"job data at {path} has a non-str key {key!r}")
-            _check_json(item, f"{path}.{key}", depth + 1)
+                raise InvalidInput(f"{what} at {path} has a non-str key {key!r}")
+            _check_json(item, f"{path}.{key}", depth + 1, what)
         return
     if kind is list or kind is tuple:
         for index, item in enumerate(value):  # type: ignore[arg-type]
-            _check_json(item, f"{path}[{index}]", depth + 1)
+            _check_json(item, f"{path}[{index}]", depth + 1, what)
         return
     raise InvalidInput(
-        f"job data at {path} is a {kind.__name__}; only JSON values are accepted "
+        f"{what} at {path} is a {kind.__name__}; only JSON values are accepted "
         "(dict with str keys, list, str, int, finite float, bool, None)"
     )
 
 
-def encode_data(data: object, max_bytes: int) -> bytes:
-    """JSON-encode job data, rejecting anything JSON cannot round-trip and oversized data."""
-    _check_json(data, "$")
+def encode_data(data: object, max_bytes: int, what: str = "job data") -> bytes:
+    """JSON-encode job data (or, `what`, a handler's result), rejecting anything JSON cannot
+    round-trip and oversized data."""
+    _check_json(data, "$", 0, what)
     try:
         encoded = orjson.dumps(data)
     except orjson.JSONEncodeError as exc:  # ints over 64 bits, lone surrogates, deep nesting
-        raise InvalidInput(f"job data cannot be encoded as JSON: {exc}") from None
+        raise InvalidInput(f"{what} cannot be encoded as JSON: {exc}") from None
     if len(encoded) > max_bytes:
         raise InvalidInput(
-            f"job data is {len(encoded)} bytes encoded, over the limit of {max_bytes} bytes"
+            f"{what} is {len(encoded)} bytes encoded, over the limit of {max_bytes} bytes"
         )
     return encoded
 

@@ -17,8 +17,23 @@ from queasy_py.store.keys import QueueKeys
 NOW = 1_700_000_000_000  # ms: the tests' clock
 EXPIRY = 10_000  # ms a client stays alive after a dequeue or bump
 MAXLEN = 1000  # events kept per queue
+KEEP = (100, 3_600_000)  # records of ended jobs kept: count, ms
+HOST = "test-host"
 
 JOB_COUNTS = ("retry_count", "stall_count", "timeout_count")
+#: the values of queasy_counts, in order
+COUNTS = (
+    "waiting",
+    "delayed",
+    "blocked",
+    "active",
+    "finished",
+    "failed",
+    "finished_last_minute",
+    "failed_last_minute",
+    "finished_last_hour",
+    "failed_last_hour",
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,11 @@ class Checkout:
     @property
     def ids(self) -> list[str]:
         return [job.id for job in self.jobs]
+
+
+def live(counts: dict[str, int]) -> dict[str, int]:
+    """The jobs per live state of a counts() dict (waiting, delayed, blocked, active)."""
+    return {k: v for k, v in counts.items() if k in COUNTS[:4]}
 
 
 class Lua:
@@ -94,21 +114,49 @@ class Lua:
         """Dispatch one job; returns its code."""
         return self.dispatch((id, data, run_at), **flags)[0]
 
-    def cancel(self, id: str, now: int = NOW, maxlen: int = MAXLEN) -> int:
-        return self.call("queasy_cancel", [self.B], now, maxlen, id)
+    def cancel(
+        self, id: str, now: int = NOW, maxlen: int = MAXLEN, keep: tuple[int, int] = KEEP
+    ) -> int:
+        return self.call("queasy_cancel", [self.B], now, maxlen, id, *keep)
 
-    def get_job(self, id: str, now: int = NOW, base: str | None = None) -> dict[str, Any] | None:
+    def record(self, id: str, now: int = NOW, base: str | None = None) -> dict[str, Any] | None:
+        """queasy_get_job as {"state": ..., **the record's fields} (strings), or None."""
         row = self.call("queasy_get_job", [base or self.B], now, id)
         if row is None:
             return None
-        state, jid, data, run_at, *counts = row
-        return {"state": state, "id": jid, "data": data, "run_at": int(run_at)} | dict(
-            zip(JOB_COUNTS, counts, strict=True)
-        )
+        state, flat = row
+        return {"state": state, **dict(zip(flat[0::2], flat[1::2], strict=True))}
+
+    def get_job(self, id: str, now: int = NOW, base: str | None = None) -> dict[str, Any] | None:
+        """The state, id, data, run_at and counts of job `id` (ints), or None."""
+        rec = self.record(id, now, base)
+        if rec is None:
+            return None
+        out = {"state": rec["state"], "id": rec["id"], "data": rec.get("data")}
+        out["run_at"] = int(rec["run_at"])
+        return out | {name: int(rec[name]) for name in JOB_COUNTS}
 
     def counts(self, now: int = NOW, base: str | None = None) -> dict[str, int]:
+        """The live states only (COUNTS[:4]); all of queasy_counts: counts_all()."""
+        return {k: v for k, v in self.counts_all(now, base).items() if k in COUNTS[:4]}
+
+    def counts_all(self, now: int = NOW, base: str | None = None) -> dict[str, int]:
         row = self.call("queasy_counts", [base or self.B], now)
-        return dict(zip(("waiting", "delayed", "blocked", "active"), row, strict=True))
+        return dict(zip(COUNTS, row, strict=True))
+
+    def jobs(
+        self, state: str, cursor: str = "0", limit: int = 10, now: int = NOW, data: bool = False
+    ) -> tuple[str, list[tuple[str, dict[str, str]]]]:
+        """One page of queasy_jobs: (next cursor, [(state, fields), ...])."""
+        row = self.call("queasy_jobs", [self.B], now, state, cursor, limit, int(data))
+        pages = [(st, dict(zip(flat[0::2], flat[1::2], strict=True))) for st, flat in row[1:]]
+        return row[0], pages
+
+    def requeue(self, *ids: str, now: int = NOW, cutoff: Any = "", limit: int = 100) -> list[int]:
+        return self.call("queasy_requeue", [self.B], now, cutoff, limit, *ids)
+
+    def purge(self, state: str, limit: int = 100, now: int = NOW) -> int:
+        return self.call("queasy_purge", [self.B], now, state, limit)
 
     # ---------------------------------------------------------------- consumer side
 
@@ -152,10 +200,19 @@ class Lua:
         return {k: int(v) for k, v in self.r.hgetall(self.B + ":parked").items()}
 
     def finish(
-        self, client: str, job: Leased, now: int = NOW, token: str | None = None, pid: str = "42"
+        self,
+        client: str,
+        job: Leased,
+        now: int = NOW,
+        token: str | None = None,
+        pid: str = "42",
+        result: str = "",
+        keep: tuple[int, int] = KEEP,
+        notify: bool = False,
     ) -> int:
-        args = [job.id, token or job.token, pid, now - 5]
-        return self.call("queasy_finish", [self.B], now, client, MAXLEN, *args)[0]
+        head = [now, client, MAXLEN, *keep, HOST, int(notify)]
+        args = [job.id, token or job.token, pid, now - 5, result]
+        return self.call("queasy_finish", [self.B], *head, *args)[0]
 
     def retry(
         self,
@@ -165,8 +222,11 @@ class Lua:
         kind: str = "retry",
         now: int = NOW,
         token: str | None = None,
+        message: str = "bad value",
+        traceback: str = "Traceback ...\nValueError: bad value\n",
     ) -> int:
         args = [job.id, token or job.token, run_at, kind, "42", now - 5, "ValueError"]
+        args += [message, traceback]
         return self.call("queasy_retry", [self.B], now, client, MAXLEN, *args)[0]
 
     def fail(
@@ -178,11 +238,17 @@ class Lua:
         now: int = NOW,
         token: str | None = None,
         with_fail_queue: bool = True,
+        keep: tuple[int, int] = KEEP,
+        notify: bool = False,
+        message: str = "no such key",
+        traceback: str = "Traceback ...\nKeyError: no such key\n",
     ) -> int:
         keys = [self.B, self.F] if with_fail_queue else [self.B]
         data = fail_data if with_fail_queue else ""
+        head = [now, client, MAXLEN, *keep, HOST, int(notify)]
         args = [job.id, token or job.token, fail_id, data, "42", now - 5, "KeyError", "permanent"]
-        return self.call("queasy_fail", keys, now, client, MAXLEN, *args)[0]
+        args += [message, traceback]
+        return self.call("queasy_fail", keys, *head, *args)[0]
 
     # ---------------------------------------------------------------- inspection
 
@@ -221,6 +287,9 @@ EVENT_FIELDS = {
     "timeout_count",
     "error_name",
     "error_kind",
+    "error_message",
+    "traceback",
+    "enqueued_at",
 }
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +33,8 @@ from queasy_py import Client, Queue
 from queasy_py.store.keys import QueueKeys
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the start of a line of a supervisor's log (tests/supervisor_main.py's format)
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (supervisor|worker)\[")
 T = TypeVar("T")
 
 #: supervisor settings of the tests (fast heartbeats), unless a test overrides them
@@ -115,6 +118,19 @@ class Supervisor:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def log_without_job_tracebacks(self) -> str:
+        """The log less the handlers' tracebacks it quotes on purpose (a job failed for good
+        at ERROR, a retry's at DEBUG): what is left holds a traceback only if something of
+        queasy itself raised."""
+        kept, quoting = [], False
+        for line in self.log().splitlines():
+            if LOG_LINE.match(line):
+                quoting = "failed for good (attempt" in line or "traceback of job" in line
+            elif quoting:
+                continue
+            kept.append(line)
+        return "\n".join(kept)
 
     def workers(self) -> set[int]:
         """Pids of its live worker processes."""

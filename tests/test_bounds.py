@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import redis
-from lua_calls import snapshot
+from lua_calls import live, snapshot
 
 from queasy_py import Client, InvalidInput, Queue
 from queasy_py.aio import AsyncClient
@@ -119,7 +119,7 @@ def test_the_bounds_themselves_are_accepted(q: Queue) -> None:
     assert q.get_job("epoch").run_at == 0  # type: ignore[union-attr]
     assert q.get_job("last").run_at == MAX_RUN_AT  # type: ignore[union-attr]
     assert q.get_job("dt").run_at == MAX_RUN_AT  # type: ignore[union-attr]
-    assert q.counts() == {"waiting": 1, "delayed": 3, "blocked": 0, "active": 0}
+    assert live(q.counts()) == {"waiting": 1, "delayed": 3, "blocked": 0, "active": 0}
 
 
 def test_the_async_client_bounds_times_too(redis_url: str, prefix: str) -> None:

@@ -42,7 +42,7 @@ def test_readme_tables_quote_the_defaults(marker: str, source: dict) -> None:
     ["PREFIX", "FAIL_QUEUE_SUFFIX", "MAX_PAYLOAD_BYTES", "CONNECT_ATTEMPTS", "CONNECT_BACKOFF",
      "RUN_CONNECT_TIMEOUT", "WORKER_UNITS", "LOOP_REDIS_TIMEOUT", "WORKER_START_TIMEOUT",
      "WORKER_START_FAILURES", "DATA_DIR_ENV", "STATE_DIR_NAME", "KEEPER_POLL_INTERVAL",
-     "EMBEDDED_START_TIMEOUT", "DEDUP_WINDOW"],
+     "EMBEDDED_START_TIMEOUT", "DEDUP_WINDOW", "TRACEBACK_BYTES", "EVENT_TRACEBACK_BYTES"],
 )
 def test_readme_quotes_the_constants(name: str) -> None:
     value = getattr(defaults, name)
@@ -54,3 +54,9 @@ def test_readme_lists_every_exit_code() -> None:
     codes = {k: v for k, v in vars(exitcodes).items() if k.isupper()}
     for name, value in codes.items():
         assert f"| {value} | `{name}` |" in README, name
+
+
+def test_the_library_keeps_the_event_traceback_length_of_the_defaults() -> None:
+    """lua/queasy.lua cuts an event's traceback itself: its constant is the default's."""
+    lua = (Path(__file__).resolve().parent.parent / "lua" / "queasy.lua").read_text()
+    assert f"local EVENT_TRACEBACK = {defaults.EVENT_TRACEBACK_BYTES} " in lua

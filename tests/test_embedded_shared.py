@@ -22,6 +22,7 @@ from typing import IO, Any
 import psutil
 import pytest
 import redis
+from lua_calls import live
 
 from queasy_py import Client, defaults
 from queasy_py.resolve import data_dir_for, resolve
@@ -137,8 +138,9 @@ class Project:
             return []
 
     def counts(self, url: str) -> dict[str, int]:
+        """The jobs per live state (not the totals of ended ones)."""
         with Client(url, workers=0) as client:
-            return client.queue("q").counts()
+            return live(client.queue("q").counts())
 
     def assert_gone(self, info: dict[str, Any], timeout: float = 15.0) -> None:
         """No server process and no keeper of `info` is left (bounded wait)."""

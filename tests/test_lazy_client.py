@@ -107,7 +107,7 @@ def test_async_fail_queue_is_the_sync_fail_queue(redis_url: str, prefix: str) ->
         assert info is not None and info.data == ["data", {"id": "j1", "queue": "emails"}, {}]
         assert counts["waiting"] == 1
         assert cancelled is True
-        assert sync_fail.get_job("f1") is None
+        assert sync_fail.get_job("f1").state == "cancelled"  # type: ignore[union-attr]
         f2 = sync_fail.get_job("f2")
         assert f2 is not None and f2.queue == "emails-fail" and f2.state == "waiting"
 

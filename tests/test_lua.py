@@ -252,7 +252,8 @@ def blocked_job(lua: Lua) -> None:
 def test_cancel_removes_a_waiting_or_delayed_job(lua: Lua, setup: Callable) -> None:
     setup(lua)
     assert lua.cancel("a") == 1
-    assert lua.get_job("a") is None
+    assert job_state(lua, "a") == "cancelled"  # its record is kept for the retention
+    assert lua.cancel("a") == 0
     assert lua.counts(now=LATER) == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
     assert lua.dequeue(now=LATER).jobs == []
 
@@ -269,7 +270,8 @@ def test_cancelled_blocked_job_is_not_promoted_on_finish(lua: Lua) -> None:
     lua.add("a", '"blocked"')
     lua.cancel("a")
     lua.finish("c1", active)
-    assert lua.get_job("a") is None
+    assert job_state(lua, "a") == "finished"  # the active job's end, nothing promoted
+    assert lua.counts() == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
 
 
 def test_cancel_never_touches_an_active_job(lua: Lua, r: redis.Redis, prefix: str) -> None:
@@ -341,7 +343,7 @@ def test_an_active_job_is_not_dequeued_again(lua: Lua) -> None:
 
 def test_finish_removes_the_job(lua: Lua) -> None:
     assert lua.finish("c1", lua.take("a")) == Ack.OK
-    assert lua.get_job("a") is None
+    assert job_state(lua, "a") == "finished"
     assert lua.counts() == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
 
 
@@ -414,7 +416,7 @@ def test_retried_job_is_dequeued_again_at_its_run_at(lua: Lua) -> None:
 def test_fail_dispatches_the_fail_job_atomically(lua: Lua) -> None:
     job = lua.take("a")
     assert lua.fail("c1", job, fail_id="f1", fail_data='["x", {"id": "a"}]', now=LATER) == Ack.OK
-    assert lua.get_job("a") is None
+    assert job_state(lua, "a") == "failed"
     assert lua.counts() == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
     fail_job = lua.get_job("f1", now=LATER, base=lua.F)
     assert fail_job == {
@@ -430,7 +432,7 @@ def test_fail_dispatches_the_fail_job_atomically(lua: Lua) -> None:
 
 def test_fail_without_a_fail_queue_only_ends_the_job(lua: Lua) -> None:
     assert lua.fail("c1", lua.take("a"), with_fail_queue=False) == Ack.OK
-    assert lua.get_job("a") is None
+    assert job_state(lua, "a") == "failed"
     assert lua.counts(base=lua.F) == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
 
 

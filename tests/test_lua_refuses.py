@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from lua_calls import EXPIRY, NOW, Lua, snapshot
+from lua_calls import EXPIRY, KEEP, NOW, Lua, live, snapshot
 
 from queasy_py import Client
 from queasy_py.aio import AsyncClient
@@ -123,9 +123,9 @@ def test_retry_refuses_a_bad_run_at_before_any_write(
     first = lua.take("a", client="c1")
     second = lua.take("b", client="c1")
     before = snapshot(r, prefix)
-    groups = [first.id, first.token, NOW, "retry", "42", NOW - 5, "E"]
-    groups += [second.id, second.token, run_at, "retry", "42", NOW - 5, "E"]
-    refused(lua.call, "queasy_retry", [lua.B], NOW, "c1", 100, *groups)
+    groups = [first.id, first.token, NOW, "retry", "42", NOW - 5, "E", "m", "tb"]
+    groups += [second.id, second.token, run_at, "retry", "42", NOW - 5, "E", "m", "tb"]
+    assert "retry run_at" in refused(lua.call, "queasy_retry", [lua.B], NOW, "c1", 100, *groups)
     assert snapshot(r, prefix) == before
 
 
@@ -136,7 +136,10 @@ def test_acks_refuse_a_pid_or_started_at_that_is_not_an_integer(
     job = lua.take("a", client="c1")
     before = snapshot(r, prefix)
     pid, started = ("4.2", NOW) if field == "pid" else ("42", "1e12")
-    refused(lua.call, "queasy_finish", [lua.B], NOW, "c1", 100, job.id, job.token, pid, started)
+    head = [NOW, "c1", 100, *KEEP, "h", 0]
+    group = [job.id, job.token, pid, started, ""]
+    message = refused(lua.call, "queasy_finish", [lua.B], *head, *group)
+    assert ("worker pid" if field == "pid" else "started_at") in message
     assert snapshot(r, prefix) == before
     assert lua.finish("c1", job) == Ack.OK
 
@@ -146,7 +149,7 @@ def test_public_api_turns_a_refused_time_into_invalid_input(redis_url: str, pref
         q = client.queue("q")
         with pytest.raises(InvalidInput, match="run_at"):
             q.dispatch({}, run_at=1e17)  # epoch seconds: 1e20 ms
-        assert q.counts() == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
+        assert live(q.counts()) == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
 
 
 # ---------------------------------------------------------------- data
@@ -178,7 +181,7 @@ def test_async_public_api_turns_refused_data_into_invalid_input(
             q = client.queue("q")
             with pytest.raises(InvalidInput, match="run_at"):
                 await q.dispatch({}, run_at=1e17)
-            assert await q.counts() == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
+            assert live(await q.counts()) == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
 
     asyncio.run(main())
 
@@ -266,7 +269,9 @@ def test_a_bad_job_late_in_a_batch_writes_none_of_it(
 
 def test_a_partial_triple_is_refused(lua: Lua, r: redis.Redis, prefix: str, before: dict) -> None:
     refused(lua.call, "queasy_dispatch", [lua.B], NOW, 1, "replace", 1, "new", '"x"', NOW, "b")
-    refused(lua.call, "queasy_finish", [lua.B], NOW, "c1", 100, "act", "tok", "42")
+    head = [NOW, "c1", 100, *KEEP, "h", 0]
+    message = refused(lua.call, "queasy_finish", [lua.B], *head, "act", "tok", "42")
+    assert "groups of 5" in message
     assert snapshot(r, prefix) == before
 
 
@@ -305,7 +310,7 @@ def test_a_relative_retry_time_counts_from_the_servers_clock(
     job = lua.take("rel", client="c1")
     late = lua.take("late", client="c1", now=MAX_MS - 10)
     server_ms = int(r.time()[0]) * 1000
-    args = [job.id, job.token, "+5000", "retry", "42", "", "ValueError"]
+    args = [job.id, job.token, "+5000", "retry", "42", "", "ValueError", "bad value", ""]
     assert lua.call("queasy_retry", [lua.B], "", "c1", 100, *args) == [Ack.OK]
     run_at = int(r.hget(lua.B + ":job:rel", "run_at"))
     assert server_ms + 5000 <= run_at <= server_ms + 5000 + 2000

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import redis
-from lua_calls import NOW, Lua
+from lua_calls import EVENT_FIELDS, NOW, Lua
 
 from queasy_py.store.library import ensure_loaded
 
@@ -30,6 +30,12 @@ BAD_DATA = ["", "{", "nan", "0x10", "[1,]", "{'a': 1}"]
 BAD_TIMES = ["1e17", "-1", "1.5", str(MAX_MS + 1), "soon", " 7"]
 MODES = ["replace", "keep", "if_later", "if_earlier"]
 KINDS = ["retry", "timeout", "stall", "release", "return", "sometimes"]
+RUN_ATS, BAD_RUN_ATS = ["+0", "+3000"], [*BAD_TIMES, "+", "+-1", "+1.5"]
+RESULTS, BAD_RESULTS = ["", '{"r": [1, null]}', "null", '"ok"'], ["{", "nan", "[1,]"]
+TEXTS, BAD_TEXTS = ["", "boom", "Traceback (most recent call last):\n  x\nE: é"], ["x" * 65537]
+END_STATES = ("finished", "failed", "cancelled")
+LISTED = ["waiting", "delayed", "blocked", "active", *END_STATES]
+MAX_KEEP = 2  # the largest keep count of the walk (5 ids): no end state holds more records
 SPECS = ["every 1s", "cron */2 * * * * * UTC"]
 BAD_SPECS = ["", "every\n1s", "x" * 201]
 
@@ -43,6 +49,25 @@ class Walk:
         self.now = NOW
         self.nonce = 0
         self.log: list[str] = []
+        self.clients = list(CLIENTS)  # a swept client starts over under a new id
+        self.listener: Any = None  # the push channels of c1 and c2 (c3 never listens)
+
+    def listen(self, listener: Any) -> None:
+        self.listener = listener
+        listener.subscribe(*(f"{self.lua.B}:push:{c}" for c in self.clients[:2]))
+
+    def renew(self, name: str, args: list, reply: Any) -> None:
+        """A client told it was swept starts over under a new id, as a supervisor does (a
+        swept id stays dead for 24 h: without this the walk soon has no live client)."""
+        swept = (name == "queasy_dequeue" and reply[0] == 2) or (
+            name == "queasy_bump" and reply == 2
+        )
+        if swept and args[1] in self.clients:
+            index = self.clients.index(args[1])
+            self.clients[index] = f"{CLIENTS[index]}.{self.nonce}.{len(self.log)}"
+            self.log.append(self.clients[index])
+            if self.listener is not None and index < 2:
+                self.listener.subscribe(f"{self.lua.B}:push:{self.clients[index]}")
 
     # ------------------------------------------------------------ random arguments
 
@@ -63,23 +88,30 @@ class Walk:
         roll = self.rng.random()
         if roll < 0.02:
             return self.rng.choice(BAD_TIMES)
-        if roll < 0.06:
+        if roll < 0.035:
             self.now += self.rng.choice([6_000, 11_000, 25_000])  # past half or all an expiry
         else:
             self.now += self.rng.randint(0, 700)
         return self.now
 
-    def lease(self, state: dict) -> tuple[str, str, str]:
-        """(client, id, token) of a lease held now, else a made-up one; sometimes spoiled."""
+    def keep(self) -> list[Any]:
+        """The retention ARGV (count, ms) of finish, fail and cancel."""
+        count = self.pick([0, 1, MAX_KEEP, MAX_KEEP], ["-1", "2.5"], 0.03)
+        return [count, self.pick([0, 5_000, 3_600_000, 3_600_000], ["1.5"], 0.03)]
+
+    def lease(self, state: dict, holder: str | None = None) -> tuple[str, str, str]:
+        """(client, id, token) of a lease held now (by `holder`, if it holds one), else a
+        made-up one; sometimes spoiled."""
         held = [(c, i, t) for c, leases in state["leases"].items() for i, t in leases.items()]
+        held = [h for h in held if h[0] == holder] or held
         if held and self.rng.random() < 0.85:
             client, id, token = self.rng.choice(held)
         else:
-            client, id, token = self.rng.choice(CLIENTS), self.rng.choice(IDS), "n0.1"
+            client, id, token = self.rng.choice(self.clients), self.rng.choice(IDS), "n0.1"
         if self.rng.random() < 0.1:
             token += "x"
         if self.rng.random() < 0.05:
-            client = self.rng.choice(CLIENTS)
+            client = self.rng.choice(self.clients)
         return client, id, token
 
     # ------------------------------------------------------------ one step
@@ -92,11 +124,12 @@ class Walk:
             ["dispatch"] * 5
             + ["dispatch_once"] * 2
             + ["dequeue"] * 4
-            + ["finish", "retry", "retry", "fail", "cancel", "bump", "leave", "unpark"]
-            + ["get_job", "counts", "leases", "schedule", "schedule", "schedule_info"]
+            + ["finish", "finish", "retry", "retry", "fail", "fail"] * 2
+            + ["cancel", "bump", "leave", "unpark", "get_job", "counts", "leases"]
+            + ["jobs", "requeue", "purge", "schedule", "schedule", "schedule_info"]
         )
         now = self.now_arg()
-        client = self.pick(CLIENTS, ["c\n1", ""])
+        client = self.pick(self.clients, ["c\n1", ""])
         if op == "dispatch":
             args = [now, self.pick(["0", "1"], ["2"]), self.pick(MODES, ["later"])]
             args.append(self.pick(["0", "1"], ["yes"]))
@@ -114,31 +147,50 @@ class Walk:
             return "queasy_dispatch_once", [B], args
         if op == "dequeue":
             self.nonce += 1
-            limit = self.pick([0, 1, 2, 4], ["-1", "2.5"])
+            limit = self.pick([0, 1, 2, 4, 4], ["-1", "2.5"])
             park = rng.choice(["0", "1", "1"])
             return "queasy_dequeue", [B], [now, client, f"n{self.nonce}", limit, 10_000, 50, park]
         if op in ("finish", "retry", "fail"):
             groups: list = []
+            holder = None
             for _ in range(rng.randint(1, 3)):
-                holder, id, token = self.lease(state)
+                holder, id, token = self.lease(state, holder)
                 pid, started = self.pick(["42", ""], ["4.2"]), self.pick([self.now, ""], ["1e12"])
+                text = self.pick(TEXTS, BAD_TEXTS, 0.02)
                 if op == "finish":
-                    groups += [id, token, pid, started]
+                    groups += [id, token, pid, started, self.pick(RESULTS, BAD_RESULTS)]
                 elif op == "retry":
                     kind = rng.choice(KINDS)
-                    good = [self.now, self.now + 3_000, "+0", "+3000"]
-                    run_at = self.pick(good, BAD_TIMES + ["+", "+-1", "+1.5"])
-                    groups += [id, token, run_at, kind]
-                    groups += [pid, started, "ValueError"]
+                    run_at = self.pick([self.now, self.now + 3_000, *RUN_ATS], BAD_RUN_ATS)
+                    groups += [id, token, run_at, kind, pid, started, "ValueError", text, text]
                 else:
                     fid = self.pick([f"f{rng.randint(1, 9)}"], ["f\n1"])
                     groups += [id, token, fid, '["x"]', pid, started, "KeyError", "permanent"]
+                    groups += [text, text]
             keys = [B, F] if op != "fail" or rng.random() < 0.8 else [B]
             if op == "fail" and len(keys) == 1:
-                groups = [g if n % 8 not in (2, 3) else "" for n, g in enumerate(groups)]
-            return f"queasy_{op}", keys, [now, holder, 50, *groups]
+                groups = [g if n % 10 not in (2, 3) else "" for n, g in enumerate(groups)]
+            head = [now, holder, 50]
+            if op != "retry":
+                head += [*self.keep(), self.pick(["h1", ""], BAD_TEXTS, 0.02)]
+                head.append(self.pick(["0", "1"], ["yes"]))
+            return f"queasy_{op}", keys, [*head, *groups]
         if op == "cancel":
-            return "queasy_cancel", [B], [now, 50, self.pick(IDS, HOSTILE_IDS)]
+            return "queasy_cancel", [B], [now, 50, self.pick(IDS, HOSTILE_IDS), *self.keep()]
+        if op == "jobs":
+            cursor = self.pick(["0", "0", "2", "1.0"], ["-1", "x", "1.x"])
+            limit = self.pick([1, 3, 1000], [0, 1001])
+            state = self.pick(LISTED, ["running"])
+            return "queasy_jobs", [B], [now, state, cursor, limit, self.pick(["0", "1"], ["2"])]
+        if op == "requeue":
+            ids = rng.sample(IDS, rng.randint(0, 2))
+            if rng.random() < 0.2:
+                ids.append(self.pick(IDS, HOSTILE_IDS))
+            cutoff = self.pick([self.now, ""], BAD_TIMES)
+            return "queasy_requeue", [B], [now, cutoff, self.pick([1, 3], [0]), *ids]
+        if op == "purge":
+            state = self.pick(["waiting", "delayed", "blocked", *END_STATES], ["active"], 0.1)
+            return "queasy_purge", [B], [now, state, self.pick([1, 2], [0])]
         if op == "bump":
             return "queasy_bump", [B], [now, client, self.pick([10_000], ["0"]), 50]
         if op == "leave":
@@ -251,8 +303,9 @@ def check_queue(B: str, raw: dict) -> None:
     for id, record in records.items():
         assert id in waiting or id in blocked, f"orphan record {id!r}"
         assert record["id"] == id
-        for field in ("run_at", "retry_count", "stall_count", "timeout_count"):
+        for field in ("run_at", "retry_count", "stall_count", "timeout_count", *LIFE):
             assert is_int(record[field]), (id, field, record[field])
+        check_error(id, record)
         assert int(record["run_at"]) <= MAX_MS
         if id in blocked:
             assert record["u_run_at"] in ("replace", "clamp"), record
@@ -260,9 +313,12 @@ def check_queue(B: str, raw: dict) -> None:
         else:
             assert "u_run_at" not in record, record
     for id, record in actives.items():
-        for field in ("run_at", "retry_count", "stall_count", "timeout_count", "leased_at"):
+        for field in ("run_at", "retry_count", "stall_count", "timeout_count", "leased_at", *LIFE):
             assert is_int(record[field]), (id, field, record[field])
+        assert int(record["attempts"]) >= 1, f"an active {id!r} was leased"
         assert leases.get(record["client"], {}).get(id) == record["token"], f"lease of {id!r}"
+        check_error(id, record)
+    check_ended(B, raw)
     for client, held in leases.items():
         assert client in expiry, f"lease holder {client!r} has an expiry"
         for id, token in held.items():
@@ -279,9 +335,67 @@ def check_queue(B: str, raw: dict) -> None:
     if sched.get("fire_at") and sched.get("last_fire_at"):
         assert int(sched["last_fire_at"]) <= int(sched["fire_at"]), sched
     for _, event in get(":events", []):
+        assert set(event) == EVENT_FIELDS, event
         for field in ("run_at", "ended_at", "retry_count", "stall_count", "timeout_count"):
             assert is_int(event[field]), (field, event)
-        assert is_int(event["started_at"], True) and is_int(event["pid"], True), event
+        for field in ("started_at", "pid", "enqueued_at"):
+            assert is_int(event[field], True), (field, event)
+        assert len(event["traceback"].encode()) <= 1024, event
+    for field, value in get(":stats", {}).items():
+        assert re.fullmatch(r"(finished|failed)(:\d+)?", field) and is_int(value), (field, value)
+
+
+#: fields every waiting, active and ended record has (dispatch writes them, lease counts)
+LIFE = ("enqueued_at", "attempts")
+
+
+def check_error(id: str, record: dict) -> None:
+    """A record's last error: all of its fields, or none."""
+    fields = ("error_name", "error_kind", "error_message", "traceback", "error_at")
+    present = [f for f in fields if f in record]
+    assert present in ([], list(fields)), (id, record)
+    if present:
+        assert is_int(record["error_at"]), (id, record)
+
+
+#: the fields of an end in B:ends, in order (the host last: it may hold spaces)
+END_FIELDS = ("state", "ended_at", "started_at", "pid", "attempts", "run_at", "enqueued_at")
+END_FIELDS += ("retry_count", "stall_count", "timeout_count", "client", "host")
+
+
+def check_ended(B: str, raw: dict) -> None:
+    """Each end kept (B:ends) is in the index of its state with its end time as score; an
+    ended record kept whole has its end (a failed or cancelled one always is whole; a
+    finished one when it has a result or an earlier error); the retention holds every index
+    to MAX_KEEP (an id that ended again in another state may stay in an index: readers go by
+    its end, and the trim drops the entry like the others)."""
+    ended = {k[len(B) + 7 :]: v for k, (_, v) in raw.items() if k.startswith(B + ":ended:")}
+    ends = raw.get(B + ":ends", (None, {}))[1]
+    assert set(ended) <= set(ends), "every record kept whole has its end"
+    index = {state: dict(raw.get(f"{B}:{state}", (None, []))[1]) for state in END_STATES}
+    for state, entries in index.items():
+        assert len(entries) <= MAX_KEEP, f"{len(entries)} {state} entries kept"
+    for id, line in ends.items():
+        end = dict(zip(END_FIELDS, line.split(" ", len(END_FIELDS) - 1), strict=True))
+        state = end["state"]
+        assert state in END_STATES, (id, line)
+        assert index[state].get(id) == int(end["ended_at"]), f"{state} {id!r} is indexed"
+        for field in END_FIELDS[1:10]:
+            assert is_int(end[field]) or end[field] == "-", (id, field, line)
+        if state == "cancelled":
+            assert (end["started_at"], end["pid"]) == ("-", "-"), (id, line)
+        if state != "finished":
+            assert id in ended, f"a {state} record is kept whole: {id!r}"
+        record = ended.get(id)
+        if record is None:
+            continue
+        assert record["id"] == id
+        for field in ("run_at", "retry_count", "stall_count", "timeout_count", *LIFE):
+            assert is_int(record[field]), (id, field, record[field])
+        check_error(id, record)
+        assert "result" not in record or state == "finished", record
+        if state == "finished":
+            assert "result" in record or "error_name" in record, f"finished {id!r} kept whole"
 
 
 def schedule_grew(B: str, before: dict, after: dict) -> str | None:
@@ -327,7 +441,7 @@ def walk(r: redis.Redis, redis_url: str, prefix: str) -> Walk:
 def test_random_walk_keeps_every_key_consistent(walk, r: redis.Redis) -> None:
     walk, seed = walk
     listener = r.pubsub()
-    listener.subscribe(f"{walk.lua.B}:push:c1", f"{walk.lua.B}:push:c2")  # c3 never listens
+    walk.listen(listener)
     try:
         state = walk.read()
         for n in range(STEPS):
@@ -335,6 +449,7 @@ def test_random_walk_keeps_every_key_consistent(walk, r: redis.Redis) -> None:
             try:
                 reply = walk.lua.call(name, keys, *args)
                 error = None
+                walk.renew(name, args, reply)
             except redis.ResponseError as exc:
                 error = str(exc)
             after = walk.read()

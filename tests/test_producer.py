@@ -14,7 +14,7 @@ from urllib.parse import quote
 import psutil
 import pytest
 import redis
-from lua_calls import Leased, Lua
+from lua_calls import COUNTS, Leased, Lua, live
 
 from queasy_py import Client, JobInfo, Queue
 from queasy_py.queue import DISPATCH_CHUNK
@@ -102,14 +102,17 @@ def test_get_job_of_an_unknown_id_is_none(q: Queue) -> None:
 
 
 def test_counts_per_state(q: Queue, lua: Lua) -> None:
-    assert q.counts() == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
+    assert live(q.counts()) == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
     q.dispatch("x", id="a")
     checkout(lua)
     q.dispatch("x", id="a")  # blocked behind the active one
     q.dispatch("x")
     q.dispatch("x")
     q.dispatch("x", delay=3600)
-    assert q.counts() == {"waiting": 2, "delayed": 1, "blocked": 1, "active": 1}
+    assert q.counts() == {"waiting": 2, "delayed": 1, "blocked": 1, "active": 1} | {
+        name: 0
+        for name in COUNTS[4:]  # nothing ended yet
+    }
 
 
 def test_queues_are_separate(client: Client) -> None:
@@ -247,8 +250,9 @@ def test_dispatch_many_chunks_thousands_of_jobs(q: Queue, lua: Lua) -> None:
 def test_cancel_removes_a_waiting_job(q: Queue) -> None:
     job_id = q.dispatch("x", delay=60)
     assert q.cancel(job_id) is True
-    assert q.get_job(job_id) is None
+    assert q.get_job(job_id).state == "cancelled"  # type: ignore[union-attr]
     assert q.counts()["delayed"] == 0
+    assert q.cancel(job_id) is False
 
 
 def test_cancel_of_an_unknown_id_is_false(q: Queue) -> None:

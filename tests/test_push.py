@@ -91,7 +91,7 @@ def test_an_idle_client_parks_its_free_slots_and_a_ready_job_is_pushed_to_it(
     assert lua.parked() == {"c1": 2}
     assert lua.finish("c1", job) == Ack.OK
     assert [e["outcome"] for e in lua.events()] == ["finished"]
-    assert lua.get_job("a") is None
+    assert lua.get_job("a")["state"] == "finished"
 
 
 def test_a_batch_fills_the_parked_slots_and_the_rest_waits(lua: Lua, listen) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 import redis
+from lua_calls import live
 from runtime_helpers import ROOT, Runtime, queue_spec, wait_for
 
 from queasy_py import Client
@@ -150,10 +151,13 @@ def test_redis_killed_under_load_and_restarted_loses_no_job(
             job_id,
             runs,
         )
-    assert rt.queue("q").counts() == idle_counts()
+    assert live(rt.queue("q").counts()) == idle_counts()
     log = sup.log()
     assert log.count("Redis unreachable") >= 1
-    assert "Exception in thread" not in log and "Traceback" not in log  # threads kept going
+    # threads kept going (the handlers' own tracebacks, of jobs that failed while Redis was
+    # down, are quoted in the log on purpose: only a traceback of queasy itself would count)
+    assert "Exception in thread" not in log
+    assert "Traceback" not in sup.log_without_job_tracebacks()
     assert crashed < restarted
     assert sup.stop() == 0
 
@@ -188,8 +192,8 @@ def test_a_restart_that_lost_the_last_writes_loses_no_earlier_job(
 
     all_finished(rt, ["a", "b"], timeout=30.0)
     assert sup.proc.poll() is None
-    assert q.counts() == idle_counts()
-    assert q.get_job("a") is None and q.get_job("b") is None
+    assert live(q.counts()) == idle_counts()
+    assert q.get_job("a").state == q.get_job("b").state == "finished"  # type: ignore[union-attr]
     assert sup.stop() == 0
 
 

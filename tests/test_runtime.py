@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from lua_calls import live
 from runtime_helpers import (
     ACT,
     ACT_ASYNC,
@@ -55,7 +56,7 @@ def test_dispatched_jobs_all_run_once_and_finish(rt: Runtime) -> None:
     assert sorted(s["id"] for s in starts) == sorted(ids)  # each ran exactly once
     workers = sup.workers()
     assert len(workers) == 2 and {s["pid"] for s in starts} <= workers  # no worker was lost
-    assert q.counts() == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
+    assert live(q.counts()) == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
     assert sup.stop() == 0
 
 
@@ -122,6 +123,9 @@ def test_a_permanent_error_fails_at_once_into_the_fail_handler(
     rt.queue("q").dispatch(data, id="job-1", run_at=run_at)
 
     (fail,) = rt.wait_records(1, "fail")
+    trace = fail["given"][2].pop("traceback")  # the handler's, as the worker formatted it
+    assert trace.startswith("Traceback (most recent call last):\n")
+    assert trace.rstrip().endswith(f"{name}: no way") and "in misbehave" in trace
     assert fail["given"] == [
         data,
         job_record("job-1", "q", run_at),
@@ -136,7 +140,7 @@ def test_a_permanent_error_fails_at_once_into_the_fail_handler(
         "permanent",
     )
     assert [e["outcome"] for e in rt.wait_events("q-fail", 1, tag="q")] == ["finished"]
-    assert rt.queue("q").get_job("job-1") is None
+    assert rt.queue("q").get_job("job-1").state == "failed"  # type: ignore[union-attr]
 
 
 def test_exhausted_retries_go_to_the_fail_handler_as_retriable(rt: Runtime) -> None:
@@ -148,6 +152,7 @@ def test_exhausted_retries_go_to_the_fail_handler_as_retriable(rt: Runtime) -> N
     rt.queue("q").dispatch(data, id="x", run_at=run_at)
 
     (fail,) = rt.wait_records(1, "fail")
+    assert fail["given"][2].pop("traceback").rstrip().endswith("ValueError: boom")
     assert [s["retry_count"] for s in rt.records("start", tag="x")] == [0, 1, 2]
     # the fail handler sees the job as last run: run_at is that of its last retry
     last_run_at = fail["given"][1]["run_at"]
@@ -170,7 +175,7 @@ def test_without_a_fail_handler_a_failed_job_is_removed(rt: Runtime) -> None:
     rt.queue("q").dispatch({"tag": "p", "raise": "permanent"}, id="p")
     (failed,) = rt.wait_events("q", 1)
     assert failed["outcome"] == "failed"
-    assert rt.queue("q").get_job("p") is None
+    assert rt.queue("q").get_job("p").state == "failed"  # type: ignore[union-attr]
     assert rt.events("q-fail", tag="q") == []
 
 
@@ -191,7 +196,10 @@ def test_a_job_dispatched_again_while_active_runs_after_it_never_alongside(rt: R
     rt.wait_records(1, "end", tag="v2")
     assert [e["outcome"] for e in rt.wait_events("q", 2)] == ["finished", "finished"]
     assert len(rt.records("start")) == 2
-    assert q.get_job("one") is None
+    last = q.get_job("one")  # the end of the second run: one job with that id
+    assert last is not None and last.state == "finished" and last.attempts == 1
+    assert last.started_at is not None and last.started_at >= first_end["t"] - 0.01
+    assert live(q.counts()) == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
 
 
 def test_units_in_flight_never_exceed_a_workers_capacity(rt: Runtime) -> None:

@@ -142,7 +142,9 @@ def test_a_frozen_supervisor_is_swept_and_on_waking_kills_its_workers(rt: Runtim
     assert zombie.stop() == 0
     assert other.stop() == 0
     assert outcomes(rt.events("q")) == [("stalled",), ("finished",)]  # finished exactly once
-    assert rt.queue("q").get_job("z") is None
+    job = rt.queue("q").get_job("z")  # the record of its one end, by the other supervisor
+    assert job is not None and job.state == "finished" and job.client == finished["client"]
+    assert job.last_error is not None and job.last_error["name"] == "StallError"
 
 
 # ---------------------------------------------------------------- shutdown

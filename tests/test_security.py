@@ -39,9 +39,10 @@ SECRET = "s3cret-queasy-pw-91c4"
 #: the README's ACL line: the commands queasy_py sends, and those its Lua library calls
 QUEASY_COMMANDS = (
     "+ping +fcall +fcall_ro +function|load +subscribe "
-    "+del +exists +get +hdel +hget +hgetall +hkeys +hlen +hmget +hset +incr +publish "
-    "+pubsub|numsub +rename +sadd +scan +scard +set +sismember +srem +time +xadd +zadd +zcount "
-    "+zrange +zrem +zremrangebyscore +zscore"
+    "+del +exists +get +hdel +hget +hgetall +hkeys +hlen +hmget +hscan +hset +incr +publish "
+    "+pubsub|numsub +rename +renamenx +sadd +scan +scard +set +sismember +smembers "
+    "+srandmember +srem +sscan +time +xadd +xrange +xread +zadd +zcard +zcount +zrange +zrem "
+    "+zremrangebyrank +zremrangebyscore +zscore"
 )
 
 
@@ -175,7 +176,7 @@ def test_a_minimal_acl_user_runs_the_full_cycle(
         assert q.counts()["delayed"] == 1
         assert q.cancel("later")
         fast = {"min_backoff": 0.05, "max_backoff": 0.1}
-        spec = queue_spec(QUIET, fail_handler=QUIET, fail_options=fast, **fast)
+        spec = queue_spec(QUIET, fail_handler=QUIET, fail_options=fast, store_results=True, **fast)
         sup = rt.start({"q": spec}, poll_interval=30.0)
         events = wait_for(
             lambda: (
@@ -199,8 +200,22 @@ def test_a_minimal_acl_user_runs_the_full_cycle(
             lambda: [e for e in rt.events("q") if e["id"] == "woken"], what="the woken job"
         )
         assert int(woken[0]["started_at"]) / 1000 - sent < 1.0
+        # what operators read and do (issue #11), with the same user
+        assert q.result("ok", timeout=5.0) is None and q.get_job("perm").state == "failed"
+        assert {j.id for j in q.jobs("finished", limit=10)[0]} == {"again", "ok", "woken"}
+        assert [e["outcome"] for e in q.events(count=1)] == ["cancelled"]  # "later", first
+        (listed,) = q.client.supervisors()
+        assert listed["pid"] == sup.pid and {"q", "q-fail"} <= set(q.client.queues())
+        assert q.requeue_failed() == 1
+        wait_for(
+            lambda: [e["outcome"] for e in rt.events("q") if e["id"] == "perm"] == ["failed"] * 2,
+            what="the requeued job to run and fail again",
+        )
         assert sup.stop() == 0
-        assert "NOPERM" not in sup.log() and "Traceback" not in sup.log()
+        assert q.purge("all") >= 4 and q.jobs("finished") == ([], "0")
+        log = sup.log()
+        assert "failed for good" in log  # the failure was logged with its traceback, and:
+        assert "NOPERM" not in log and "Traceback" not in sup.log_without_job_tracebacks()
     denied = [e for e in admin.acl_log() if e["username"] == "queasy"]
     # redis-py's CLIENT SETINFO on connect is refused and ignored; nothing else is
     assert {e["object"] for e in denied} <= {"client|setinfo"}, denied

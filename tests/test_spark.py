@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import redis
-from lua_calls import Lua
+from lua_calls import KEEP, Lua, live
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from runtime_helpers import ROOT, Runtime, queue_spec, wait_for
@@ -129,7 +129,7 @@ def test_sink_round_trip_maps_every_type(
     df = spark.sql(ALL_TYPES).repartition(2)
     sink(df, redis_url, prefix, "typed", id_column="uid", run_at_column="due").save()
     q = client.queue("typed")
-    assert q.counts() == {"waiting": 0, "delayed": 3, "blocked": 0, "active": 0}
+    assert live(q.counts()) == {"waiting": 0, "delayed": 3, "blocked": 0, "active": 0}
     for n in range(3):
         job = q.get_job(str(n))
         assert job is not None and job.state == "delayed"
@@ -171,7 +171,12 @@ def test_the_sink_refuses_what_it_cannot_map_naming_the_column(
     """A type is refused on the driver, before any task; a value in its task."""
     with pytest.raises(Exception, match=message):
         sink(spark.sql(select), redis_url, prefix, "bad", **options).save()
-    assert client.queue("bad").counts() == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
+    assert live(client.queue("bad").counts()) == {
+        "waiting": 0,
+        "delayed": 0,
+        "blocked": 0,
+        "active": 0,
+    }
 
 
 def test_a_value_json_cannot_hold_is_refused_naming_the_column(
@@ -274,7 +279,7 @@ def test_retried_tasks_and_reruns_run_each_id_once(
     assert ended == {f"u{n}" for n in range(600)}
     assert {k: v for k, v in starts.items() if v != 1} == {}, "an id ran twice"
     q = rt.queue("jobs")
-    assert q.counts() == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
+    assert live(q.counts()) == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
     # the whole write again (a re-run of the job): every id is skipped
     again = qs.dispatch_dataframe(
         spark.range(0, 600, 1, 2).select(F.concat(F.lit("u"), "id").alias("uid")),
@@ -284,7 +289,7 @@ def test_retried_tasks_and_reruns_run_each_id_once(
         prefix=prefix,
     )
     assert (again.rows, again.created, again.skipped) == (600, 0, 600)
-    assert q.counts() == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
+    assert live(q.counts()) == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
     assert len(rt.records("start")) == 600
 
 
@@ -358,7 +363,8 @@ def test_batch_and_stream_reads_match_xrange(
     assert one["run_at"] == datetime.fromtimestamp((T0 + 2000) / 1000, UTC).replace(tzinfo=None)
     assert one["run_seconds"] == 0.005 and one["wait_seconds"] == 0.025
     assert one["pid"] == 42 and one["client"] == "c1" and one["date"] == date(2026, 9, 21)
-    assert one["host"] is None and one["error_message"] is None and one["extra"] is None
+    assert one["host"] is None and one["error_message"] == "no such key"  # lua_calls.Lua.fail's
+    assert one["extra"] == {"traceback": "Traceback ...\nKeyError: no such key\n"}
 
     # a stream, in batches of at most 5 events, Trigger.AvailableNow: reads to the end, stops
     def run_stream() -> list[Any]:
@@ -517,22 +523,23 @@ def test_report_numbers_match_a_hand_computation(
         lua.add(id, run_at=at, now=at)
         job = lua.dequeue("c1", limit=1, now=at + wait).jobs[0]
         started, ended = at + wait, at + wait + took
+        ends = [100, *KEEP, "h", 0]  # retention, host, notify (library 2.0)
         if end == "finish":
-            args = [job.id, job.token, "7", started]
-            lua.call("queasy_finish", [lua.B], ended, "c1", 100, *args)
+            args = [job.id, job.token, "7", started, ""]
+            lua.call("queasy_finish", [lua.B], ended, "c1", *ends, *args)
         elif end == "retry":
-            args = [job.id, job.token, ended + 1000, "retry", "7", started, "ValueError"]
+            args = [job.id, job.token, ended + 1000, "retry", "7", started, "ValueError", "", ""]
             lua.call("queasy_retry", [lua.B], ended, "c1", 100, *args)
         else:
-            args = [job.id, job.token, "", "", "7", started, "KeyError", "permanent"]
-            lua.call("queasy_fail", [lua.B], ended, "c1", 100, *args)
+            args = [job.id, job.token, "", "", "7", started, "KeyError", "permanent", "", ""]
+            lua.call("queasy_fail", [lua.B], ended, "c1", *ends, *args)
 
     for n in range(4):
         run(a, f"a{n}", T0 + n * 60_000, (n + 1) * 1000, (n + 1) * 10_000)
     run(a, "a4", T0 + 300_000, 500, 1000, "retry")
     lua_job = a.dequeue("c1", limit=1, now=T0 + 400_000).jobs[0]
-    a.call("queasy_finish", [a.B], T0 + 400_100, "c1", 100, lua_job.id, lua_job.token, "7",
-           T0 + 400_000)  # fmt: skip
+    a.call("queasy_finish", [a.B], T0 + 400_100, "c1", 100, *KEEP, "h", 0, lua_job.id,
+           lua_job.token, "7", T0 + 400_000, "")  # fmt: skip
     run(a, "a5", T0 + 500_000, 0, 2000, "fail")
     run(b, "b0", T0, 250, 750)
 

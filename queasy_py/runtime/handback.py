@@ -69,6 +69,6 @@ def hand_back_unknown(
             log.warning(
                 "handing back job %s of %s (its dequeue reply was lost)", job_id, state.name
             )
-            args = [job_id, token, "+0", "release", "", "", ""]
+            args = [job_id, token, "+0", "release", "", "", "", "", ""]
             fcall(r, "queasy_retry", [state.base], ["", client_id, state.spec.events_maxlen, *args])
         state.ready_at = 0.0  # dequeue next round, which parks the free slots again

@@ -16,6 +16,7 @@ import redis
 from ..errors import ConnectionFailed
 from ..store.connection import loop_client
 from ..store.library import Status, ensure_loaded, fcall
+from .registry import Registry
 
 log = logging.getLogger("queasy_py")
 
@@ -53,8 +54,10 @@ class Heartbeat(threading.Thread):
         client_id: Callable[[], str],
         interval: float,
         wake: Callable[[], None],
+        registry: Registry | None = None,
     ) -> None:
         super().__init__(name="queasy-heartbeat", daemon=True)
+        self.registry = registry  # what this supervisor publishes about itself
         self.url = url
         self.bases = dict(bases)
         self.client_id = client_id
@@ -75,15 +78,21 @@ class Heartbeat(threading.Thread):
         return expiry_ms(self.interval)
 
     def beat(self, r: redis.Redis, client_id: str) -> bool:
-        """Bump every queue (and read the server's clock); False when this client was swept."""
+        """Bump every queue (and read the server's clock, and publish this supervisor's
+        entry in the registry); False when this client was swept."""
         with r.pipeline(transaction=False) as pipe:
             pipe.time()
             for base, maxlen in self.bases.items():
                 fcall(pipe, "queasy_bump", [base], ["", client_id, self.expiry_ms, maxlen])
+            server_now = time.time() + self.clock.offset
+            if self.registry is not None:
+                self.registry.add(pipe, client_id, server_now, self.expiry_ms / 1000.0)
             before = time.time()
-            server, *statuses = pipe.execute()
+            server, *replies = pipe.execute()
             self.clock.measure(server, before, time.time())
-        return all(int(s) != Status.SWEPT for s in statuses)
+        if self.registry is not None:
+            self.registry.prune(r, server_now)
+        return all(int(s) != Status.SWEPT for s in replies[: len(self.bases)])
 
     def beat_or_reload(self, r: redis.Redis, client_id: str) -> bool:
         """Beat; when the library is gone (FUNCTION FLUSH, a server restarted without its

@@ -1,4 +1,6 @@
-"""Where retries are decided: a job's result (or its fate) becomes finish, retry or fail.
+"""Where retries are decided: a job's result (or its fate) becomes finish, retry or fail,
+and each retry and failure is logged (WARNING per retry, its traceback at DEBUG; ERROR with
+the traceback for a failure for good).
 
 The decision uses the listening supervisor's options (config applies at dequeue time), not
 anything stored with the job.
@@ -6,6 +8,7 @@ anything stored with the job.
 
 from __future__ import annotations
 
+import logging
 import random
 import uuid
 from collections import defaultdict
@@ -17,6 +20,8 @@ import orjson
 
 from ..options import ListenOptions
 from .pool import Running
+
+log = logging.getLogger("queasy_py")
 
 
 @dataclass(slots=True)
@@ -30,12 +35,16 @@ class Ack:
     alone: bool = False  # sent as its own FCALL (its group was refused: find the bad one)
 
 
-def error_dict(name: str, message: str, kind: str) -> dict[str, str]:
-    return {"name": name, "message": message, "kind": kind}
+def error_dict(
+    name: str, message: str, kind: str, traceback: str | None = None
+) -> dict[str, str | None]:
+    """An error as a fail handler gets it: {name, message, kind, traceback (None: none)}."""
+    return {"name": name, "message": message, "kind": kind, "traceback": traceback}
 
 
-def finish(job: Running, base: str, pid: int, started: int) -> Ack:
-    return Ack("finish", base, None, [job.id, job.token, pid, started])
+def finish(job: Running, base: str, pid: int, started: int, result: str = "") -> Ack:
+    """Done; `result` is the handler's return value as JSON ('' when it is not stored)."""
+    return Ack("finish", base, None, [job.id, job.token, pid, started, result])
 
 
 #: a retry's run_at meaning "now" on the server's clock
@@ -64,9 +73,12 @@ def retry(
     pid: int | str,
     started: int | str,
     error_name: str = "",
+    message: str = "",
+    traceback: str | None = None,
 ) -> Ack:
     """Back to waiting at `run_at`: ms since the epoch, or after(seconds) / NOW."""
-    return Ack("retry", base, None, [job.id, job.token, run_at, kind, pid, started, error_name])
+    args = [job.id, job.token, run_at, kind, pid, started, error_name, message, traceback or ""]
+    return Ack("retry", base, None, args)
 
 
 def fail(
@@ -89,12 +101,54 @@ def fail(
         except orjson.JSONDecodeError:
             data = None
         fail_data = orjson.dumps([data, job.record(), error])
-    return Ack(
-        "fail",
-        base,
-        fail_base,
-        [job.id, job.token, fail_id, fail_data, pid, started, error["name"], error["kind"]],
+    failed(job, error)
+    args = [job.id, job.token, fail_id, fail_data, pid, started, error["name"], error["kind"]]
+    args += [error["message"], error.get("traceback") or ""]
+    return Ack("fail", base, fail_base, args)
+
+
+def attempt(job: Running) -> int:
+    """Which run of the job this was: 1 for its first."""
+    return job.retry_count + job.stall_count + job.timeout_count + 1
+
+
+def failed(job: Running, error: dict[str, Any]) -> None:
+    """One ERROR line for a job failed for good, with its traceback when there is one."""
+    trace = error.get("traceback")
+    log.error(
+        "job %s of %s failed for good (attempt %d, kind %s): %s: %s%s",
+        job.id,
+        job.queue,
+        attempt(job),
+        error["kind"],
+        error["name"],
+        error["message"],
+        f"\n{trace.rstrip()}" if trace else "",
     )
+
+
+def retrying(job: Running, error: dict[str, Any], delay: float, spec: ListenOptions) -> None:
+    """One WARNING line for a retry; its traceback at DEBUG."""
+    log.warning(
+        "job %s of %s failed (attempt %d), retry %d of %d in %.3gs: %s: %s",
+        job.id,
+        job.queue,
+        attempt(job),
+        job.retry_count + 1,
+        spec.max_retries,
+        max(0.0, delay),
+        error.get("name"),
+        error.get("message"),
+    )
+    trace = error.get("traceback")
+    if trace and log.isEnabledFor(logging.DEBUG):
+        log.debug(
+            "traceback of job %s of %s (attempt %d):\n%s",
+            job.id,
+            job.queue,
+            attempt(job),
+            str(trace).rstrip(),
+        )
 
 
 def backoff_seconds(spec: ListenOptions, retry_count: int) -> float:
@@ -111,12 +165,20 @@ def on_result(
     pid: int,
     started: int,
     now: float,
+    result: str = "",
 ) -> Ack:
-    """The ack for a handler's result: `error` None on success, else the worker's description."""
+    """The ack for a handler's result: `error` None on success (`result`: its return value
+    as JSON when stored), else the worker's description."""
     if error is None:
-        return finish(job, base, pid, started)
+        return finish(job, base, pid, started, result)
     kind = error.get("kind")
-    described = error_dict(str(error.get("name")), str(error.get("message")), "permanent")
+    trace = error.get("traceback")
+    described = error_dict(
+        str(error.get("name")),
+        str(error.get("message")),
+        "permanent",
+        trace if isinstance(trace, str) else None,
+    )
     if kind == "permanent":
         return fail(job, base, fail_base, described, pid, started)
     if job.retry_count >= spec.max_retries:
@@ -128,9 +190,13 @@ def on_result(
         # a wall-clock time the handler chose (like dispatch's run_at): kept as it is;
         # one already past is "now" on the server's clock
         run_at = int(retry_at * 1000) if retry_at > now else NOW
+        delay = float(retry_at) - now
     else:
-        run_at = after(backoff_seconds(spec, job.retry_count))
-    return retry(job, base, run_at, "retry", pid, started, str(error.get("name")))
+        delay = backoff_seconds(spec, job.retry_count)
+        run_at = after(delay)
+    retrying(job, described, delay, spec)
+    name, message = described["name"] or "", described["message"] or ""
+    return retry(job, base, run_at, "retry", pid, started, name, message, trace)
 
 
 def on_dequeue(job: Running, spec: ListenOptions, base: str, fail_base: str | None) -> Ack | None:
@@ -144,11 +210,24 @@ def on_dequeue(job: Running, spec: ListenOptions, base: str, fail_base: str | No
     return None
 
 
+def ack_headers(specs: dict[str, ListenOptions], host: str) -> dict[tuple[str, str], list]:
+    """The ARGV after the client id of each ack FCALL, by (op, base key): the events maxlen;
+    for finish and fail also the retention of their records (count, ms), this host and
+    whether to notify result waiters (the queue stores results)."""
+    out: dict[tuple[str, str], list] = {}
+    for base, spec in specs.items():
+        notify = int(spec.store_results)
+        out[("retry", base)] = [spec.events_maxlen]
+        for op, (count, seconds) in (("finish", spec.keep_finished), ("fail", spec.keep_failed)):
+            out[(op, base)] = [spec.events_maxlen, count, int(seconds * 1000), host, notify]
+    return out
+
+
 def ack_commands(
-    client_id: str, acks: list[Ack], maxlens: dict[str, int]
+    client_id: str, acks: list[Ack], headers: dict[tuple[str, str], list]
 ) -> tuple[list[tuple], list[list[Ack]]]:
     """The FCALLs of `acks`, one per (op, queue, fail queue) group (an ack marked `alone` is
-    its own group), and the acks of each; `maxlens` maps a base key to its events maxlen."""
+    its own group), and the acks of each; `headers` as made by ack_headers."""
     grouped: dict[tuple, list[Ack]] = defaultdict(list)
     for ack in acks:
         alone = id(ack) if ack.alone else None
@@ -158,7 +237,7 @@ def ack_commands(
     for (op, base, fail_base, _), items in grouped.items():
         keys = [base] if fail_base is None else [base, fail_base]
         args: list[Any] = ["FCALL", f"queasy_{op}", len(keys), *keys, "", client_id]
-        args.append(maxlens[base])
+        args.extend(headers[(op, base)])
         for ack in items:
             args.extend(ack.args)
         commands.append(tuple(args))

@@ -183,11 +183,14 @@ def worker_path() -> list[str]:
     return list(dict.fromkeys(path))
 
 
-def start_worker(handlers: dict[str, str], env_extra: dict[str, str]) -> WorkerProc:
+def start_worker(
+    handlers: dict[str, str], env_extra: dict[str, str], results: frozenset[str] = frozenset()
+) -> WorkerProc:
     """Start a worker: a fresh interpreter (never a fork of a threaded parent, and the user's
     __main__ is not re-imported) with a socketpair as its pipe, in a session of its own (its
     process group is what kill_tree kills; the supervisor stops it on every exit path, a
-    terminal's Ctrl-C included, and it exits with its group when its pipe closes)."""
+    terminal's Ctrl-C included, and it exits with its group when its pipe closes). The
+    return values of the queues in `results` are sent back (they store results)."""
     ours, theirs = socket.socketpair()
     env = dict(os.environ)
     # workers log at the supervisor's level (`queasy --log-level`), format defaults.LOG_FORMAT
@@ -203,6 +206,7 @@ def start_worker(handlers: dict[str, str], env_extra: dict[str, str]) -> WorkerP
                 orjson.dumps(worker_path()).decode(),
                 str(theirs.fileno()),
                 orjson.dumps(handlers).decode(),
+                orjson.dumps(sorted(results)).decode(),
             ],
             pass_fds=[theirs.fileno()],
             env=env,

@@ -1,18 +1,23 @@
-"""What a worker reports for a job: the JSON-safe description of a handler's error, and the
-encoding of a batch of results that no value can break.
+"""What a worker reports for a job: the JSON-safe description of a handler's error, its
+return value when the queue stores results, and the encoding of a batch of results that no
+value can break.
 
-A result is [seq, started_ms, error_or_null];
-error = {"name", "message", "kind": "permanent"|"retriable", "retry_at": secs|null}.
+A result is [seq, started_ms, error_or_null], or [seq, started_ms, null, value] with the
+return value as JSON text (a queue with store_results);
+error = {"name", "message", "kind": "permanent"|"retriable", "retry_at": secs|null,
+         "traceback": str|null (the last TRACEBACK_BYTES of the formatted traceback)}.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import traceback
 from typing import Any
 
 import orjson
 
+from .. import defaults
 from ..errors import PermanentError
 
 log = logging.getLogger("queasy_py.worker")
@@ -48,6 +53,19 @@ def retry_at_of(exc: BaseException) -> float | None:
     return at
 
 
+def traceback_of(exc: BaseException, limit: int = defaults.TRACEBACK_BYTES) -> str | None:
+    """The formatted traceback of `exc` (its chained causes included), its last `limit`
+    bytes of UTF-8 (lone surrogates escaped); None when it cannot be formatted."""
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception:
+        return None
+    raw = text.encode("utf-8", "backslashreplace")
+    if len(raw) > limit:  # the end holds the innermost frame and the error itself
+        raw = raw[-limit:]
+    return raw.decode("utf-8", "ignore")  # a character cut at the start is dropped
+
+
 def describe_error(exc: BaseException) -> dict[str, Any]:
     """The JSON-safe description of a handler's exception; never raises."""
     name = _text(type(exc).__name__, "Exception")
@@ -61,6 +79,23 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
         "message": message,
         "kind": "permanent" if permanent is True else "retriable",
         "retry_at": retry_at_of(exc),
+        "traceback": traceback_of(exc),
+    }
+
+
+def invalid_result(job: Any, reason: str) -> dict[str, Any]:
+    """The error of a job whose handler returned a value its queue cannot store as a result
+    (not JSON, or too large): a permanent failure of that job alone."""
+    return {
+        "name": "InvalidResult",
+        "message": _text(
+            f"the handler of {job.queue} job {job.id} returned a value that "
+            f"cannot be stored as its result: {reason}",
+            "?",
+        ),
+        "kind": "permanent",
+        "retry_at": None,
+        "traceback": None,
     }
 
 
@@ -73,6 +108,7 @@ def invalid_data(job_id: str, raw: bytes, exc: Exception) -> dict[str, Any]:
         f"run; the data begins {head!r}",
         "kind": "permanent",
         "retry_at": None,
+        "traceback": None,
     }
 
 
@@ -82,6 +118,7 @@ def unencodable(exc: Exception) -> dict[str, Any]:
         "message": _text(f"the worker could not encode this job's result: {exc}", "?"),
         "kind": "permanent",
         "retry_at": None,
+        "traceback": None,
     }
 
 
@@ -93,17 +130,18 @@ def encode_results(batch: list[list[Any]]) -> bytes:
     except Exception:
         pass
     parts = []
-    for seq, started, error in batch:
+    for item in batch:
         try:
-            parts.append(orjson.dumps([seq, started, error]))
+            parts.append(orjson.dumps(item))
         except Exception as exc:
-            log.error("result of job seq %s cannot be encoded: %s", seq, exc)
-            parts.append(orjson.dumps([seq, started, unencodable(exc)]))
+            log.error("result of job seq %s cannot be encoded: %s", item[0], exc)
+            parts.append(orjson.dumps([item[0], item[1], unencodable(exc)]))
     return b"[" + b",".join(parts) + b"]"
 
 
 def check_result(result: Any, job: Any) -> None:
-    """Results are discarded; a non-JSON one is a handler bug worth a log line."""
+    """Results of a queue that does not store them are discarded; a non-JSON one is a
+    handler bug worth a log line."""
     if result is not None:
         try:
             orjson.dumps(result)
@@ -111,3 +149,16 @@ def check_result(result: Any, job: Any) -> None:
             log.warning(
                 "handler of %s job %s returned a non-JSON value: %s", job.queue, job.id, exc
             )
+
+
+def stored_result(result: Any, job: Any) -> tuple[str | None, dict[str, Any] | None]:
+    """(the JSON text of a handler's return value, None), or (None, the InvalidResult error)
+    when it is not JSON or larger than MAX_PAYLOAD_BYTES."""
+    from ..errors import InvalidInput
+    from ..validate import encode_data  # only for queues that store results
+
+    try:
+        encoded = encode_data(result, defaults.MAX_PAYLOAD_BYTES, "the return value")
+    except InvalidInput as exc:
+        return None, invalid_result(job, str(exc))
+    return encoded.decode(), None

@@ -6,6 +6,7 @@ the unpark marks; and the reconcile that hands back leases this client does not 
 from __future__ import annotations
 
 import logging
+import socket
 import time
 import uuid
 from collections import defaultdict
@@ -64,7 +65,8 @@ class Rounds:
         self.r = r  # the loop's own connection: every call bounded in time
         self.states = states
         self.states_by_base = {s.base: s for s in states.values()}
-        self.maxlens = {s.base: s.spec.events_maxlen for s in states.values()}
+        specs = {s.base: s.spec for s in states.values()}
+        self.headers = outcomes.ack_headers(specs, socket.gethostname())
         self.workers = workers
         self.events = events
         self.pipe = pipe
@@ -128,7 +130,7 @@ class Rounds:
             return
         acks = self.acks[:]
         self.acks.clear()
-        commands, ack_groups = outcomes.ack_commands(client_id, acks, self.maxlens)
+        commands, ack_groups = outcomes.ack_commands(client_id, acks, self.headers)
         commands += self.schedules.commands(checks)
         nonce = uuid.uuid4().hex[:12]
         for state, procs in asks:

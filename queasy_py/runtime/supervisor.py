@@ -28,6 +28,7 @@ from ..store.pubsub import Message, Wakeup
 from .events import Events
 from .heartbeat import Heartbeat, expiry_ms
 from .outcomes import Ack
+from .registry import Registry
 from .rounds import Rounds
 from .scheduler import QueueState
 from .workers import Workers
@@ -74,12 +75,14 @@ class Supervisor:
         self.events = Events()
         env = {defaults.URL_ENV: client.url, defaults.PREFIX_ENV: client.prefix}
         self.workers = Workers(self.events, self.states, env, s, self.acks)
+        self.registry = Registry(client.prefix, list(self.states), self._snapshot)
         self.heartbeat = Heartbeat(
             client.url,
             {s.base: s.spec.events_maxlen for s in self.states.values()},
             lambda: self.client.id,
             self.heartbeat_interval,
             self.events.wake,
+            self.registry,
         )
         self.wakeup = Wakeup(client.url, self._channels())
         self.rounds = Rounds(
@@ -103,6 +106,32 @@ class Supervisor:
         self.states[queue.name] = QueueState(
             queue.name, queue.keys.base, queue.keys, spec, fail_base
         )
+
+    def _snapshot(self) -> dict[str, Any]:
+        """Workers, units and running jobs, for the registry (read from the heartbeat
+        thread: copies only; a RuntimeError of a dict changed meanwhile skips a beat)."""
+        wall, mono = time.time(), time.monotonic()
+        procs = list(self.workers.procs)
+        jobs = []
+        for proc in procs:
+            for job in list(proc.jobs.values()):
+                timeout = self.states[job.queue].spec.timeout
+                jobs.append(
+                    {
+                        "queue": job.queue,
+                        "id": job.id,
+                        "worker_pid": proc.pid,
+                        "started_at": round(wall - (mono - job.deadline + timeout), 3),
+                        "timed_out": job.timed_out,
+                    }
+                )
+        return {
+            "workers": [p.pid for p in procs],
+            "units": defaults.WORKER_UNITS * sum(1 for p in procs if p.accepts),
+            "free_units": sum(max(0, p.free) for p in procs if p.accepts),
+            "jobs": jobs,
+            "stopping": self.stopping,
+        }
 
     def _channels(self) -> dict[str, tuple[str, str]]:
         """The wake channel of every queue, and its push channel for this client id."""
@@ -325,6 +354,10 @@ class Supervisor:
                 fcall(self.r, "queasy_leave", [state.base], ["", self.client.id])
             except (redis.RedisError, OSError):
                 break
+        try:
+            self.registry.leave(self.r, self.client.id)
+        except (redis.RedisError, OSError):
+            pass  # its entry expires
         log.info("supervisor %s stopped", self.client.id)
 
     def _send_last_acks(self) -> None:

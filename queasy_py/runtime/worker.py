@@ -7,7 +7,9 @@ Protocol (each message one orjson document in a frame of queasy_py/frames.py):
                         "stop"                              exit (sent when no job is left)
   worker -> supervisor: "ready" | ["import-error", message]              once, at start
                         [[seq, started_ms, error_or_null], ...]          results
-  error = {"name", "message", "kind": "permanent"|"retriable", "retry_at": secs|null}
+                        ([seq, started_ms, null, value_json] for a queue storing results)
+  error = {"name", "message", "kind": "permanent"|"retriable", "retry_at": secs|null,
+           "traceback": str|null}
           (queasy_py/runtime/results.py: what a result holds, and how a batch is encoded)
 
 Plain handlers run in a thread pool, async ones on one event loop thread, so a worker runs
@@ -41,7 +43,7 @@ from .. import defaults
 from ..job import Job
 from .frames import Pipe, job_heads
 from .handler import load
-from .results import check_result, describe_error, encode_results, invalid_data
+from .results import check_result, describe_error, encode_results, invalid_data, stored_result
 
 if TYPE_CHECKING:
     import asyncio
@@ -52,10 +54,13 @@ log = logging.getLogger("queasy_py.worker")
 class Runner:
     """Runs jobs concurrently and sends their results back in batches."""
 
-    def __init__(self, pipe: Pipe, handlers: dict[str, str]) -> None:
+    def __init__(
+        self, pipe: Pipe, handlers: dict[str, str], results: frozenset[str] = frozenset()
+    ) -> None:
         self.pipe = pipe
         self.parent = os.getppid()  # the supervisor: a job starts only while it lives
         self.handlers = {queue: load(path) for queue, path in handlers.items()}
+        self.results = results  # the queues whose handlers' return values are stored
         # a job takes at least one unit, plus the thread reading the pipe
         self.pool = ThreadPoolExecutor(max_workers=defaults.WORKER_UNITS + 1)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -100,6 +105,19 @@ class Runner:
     def _done(self, seq: int, started: int, error: dict[str, Any] | None) -> None:
         self.outbox.put([seq, started, error])
 
+    def _returned(self, seq: int, started: int, result: Any, job: Job) -> None:
+        """A handler returned `result`: sent along when its queue stores results (a value
+        that is not JSON fails that job: InvalidResult), else only checked."""
+        if job.queue not in self.results:
+            check_result(result, job)
+            self._done(seq, started, None)
+            return
+        value, error = stored_result(result, job)
+        if error is not None:
+            self._done(seq, started, error)
+        else:
+            self.outbox.put([seq, started, None, value])
+
     def run_sync(self, seq: int, handle: Any, data: Any, job: Job) -> None:
         if os.getppid() != self.parent:  # the supervisor died: its leases go to others
             exit_with_everything()
@@ -110,11 +128,10 @@ class Runner:
                 # a sync wrapper around an async def: run what it returned on the loop
                 self._start_async(self.run_awaitable(seq, started, result, job))
                 return
-            check_result(result, job)
         except BaseException as exc:  # noqa: BLE001 - every failure is reported
             self._done(seq, started, describe_error(exc))
         else:
-            self._done(seq, started, None)
+            self._returned(seq, started, result, job)
 
     async def run_async(self, seq: int, handle: Any, data: Any, job: Job) -> None:
         started = int(time.time() * 1000)
@@ -131,11 +148,10 @@ class Runner:
             result = await aw
             while result is not None and isawaitable(result):
                 result = await result
-            check_result(result, job)
         except BaseException as exc:  # noqa: BLE001
             self._done(seq, started, describe_error(exc))
         else:
-            self._done(seq, started, None)
+            self._returned(seq, started, result, job)
 
     def lead(self) -> None:
         """Read the next message, hand the reading on, run its jobs (the first plain one in
@@ -232,8 +248,9 @@ def _not_now(signum: int, frame: object) -> None:
     """SIGINT and SIGTERM to a worker: ignored (its supervisor stops it)."""
 
 
-def main(pipe: Pipe, handlers: dict[str, str]) -> None:
-    """Run a worker on `pipe` for `handlers` ({queue: module path})."""
+def main(pipe: Pipe, handlers: dict[str, str], results: frozenset[str] = frozenset()) -> None:
+    """Run a worker on `pipe` for `handlers` ({queue: module path}); the return values of
+    the queues in `results` are sent back."""
     # The supervisor decides when we stop: a signal to the whole process group (Ctrl-C, or
     # systemd's SIGTERM to every process of the unit) must not kill running jobs it drains.
     # A handler that does nothing, not SIG_IGN: an ignored signal stays ignored across exec,
@@ -242,7 +259,7 @@ def main(pipe: Pipe, handlers: dict[str, str]) -> None:
         signal.signal(sig, _not_now)
     logging.basicConfig(level=log_level(), stream=sys.stderr, format=defaults.LOG_FORMAT)
     try:
-        runner = Runner(pipe, handlers)
+        runner = Runner(pipe, handlers, results)
     except Exception as exc:
         pipe.send_frame(orjson.dumps(["import-error", str(exc)]))
         os._exit(3)
@@ -252,5 +269,7 @@ def main(pipe: Pipe, handlers: dict[str, str]) -> None:
 
 
 def run(argv: list[str]) -> None:
-    """Entry point of a worker process (pool.start_worker): argv = [FD, HANDLERS_JSON]."""
-    main(Pipe(socket.socket(fileno=int(argv[0]))), orjson.loads(argv[1]))
+    """Entry point of a worker process (pool.start_worker): argv = [FD, HANDLERS_JSON,
+    RESULT_QUEUES_JSON (optional)]."""
+    results = frozenset(orjson.loads(argv[2])) if len(argv) > 2 else frozenset()
+    main(Pipe(socket.socket(fileno=int(argv[0]))), orjson.loads(argv[1]), results)

@@ -40,6 +40,7 @@ class Workers:
         self.events = events
         self.states = states
         self.handlers = {name: state.spec.handler for name, state in states.items()}
+        self.results = frozenset(n for n, state in states.items() if state.spec.store_results)
         self.env = env
         workers = settings["workers"]
         self.target: int = workers if workers is not None else defaults.default_workers()
@@ -65,7 +66,7 @@ class Workers:
     # ------------------------------------------------------------------ processes
 
     def _spawn(self) -> WorkerProc:
-        proc = start_worker(self.handlers, self.env)
+        proc = start_worker(self.handlers, self.env, self.results)
         proc.pipe.buffered = True  # sends never block the loop (flushed when writable)
         self.started[proc] = time.monotonic()
         self.procs.append(proc)
@@ -176,7 +177,8 @@ class Workers:
                 self.import_error = text
             return
         now = time.time()
-        for seq, started, error in message:
+        for item in message:  # [seq, started, error] or [seq, started, None, result]
+            seq, started, error = item[0], item[1], item[2]
             job = proc.take(seq)
             if job is None:
                 continue
@@ -186,9 +188,18 @@ class Workers:
             if job.timed_out:  # a result that raced its timeout: the timeout wins
                 self.acks.append(self.retry_ack(job, "timeout", proc.pid, started))
                 continue
+            result = item[3] if len(item) > 3 and isinstance(item[3], str) else ""
             self.acks.append(
                 outcomes.on_result(
-                    job, state.spec, state.base, state.fail_base, error, proc.pid, started, now
+                    job,
+                    state.spec,
+                    state.base,
+                    state.fail_base,
+                    error,
+                    proc.pid,
+                    started,
+                    now,
+                    result,
                 )
             )
         if self.max_jobs_per_worker and proc.done >= self.max_jobs_per_worker and proc.healthy:
@@ -212,7 +223,8 @@ class Workers:
             log.error(
                 "worker %d exited with code %s holding %d job(s)", proc.pid, code, len(proc.jobs)
             )
-        self.requeue_held(proc, "stall", "WorkerDied")
+        died = f"worker {proc.pid} exited with code {code}"
+        self.requeue_held(proc, "stall", "WorkerDied", died)
         proc.close()
         self.ensure()
 
@@ -253,22 +265,47 @@ class Workers:
         pid: int,
         started: int | str,
         error_name: str = "TimeoutError",
+        message: str = "",
     ) -> outcomes.Ack:
         """Retry, counting `kind` ('timeout', 'stall', 'release'): a timed-out job after the
-        queue's backoff for its timeout count (like any retry), the others at once."""
+        queue's backoff for its timeout count (like any retry), the others at once. Logged:
+        a timeout or a stall with the job's attempt and error, a release (shutdown) too."""
         state = self.states[job.queue]
         run_at = outcomes.NOW
+        delay = 0.0
         if kind == "timeout":
-            run_at = outcomes.after(outcomes.backoff_seconds(state.spec, job.timeout_count))
-        return outcomes.retry(job, state.base, run_at, kind, pid, started, error_name)
+            delay = outcomes.backoff_seconds(state.spec, job.timeout_count)
+            run_at = outcomes.after(delay)
+            message = message or (
+                f"job passed its timeout of {state.spec.timeout:.3g}s on worker {pid}"
+            )
+        if kind == "release":
+            log.warning(
+                "job %s of %s handed back to waiting, not counted: %s",
+                job.id,
+                job.queue,
+                message or error_name,
+            )
+        else:
+            log.warning(
+                "job %s of %s %s (attempt %d), retried in %.3gs: %s: %s",
+                job.id,
+                job.queue,
+                "timed out" if kind == "timeout" else "stalled",
+                outcomes.attempt(job),
+                delay,
+                error_name,
+                message,
+            )
+        return outcomes.retry(job, state.base, run_at, kind, pid, started, error_name, message)
 
-    def requeue_held(self, proc: WorkerProc, kind: str, error_name: str) -> None:
+    def requeue_held(self, proc: WorkerProc, kind: str, error_name: str, message: str = "") -> None:
         """Retry every job `proc` held: a timed-out one as a timeout, the others as `kind`."""
         for job in list(proc.jobs.values()):
             if job.timed_out:
                 self.acks.append(self.retry_ack(job, "timeout", proc.pid, ""))
             else:
-                self.acks.append(self.retry_ack(job, kind, proc.pid, "", error_name))
+                self.acks.append(self.retry_ack(job, kind, proc.pid, "", error_name, message))
         proc.jobs.clear()
 
     # ------------------------------------------------------------------ health
@@ -322,5 +359,6 @@ class Workers:
             self.receive(proc)
             self.kill(proc)
             for job in proc.jobs.values():
-                self.acks.append(self.retry_ack(job, "release", proc.pid, "", "Shutdown"))
+                why = "the supervisor shut down before it ended"
+                self.acks.append(self.retry_ack(job, "release", proc.pid, "", "Shutdown", why))
             proc.jobs.clear()

@@ -1,5 +1,12 @@
 """The outcome-event streams, read (the store's one reader of them).
 
+An event as the operator calls read it (`typed`, `page`, `follow`) is a dict: `event_id`
+(the stream entry id, the cursor to read on from), the text fields `id, queue, outcome,
+client, error_name, error_kind, error_message, traceback`, and the integer fields `run_at,
+started_at, ended_at, enqueued_at` (ms since the epoch), `pid, retry_count, stall_count,
+timeout_count` (None where the library wrote '': unknown). README "Outcome events": the
+schema, versioned with the library.
+
 Each queue has a capped stream `<base>:events` (lua/queasy.lua, outcome_event): the library
 only appends to it (XADD ... MAXLEN ~) and trimming only removes its oldest entries; nothing
 deletes an entry in the middle. So the entries of a stream are numbered: the n-th entry ever
@@ -15,6 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+
+from ..errors import InvalidInput
+from . import fields
 
 #: a stream key: <prefix>:{<tag>}:<queue name>:events (names hold no braces)
 STREAM_KEY = re.compile(r"^(?P<prefix>.+?):\{(?P<tag>[^{}]+)\}:(?P<name>[^{}]+):events$")
@@ -100,3 +110,61 @@ def stream_keys(r: redis.Redis, prefix: str) -> list[tuple[str, str, str]]:
         if match is not None and match["prefix"] == prefix:
             found.append((key, match["tag"], match["name"]))
     return sorted(found, key=lambda f: (f[1], f[2]))  # by tag, then name: a queue first
+
+
+#: the integer fields of an event ('' in the stream: None)
+INT_FIELDS = frozenset(
+    {
+        "run_at",
+        "started_at",
+        "ended_at",
+        "enqueued_at",
+        "pid",
+        "retry_count",
+        "stall_count",
+        "timeout_count",
+    }
+)
+#: the largest count of events one read returns
+MAX_COUNT = 10_000
+
+
+def typed(entry_id: Any, raw: dict[Any, Any]) -> dict[str, Any]:
+    """One stream entry as an event dict (never raises on a field written by hand)."""
+    event: dict[str, Any] = {"event_id": fields.text(entry_id)}
+    for key, value in raw.items():
+        name = fields.text(key)
+        if name in INT_FIELDS:
+            event[name] = fields.to_int(value, None) if value not in (b"", "") else None
+        else:
+            event[name] = fields.text(value)
+    return event
+
+
+def parse_entries(entries: list | None) -> list[dict[str, Any]]:
+    """The events of an XRANGE reply, or of one stream of an XREAD reply."""
+    return [typed(entry_id, raw) for entry_id, raw in entries or []]
+
+
+def range_args(key: str, after: str, count: int) -> tuple[str, str, int]:
+    """(min, max, count) of the XRANGE that reads `count` events after `after` ('0': from the
+    oldest kept, else an event_id: the events after it)."""
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COUNT:
+        raise InvalidInput(f"count must be an int 1..{MAX_COUNT}, not {count!r}")
+    return ("-" if after in ("0", "0-0", "-") else f"({after}"), "+", count
+
+
+def page(r: Any, key: str, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
+    """Up to `count` events of the stream `key` after `after`, oldest first (no wait)."""
+    low, high, count = range_args(key, after, count)
+    return parse_entries(r.xrange(key, low, high, count=count))
+
+
+def follow(
+    r: Any, key: str, after: str = "$", count: int = 100, block: float = 5.0
+) -> list[dict[str, Any]]:
+    """Events after `after` ('$': only new ones), waiting up to `block` seconds for one
+    (XREAD BLOCK on a connection of `r`: give it a socket timeout above `block`)."""
+    range_args(key, "0", count)  # checks count
+    reply = r.xread({key: after}, count=count, block=max(1, int(block * 1000)))
+    return parse_entries(reply[0][1]) if reply else []

@@ -43,6 +43,14 @@ class QueueKeys:
     def active(self, job_id: str) -> str:
         return f"{self.base}:active:{job_id}"
 
+    def done(self, job_id: str) -> str:
+        """The channel PUBLISHed when job `job_id` ends (Queue.result waits on it)."""
+        return f"{self.base}:done:{job_id}"
+
+    @property
+    def stats(self) -> str:
+        """Totals and per-minute counts of finished and failed jobs (reset by DEL)."""
+        return f"{self.base}:stats"
     @property
     def schedule(self) -> str:
         """The queue's schedule (lua/queasy.lua B:schedule)."""
@@ -55,6 +63,23 @@ class QueueKeys:
     def dead_letters(self) -> str:
         """The capped list queasy_py.handlers.dead_letter records failures into."""
         return f"{self.base}:dead"
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryKeys:
+    """Keys of a key prefix that belong to no queue (never touched inside an FCALL)."""
+
+    prefix: str
+
+    @property
+    def queues(self) -> str:
+        """A set of the queue names dispatched to or listened on (Client.queues)."""
+        return f"{self.prefix}:queues"
+
+    @property
+    def supervisors(self) -> str:
+        """A hash: client id -> JSON of a live supervisor, written by its heartbeat."""
+        return f"{self.prefix}:supervisors"
 
 
 def schedule_pattern(prefix: str) -> str:

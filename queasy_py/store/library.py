@@ -35,7 +35,14 @@ class Status(enum.IntEnum):
 
 @cache
 def source() -> str:
-    """The bundled library's source (installed in the wheel as queasy_py/lua/queasy.lua)."""
+    """The bundled library's source (installed in the wheel as queasy_py/lua/queasy.lua).
+
+    A source checkout (lua/queasy.lua beside the package) uses its own file: an editable
+    install maps queasy_py.lua to the checkout it was made from, which may be another one
+    (a git worktree run with PYTHONPATH)."""
+    checkout = Path(__file__).resolve().parent.parent.parent
+    if (checkout / "pyproject.toml").is_file() and (checkout / "lua" / "queasy.lua").is_file():
+        return (checkout / "lua" / "queasy.lua").read_text()
     try:
         return resources.files("queasy_py.lua").joinpath("queasy.lua").read_text()
     except (ModuleNotFoundError, FileNotFoundError):  # pragma: no cover - odd layouts

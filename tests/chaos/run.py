@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from queasy_py import Client, Queue
+from queasy_py.job import LIVE_STATES
 from queasy_py.queue import DISPATCH_CHUNK
 
 from .cluster import Cluster, Slot
@@ -139,16 +140,17 @@ class Chaos:
         self.checker.fresh.clear()
 
     def counts(self, queue: Queue) -> dict[str, int] | None:
-        """A queue's counts; after a FUNCTION FLUSH the library is loaded again first (None
-        while the server refuses to load it)."""
+        """A queue's jobs per live state (not the totals of ended ones); after a FUNCTION
+        FLUSH the library is loaded again first (None while the server refuses to load it)."""
         try:
-            return queue.counts()
+            counts = queue.counts()
         except redis.ResponseError as exc:
             if not missing_function(exc):
                 raise
             if not self.faults.ensure_library():
                 return None
-            return queue.counts()
+            counts = queue.counts()
+        return {state: counts[state] for state in LIVE_STATES}
 
     def check(self, now: float, begin: float) -> None:
         if self.faults.frozen:  # the events cannot be read: check once the server is back

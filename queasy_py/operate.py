@@ -1,0 +1,165 @@
+"""What operators ask of a queue beside dispatch (issue #11): its jobs by state a page at a
+time, requeue of failed jobs, purge, a job's result, the outcome events. The argument checks
+are shared with aio.AsyncQueue (OperateArgs); Operate is Queue's side of them. Every call is
+bounded: listing pages, requeue and purge loop over FCALLs of at most PAGE jobs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+
+from . import records, validate
+from .errors import InvalidInput, ResultTimeout
+from .job import END_STATES, JobInfo
+from .store import events
+from .store.library import fcall, lua_error
+
+#: jobs per call of queasy_jobs (the most), queasy_requeue and queasy_purge
+PAGE = 1000
+LISTED = ("waiting", "delayed", "blocked", "active", *END_STATES)
+#: what purge("all") removes, in this order: every state but active
+PURGED = ("waiting", "delayed", "blocked", "cancelled", "finished", "failed")
+#: the longest wait of result() on one read before it looks at the job again
+RESULT_WAIT = 3600.0
+
+
+class OperateArgs:
+    """The checks of the operator calls' arguments (Queue and AsyncQueue)."""
+
+    name: str
+
+    def _jobs_args(self, state: str, cursor: str, limit: int, with_data: bool) -> list:
+        if state not in LISTED:
+            raise InvalidInput(f"state must be one of {', '.join(LISTED)}, not {state!r}")
+        if not isinstance(cursor, str) or not cursor or len(cursor) > 40:
+            raise InvalidInput(f"cursor must be '0' or the one a page returned, not {cursor!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE:
+            raise InvalidInput(f"limit must be an int 1..{PAGE}, not {limit!r}")
+        return ["", state, cursor, limit, "1" if with_data else "0"]
+
+    @staticmethod
+    def _purged(state: str) -> tuple[str, ...]:
+        if state == "all":
+            return PURGED
+        if state not in PURGED:
+            raise InvalidInput(
+                f"purge state must be one of {', '.join(PURGED)} or all (never active), "
+                f"not {state!r}"
+            )
+        return (state,)
+
+    @staticmethod
+    def _requeue_chunks(ids: Iterable[str]) -> list[list[str]]:
+        if isinstance(ids, str):
+            raise InvalidInput("ids must be a list of job ids, not a str")
+        checked = [validate.job_id(i) for i in ids]
+        return [checked[i : i + PAGE] for i in range(0, len(checked), PAGE)]
+
+    @staticmethod
+    def _deadline(timeout: float | None) -> float | None:
+        if timeout is None:
+            return None
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not (0 <= timeout <= validate.MAX_DURATION)
+        ):
+            raise InvalidInput(f"timeout must be None or seconds >= 0, not {timeout!r}")
+        return time.monotonic() + timeout
+
+    def _timed_out(self, job_id: str, timeout: float | None) -> ResultTimeout:
+        return ResultTimeout(f"job {job_id} of {self.name} did not end within {timeout}s")
+
+
+class Operate:
+    """Queue's operator calls (a mixin: `client` and `keys` are the Queue's)."""
+
+    client: Any
+    keys: Any
+    name: str
+    get_job: Any
+    _jobs_args: Any
+    _requeue_chunks: Any
+    _purged: Any
+    _deadline: Any
+    _timed_out: Any
+
+    def reset_totals(self) -> None:
+        """Start the finished and failed totals (and their per-minute counts) from 0."""
+        self.client.redis.delete(self.keys.stats)
+
+    def jobs(
+        self, state: str, cursor: str = "0", limit: int = 100, with_data: bool = False
+    ) -> tuple[list[JobInfo], str]:
+        """One page of the jobs in `state` (waiting, delayed, blocked, active, finished,
+        failed, cancelled) and the cursor of the next page ("0" after the last): pass it
+        back for the next. Each call is bounded (`limit` <= 1000); waiting and delayed come
+        by run_at, ended ones newest first. `data` is None unless `with_data`."""
+        args = self._jobs_args(state, cursor, limit, with_data)
+        reply = self.client.redis.fcall_ro("queasy_jobs", 1, self.keys.base, *args)
+        return records.page(self.name, reply)
+
+    def requeue_failed(self, ids: Iterable[str] | None = None) -> int:
+        """Dispatch failed jobs (their kept records) again, to run now with counts 0: those
+        with these ids, or every one that had failed when this was called. Their records
+        go; returns how many were requeued."""
+        total = 0
+        if ids is not None:
+            for chunk in self._requeue_chunks(ids):
+                total += self._call("queasy_requeue", ["", "", PAGE, *chunk])[0]
+            return total
+        cutoff = ""
+        while True:
+            done, cutoff, seen = self._call("queasy_requeue", ["", cutoff, PAGE])
+            total += done
+            if seen < PAGE:
+                return total
+
+    def purge(self, state: str) -> int:
+        """Remove the jobs in `state` (waiting, delayed, blocked, finished, failed, cancelled,
+        or all of those); never an active job. Returns how many were removed. No event is
+        written for them."""
+        total = 0
+        for name in self._purged(state):
+            bound = None
+            while True:
+                removed, left = self._call("queasy_purge", ["", name, PAGE])
+                total += removed
+                bound = removed + left if bound is None else bound - removed
+                if removed < PAGE or bound <= 0:
+                    break
+        return total
+
+    def result(self, job_id: str, timeout: float | None = None) -> Any:
+        """Wait for job `job_id` to end and return its handler's return value (None if its
+        queue does not store results). JobFailed when it failed for good or was cancelled,
+        JobNotFound for an unknown id, ResultTimeout after `timeout` seconds. The waiter is
+        woken by the end itself (a message on the job's channel, published when the
+        queue stores results; a queue that does not is seen at the timeout only)."""
+        validate.job_id(job_id)
+        deadline = self._deadline(timeout)
+        with self.client.redis.pubsub(ignore_subscribe_messages=True) as pubsub:
+            pubsub.subscribe(self.keys.done(job_id))
+            while True:  # subscribed first: an end after this look is a message
+                done, value = records.outcome(self.get_job(job_id), job_id, self.name)
+                if done:
+                    return value
+                left = RESULT_WAIT if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise self._timed_out(job_id, timeout)
+                pubsub.get_message(timeout=min(left, RESULT_WAIT))
+
+    def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
+        """Up to `count` outcome events after event id `after` ("0": the oldest kept),
+        oldest first; each event's `event_id` is the `after` of the next read (README
+        "Outcome events")."""
+        return events.page(self.client.redis, self.keys.events, after, count)
+
+    def _call(self, name: str, args: list) -> Any:
+        try:
+            return fcall(self.client.redis, name, [self.keys.base], args)
+        except redis.ResponseError as exc:
+            raise lua_error(exc) from None

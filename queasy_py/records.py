@@ -1,0 +1,125 @@
+"""Replies of the library's read functions made into Python values: JobInfo from a job's
+record (queasy_get_job, queasy_jobs), counts (queasy_counts), and what Queue.result() makes
+of an ended job. Shared by Queue and aio.AsyncQueue; numbers go through store.fields (never
+an exception on a field written by hand)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from .errors import JobFailed, JobNotFound
+from .job import END_STATES, JobInfo
+from .store import fields
+
+#: the values of queasy_counts, in order
+COUNTS = (
+    "waiting",
+    "delayed",
+    "blocked",
+    "active",
+    "finished",
+    "failed",
+    "finished_last_minute",
+    "failed_last_minute",
+    "finished_last_hour",
+    "failed_last_hour",
+)
+
+
+def _json(raw: Any) -> Any:
+    """A JSON field as a value; the text itself when it is not JSON (written around the
+    library: a record of hostile data must not stop a listing)."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return fields.text(raw)
+
+
+def _seconds(raw: Any) -> float | None:
+    value = fields.ms_to_seconds(raw, None)
+    return None if value is None or value <= 0 else value
+
+
+def last_error(f: dict[str, Any]) -> dict[str, Any] | None:
+    """The error fields of a record as {name, kind, message, traceback, at}, or None."""
+    name = fields.text(f.get("error_name"))
+    if not name:
+        return None
+    return {
+        "name": name,
+        "kind": fields.text(f.get("error_kind")),
+        "message": fields.text(f.get("error_message")),
+        "traceback": fields.text(f.get("traceback")) or None,
+        "at": _seconds(f.get("error_at")),
+    }
+
+
+def job_info(queue: str, row: Any) -> JobInfo | None:
+    """A JobInfo from a {state, {field, value, ...}} reply; None for a nil reply."""
+    if row is None:
+        return None
+    state, flat = fields.text(row[0]), row[1]
+    f = {fields.text(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+    started = f.get("leased_at") if state == "active" else f.get("started_at")
+    pid = fields.to_int(f.get("pid"), 0)
+    return JobInfo(
+        id=fields.text(f.get("id")),
+        queue=queue,
+        data=_json(f["data"]) if "data" in f else None,
+        state=state,  # type: ignore[arg-type]
+        run_at=fields.ms_to_seconds(f.get("run_at"), 0.0),
+        retry_count=fields.to_int(f.get("retry_count"), 0),
+        stall_count=fields.to_int(f.get("stall_count"), 0),
+        timeout_count=fields.to_int(f.get("timeout_count"), 0),
+        attempts=fields.to_int(f.get("attempts"), 0),
+        enqueued_at=_seconds(f.get("enqueued_at")),
+        started_at=_seconds(started),
+        ended_at=_seconds(f.get("ended_at")),
+        last_error=last_error(f),
+        worker_pid=pid if pid > 0 else None,
+        client=fields.text(f.get("client")) or None,
+        host=fields.text(f.get("host")) or None,
+        result=_json(f["result"]) if "result" in f else None,
+    )
+
+
+def page(queue: str, row: list) -> tuple[list[JobInfo], str]:
+    """The jobs of a queasy_jobs reply and the cursor of the next page ('0': none)."""
+    jobs = [job_info(queue, item) for item in row[1:]]
+    return [j for j in jobs if j is not None], fields.text(row[0])
+
+
+def counts(row: list) -> dict[str, int]:
+    values = (fields.to_int(value, 0) for value in row)
+    return dict(zip(COUNTS, values, strict=True))
+
+
+def outcome(info: JobInfo | None, job_id: str, queue: str) -> tuple[bool, Any]:
+    """What result() makes of a job: (True, its result) once it finished, (False, None)
+    while it has not ended; JobFailed when it failed or was cancelled, JobNotFound when
+    there is no such job (or its record is no longer kept)."""
+    if info is None:
+        raise JobNotFound(
+            f"no job {job_id!r} in queue {queue!r} (never dispatched, or its record is no "
+            "longer kept: see keep_finished and keep_failed)"
+        )
+    if info.state not in END_STATES:
+        return False, None
+    if info.state == "finished":
+        return True, info.result
+    error = info.last_error or {}
+    if info.state == "cancelled":
+        error = {
+            "name": "Cancelled",
+            "kind": "cancelled",
+            "message": "the job was cancelled",
+            "traceback": None,
+            "at": info.ended_at,
+        }
+    raise JobFailed(
+        f"job {job_id} of {queue} {info.state}: {error.get('name')}: {error.get('message')}",
+        info,
+        error,
+    )
