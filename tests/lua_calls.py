@@ -12,6 +12,7 @@ from typing import Any
 
 import redis
 
+from queasy_py.records import COUNTS
 from queasy_py.store.keys import QueueKeys
 
 NOW = 1_700_000_000_000  # ms: the tests' clock
@@ -21,19 +22,6 @@ KEEP = (100, 3_600_000)  # records of ended jobs kept: count, ms
 HOST = "test-host"
 
 JOB_COUNTS = ("retry_count", "stall_count", "timeout_count")
-#: the values of queasy_counts, in order
-COUNTS = (
-    "waiting",
-    "delayed",
-    "blocked",
-    "active",
-    "finished",
-    "failed",
-    "finished_last_minute",
-    "failed_last_minute",
-    "finished_last_hour",
-    "failed_last_hour",
-)
 
 
 @dataclass(frozen=True)
