@@ -10,12 +10,13 @@ import orjson
 import redis
 
 from . import defaults
-from .errors import InvalidInput, QueasyError
+from .errors import ConfigError, InvalidInput, QueasyError
 from .options import check_setting
 from .queue import Queue
 from .resolve import PathLike, Target, resolve
 from .store import fields
 from .store.calls import FastCall
+from .store.cluster import ClusterCall, connect_cluster, is_cluster_url, parse_cluster_url
 from .store.connection import mask_url, new_client_id, producer_client, wait_reachable
 from .store.keys import RegistryKeys, schedule_pattern, schedule_queue
 from .store.library import ensure_loaded
@@ -67,14 +68,19 @@ class Client:
         target = url if isinstance(url, Target) else resolve(url, config=config, data_dir=data_dir)
         self.server: SharedServer | None = target.server
         self.url = target.url
+        self.cluster = is_cluster_url(self.url)
+        self._redis: Any = None  # a redis.Redis, or a ClusterClient made by ready()
         try:  # a bad URL is a ConfigError now; the connection is made by the first call
-            self._redis: redis.Redis = producer_client(self.url)
+            if self.cluster:
+                parse_cluster_url(self.url)
+            else:
+                self._redis = producer_client(self.url)
         except BaseException:
             self.close()
             raise
         # INFO when the URL was found (env, config, the embedded server), not given
         log.log(logging.DEBUG if target.explicit else logging.INFO, "using %s", target.describe())
-        self._fastcall = FastCall(self._redis)
+        self._fastcall: Any = None if self.cluster else FastCall(self._redis)
         self.library_version: str | None = None  # set by ready()
         self._connecting = threading.Lock()
         self.id = new_client_id()
@@ -87,20 +93,24 @@ class Client:
         Redis does it): ConnectionFailed after `attempts` tries (CONNECT_BACKOFF doubling),
         AuthenticationFailed, VersionMismatch. A failed try is tried again by the next call."""
         with self._connecting:  # threads making their first calls at once connect once
-            if self.library_version is None:
+            if self.library_version is None and self.cluster:
+                self._redis, self.library_version = connect_cluster(self.url, attempts)
+                self._fastcall = ClusterCall(self._redis)
+            elif self.library_version is None:
                 wait_reachable(self._redis, self.url, attempts)
                 self.library_version = ensure_loaded(self._redis)
         return self
 
     @property
     def redis(self) -> redis.Redis:
-        """The producer's redis.Redis (bytes replies), connected and with the library loaded."""
+        """The producer's redis.Redis (bytes replies), connected and with the library loaded
+        (on a cluster URL: a redis-py RedisCluster, see store/cluster.py)."""
         if self.library_version is None:
             self.ready()
         return self._redis
 
     @property
-    def fastcall(self) -> FastCall:
+    def fastcall(self) -> FastCall | ClusterCall:
         if self.library_version is None:
             self.ready()
         return self._fastcall
@@ -178,6 +188,11 @@ class Client:
             raise QueasyError("run() needs at least one queue.listen(...) first")
         if self.settings["workers"] == 0:
             raise QueasyError("this client was made with workers=0 (producer only): it cannot run")
+        if self.cluster:
+            raise ConfigError(
+                f"{mask_url(self.url)}: a supervisor cannot run on Redis Cluster yet (only the "
+                "producer API can); run it against a standalone Redis or Valkey"
+            )
         self.ready()
         self._supervisor = Supervisor(self)
         if self.server is not None:

@@ -43,6 +43,19 @@ def server() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def local_cluster() -> Iterator[Any]:
+    """A real local Redis Cluster of 3 primaries (tests/cluster_servers.py), started on first
+    use."""
+    from cluster_servers import LocalCluster
+
+    cluster = LocalCluster(primaries=3).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
 def redis_url(server: Any) -> str:
     return str(server.url)
 

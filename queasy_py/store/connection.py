@@ -68,6 +68,11 @@ def check_url(url: str) -> None:
     parser, which then takes part of the password for the host or port.
     """
     scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        raise ConfigError(
+            f"{mask_url(url)}: a Redis Cluster URL serves Client's producer API only, for now "
+            "(not AsyncClient, a supervisor or its tools); use a standalone Redis or Valkey"
+        )
     if scheme not in SCHEMES:
         raise ConfigError(
             f"invalid Redis URL {mask_url(url)}: it must start with "

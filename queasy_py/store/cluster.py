@@ -1,0 +1,174 @@
+"""Redis Cluster for the producer API: `redis+cluster://[user:password@]host:port[,host:port...]`.
+
+Every key of a queue shares one hash tag, so every library call of a queue runs on the one
+primary that owns the tag's slot. redis-py's RedisCluster routes FCALL by asking the server
+for the command's keys (`COMMAND GETKEYS`, a round trip per call); ClusterClient reads the
+keys from the call itself (FCALL name numkeys key...), for single calls and pipelines alike.
+The function library is loaded on every primary (`load_everywhere`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
+from redis.retry import Retry
+
+from .. import defaults
+from ..errors import AuthenticationFailed, ConfigError, ConnectionFailed
+from .library import ensure_loaded, parse_version
+
+log = logging.getLogger("queasy_py")
+
+#: the URL schemes of a cluster, and the plain scheme each stands for
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+#: commands whose keys follow their numkeys argument (name, numkeys, keys...)
+_NUMKEYS_COMMANDS = frozenset({"fcall", "fcall_ro"})
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.partition("://")[0].lower() in CLUSTER_SCHEMES
+
+
+def parse_cluster_url(url: str) -> tuple[list[ClusterNode], dict[str, Any]]:
+    """The startup nodes and the connection options of a cluster URL; ConfigError naming
+    the masked URL when it lacks a node or a port."""
+    from .connection import mask_url
+
+    scheme, _, rest = url.partition("://")
+    base = CLUSTER_SCHEMES.get(scheme.lower())
+    if base is None:
+        raise ConfigError(f"not a cluster URL: {mask_url(url)}")
+    credentials, at, hosts = rest.rpartition("@")
+    hosts, _, query = hosts.partition("?")
+    hosts = hosts.rstrip("/")
+    nodes: list[ClusterNode] = []
+    for part in hosts.split(","):
+        host, colon, port = part.strip().rpartition(":")
+        if not colon or not host or not port.isdigit():
+            raise ConfigError(
+                f"invalid cluster URL {mask_url(url)}: each node must be host:port, "
+                "e.g. redis+cluster://10.0.0.1:7000,10.0.0.2:7000"
+            )
+        nodes.append(ClusterNode(host.strip("[]"), int(port)))
+    options: dict[str, Any] = {}
+    if at:
+        user, colon, password = credentials.partition(":")
+        if colon:
+            options["password"] = unquote(password)
+            if user:
+                options["username"] = unquote(user)
+        else:
+            options["password"] = unquote(user)
+    if base == "rediss":
+        options["ssl"] = True
+        options["ssl_check_hostname"] = True
+    if query:
+        first = f"{nodes[0].host}:{nodes[0].port}"
+        parsed = urlsplit(f"{base}://{first}/?{query}")
+        for item in parsed.query.split("&"):
+            key, _, value = item.partition("=")
+            if key:
+                options[key] = unquote(value)
+    return nodes, options
+
+
+class _KeysFromCall:
+    """A redis-py commands parser that reads FCALL's keys from the call itself and asks the
+    wrapped parser (COMMAND GETKEYS when needed) for every other command."""
+
+    def __init__(self, parser: Any) -> None:
+        self._parser = parser
+
+    def get_keys(self, redis_conn: Any, *args: Any) -> Any:
+        if len(args) > 2 and str(args[0]).lower() in _NUMKEYS_COMMANDS:
+            count = int(args[2])
+            return list(args[3 : 3 + count]) if count else None
+        return self._parser.get_keys(redis_conn, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parser, name)
+
+
+class ClusterClient(RedisCluster):
+    """RedisCluster routing FCALL by its first key, without a GETKEYS round trip."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands_parser = _KeysFromCall(self.commands_parser)  # pipelines share it
+
+
+def connect_cluster(
+    url: str,
+    attempts: int = defaults.CONNECT_ATTEMPTS,
+    backoff: float = defaults.CONNECT_BACKOFF,
+) -> tuple[ClusterClient, str]:
+    """A ClusterClient for `url` with the library loaded on every primary, and the library's
+    version. ConnectionFailed (after `attempts` tries, backoff doubling) when no node answers,
+    AuthenticationFailed for refused credentials, ConfigError for a server not in cluster mode.
+
+    A command is never sent twice by redis-py (retries off): MOVED and ASK are followed, but
+    a reply lost after sending raises, as for a single server (store/calls.py).
+    """
+    from .connection import mask_url
+
+    nodes, options = parse_cluster_url(url)
+    delay = backoff
+    for attempt in range(1, attempts + 1):
+        try:
+            rc = ClusterClient(
+                startup_nodes=nodes,
+                socket_connect_timeout=5.0,
+                socket_keepalive=True,
+                retry=Retry(NoBackoff(), 0),
+                **options,
+            )
+        except redis.AuthenticationError as exc:
+            raise AuthenticationFailed(
+                f"Redis Cluster at {mask_url(url)} refused the credentials: {exc}"
+            ) from None
+        except (RedisClusterException, redis.ConnectionError, OSError) as exc:
+            if "cluster mode is not enabled" in str(exc).lower():
+                raise ConfigError(
+                    f"{mask_url(url)}: the server is not in cluster mode; use a redis:// URL"
+                ) from None
+            if attempt == attempts:
+                raise ConnectionFailed(
+                    f"cannot connect to Redis Cluster at {mask_url(url)}: {exc}"
+                ) from None
+            log.warning(
+                "cannot connect to Redis Cluster at %s (attempt %d of %d): %s; retrying in %.1fs",
+                mask_url(url), attempt, attempts, exc, delay,
+            )  # fmt: skip
+            time.sleep(delay)
+            delay *= 2
+            continue
+        try:
+            return rc, load_everywhere(rc)
+        except BaseException:
+            rc.close()
+            raise
+    raise AssertionError("unreachable")
+
+
+def load_everywhere(rc: RedisCluster) -> str:
+    """The version handshake on every primary; the newest version in use."""
+    versions = [ensure_loaded(rc.get_redis_connection(node)) for node in rc.get_primaries()]
+    return max(versions, key=parse_version)
+
+
+class ClusterCall:
+    """Client.fastcall on a cluster: one FCALL routed by its first key (RedisCluster follows
+    MOVED and ASK; see connect_cluster for what is never retried)."""
+
+    def __init__(self, rc: RedisCluster) -> None:
+        self._rc = rc
+
+    def __call__(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        return self._rc.execute_command("FCALL", name, len(keys), *keys, *args)

@@ -1,0 +1,166 @@
+"""The producer API on a real local Redis Cluster (3 primaries, tests/cluster_servers.py):
+`redis+cluster://` URLs, FCALL routed by the queue's key without COMMAND GETKEYS, the library
+on every primary, and clear errors for what does not work on a cluster yet (a supervisor)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+import pytest
+
+from queasy_py import Client, ConfigError, ConnectionFailed
+from queasy_py.store.cluster import parse_cluster_url
+from queasy_py.store.embedded import EmbeddedServer
+from queasy_py.store.library import bundled_version
+
+
+@pytest.fixture
+def cluster_client(local_cluster: Any) -> Any:
+    client = Client(local_cluster.url, workers=0, prefix=f"qc-{uuid.uuid4().hex[:8]}")
+    yield client
+    client.close()
+
+
+def spread_queues(cluster: Any, client: Client, count: int = 3) -> list[str]:
+    """Queue names whose keys live on `count` different primaries."""
+    by_owner: dict[int, str] = {}
+    for i in range(200):
+        name = f"q{i}"
+        by_owner.setdefault(cluster.owner(client.queue(name).keys.base), name)
+        if len(by_owner) == count:
+            return sorted(by_owner.values())
+    raise AssertionError("no queue names over every primary")
+
+
+def getkeys_calls(cluster: Any) -> int:
+    total = 0
+    for port in cluster.ports:
+        stats = cluster.node(port).info("commandstats")
+        total += int(stats.get("cmdstat_command|getkeys", {}).get("calls", 0))
+    return total
+
+
+def test_the_producer_api_works_on_every_primary(local_cluster: Any, cluster_client: Client):
+    names = spread_queues(local_cluster, cluster_client)
+    for name in names:
+        q = cluster_client.queue(name)
+        q.dispatch({"n": 1}, id="one")
+        q.dispatch_many([{"data": {"i": i}} for i in range(20)])
+        q.dispatch({"later": True}, id="later", delay=3600)
+        info = q.get_job("one")
+        assert info is not None and info.state == "waiting" and info.data == {"n": 1}
+        assert q.get_job("later").state == "delayed"  # type: ignore[union-attr]
+        assert q.counts()["waiting"] == 21 and q.counts()["delayed"] == 1
+        assert q.cancel("one") is True
+        assert q.get_job("one").state == "cancelled"  # type: ignore[union-attr]
+        listed, _ = q.jobs("waiting", limit=100)
+        assert len(listed) == 20
+        assert [e["outcome"] for e in q.events()] == ["cancelled"]
+        assert q.purge("delayed") == 1
+    assert cluster_client.queues() == names
+    # each queue's record is on its own primary, not on the node the client met first
+    owners = {local_cluster.owner(cluster_client.queue(n).keys.base) for n in names}
+    assert len(owners) == 3
+
+
+def test_fcall_is_routed_without_command_getkeys(local_cluster: Any, cluster_client: Client):
+    names = spread_queues(local_cluster, cluster_client)
+    cluster_client.ready()
+    before = getkeys_calls(local_cluster)
+    for name in names:
+        q = cluster_client.queue(name)
+        for i in range(30):
+            q.dispatch({"i": i})
+        q.dispatch_many([{"data": {"i": i}} for i in range(300)])  # pipelined
+        q.counts()
+    assert getkeys_calls(local_cluster) == before
+    assert sum(cluster_client.queue(n).counts()["waiting"] for n in names) == 3 * 330
+
+
+def test_the_library_is_loaded_on_every_primary(local_cluster: Any, cluster_client: Client):
+    cluster_client.ready()
+    for port in local_cluster.ports:
+        reply = local_cluster.node(port).fcall_ro("queasy_library", 0)
+        assert reply.decode().endswith(bundled_version())
+
+
+def test_a_supervisor_is_refused_with_a_clear_error(local_cluster: Any):
+    client = Client(local_cluster.url, workers=1)
+    client.queue("q").listen("tests.runtime_handlers.act")
+    with pytest.raises(ConfigError, match="cannot run on Redis Cluster yet") as err:
+        client.run()
+    assert local_cluster.password not in str(err.value)
+    assert "%2F" not in str(err.value)
+    client.close()
+
+
+def test_async_client_refuses_a_cluster_url_clearly(local_cluster: Any):
+    from queasy_py.aio import AsyncClient
+
+    async def connect() -> None:
+        async with AsyncClient(local_cluster.url):
+            pass
+
+    with pytest.raises(ConfigError, match="producer API only") as err:
+        asyncio.run(connect())
+    assert local_cluster.password not in str(err.value)
+
+
+def test_a_cluster_url_to_a_single_server_is_a_config_error():
+    with EmbeddedServer() as single:
+        client = Client(f"redis+cluster://:{single.password}@127.0.0.1:{single.port}", workers=0)
+        with pytest.raises(ConfigError, match="not in cluster mode"):
+            client.ready()
+        client.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+cluster://",
+        "redis+cluster://127.0.0.1",
+        "redis+cluster://h:1,h2",
+        "redis+cluster://h:x",
+    ],
+)
+def test_malformed_cluster_urls_are_refused_at_once(url: str):
+    with pytest.raises(ConfigError, match="host:port"):
+        Client(url, workers=0)
+
+
+def test_unreachable_cluster_is_connection_failed_and_masks_the_password(caplog: Any):
+    client = Client("redis+cluster://:pw-secret@127.0.0.1:1", workers=0)
+    with caplog.at_level(logging.WARNING), pytest.raises(ConnectionFailed) as err:
+        client.ready(attempts=2)
+    assert "pw-secret" not in str(err.value) and "***" in str(err.value)
+    assert "pw-secret" not in caplog.text
+    client.close()
+
+
+def test_parse_cluster_url_reads_credentials_tls_and_nodes():
+    nodes, options = parse_cluster_url("rediss+cluster://app:p%2Fw@10.0.0.1:7000,[::1]:7001")
+    assert [(n.host, n.port) for n in nodes] == [("10.0.0.1", 7000), ("::1", 7001)]
+    assert options["username"] == "app" and options["password"] == "p/w"
+    assert options["ssl"] is True and options["ssl_check_hostname"] is True
+
+
+def test_queasy_dispatch_and_run_with_a_cluster_url(local_cluster: Any, tmp_path: Any):
+    from test_cli import run_queasy
+
+    prefix = f"qc-{uuid.uuid4().hex[:8]}"
+    code, out = run_queasy(
+        tmp_path, "dispatch", "mails", '{"to": "a@b"}', "--id", "m1",
+        "--redis", local_cluster.url, "--prefix", prefix,
+    )  # fmt: skip
+    assert code == 0, out
+    with Client(local_cluster.url, workers=0, prefix=prefix) as client:
+        assert client.queue("mails").get_job("m1").data == {"to": "a@b"}  # type: ignore[union-attr]
+    config = tmp_path / "queasy.toml"
+    config.write_text(f'redis = "{local_cluster.url}"\nprefix = "{prefix}"\n'
+                      '[queues.mails]\nhandler = "tests.runtime_handlers.act"\n')  # fmt: skip
+    code, out = run_queasy(tmp_path, "run", str(config))
+    assert code == 2 and "producer API only" in out, out
+    assert local_cluster.password not in out
