@@ -1,8 +1,9 @@
 """Scale benchmark of queasy_py alone: how throughput grows with workers and queues, whether
-CPU-bound handlers run in parallel, and whether memory stays flat over a million jobs.
+CPU-bound handlers run in parallel, what a job costs each process, and whether memory stays
+flat over a million jobs.
 
     python benchmarks/scale.py [--n 20000] [--repeat 3] [--cpu-jobs 200] [--rss-jobs 1000000]
-                               [--smoke]
+                               [--max-workers N] [--parts throughput,costs,rss] [--smoke]
 
 Starts its own valkey-server (run.py's Server), then, each scenario --repeat times (medians):
 
@@ -12,10 +13,16 @@ Starts its own valkey-server (run.py's Server), then, each scenario --repeat tim
 3. CPU-bound jobs/s (a ~20 ms pure-Python loop, calibrated here at start-up, size 100 so one
    job per worker at a time) with 1 vs 2 workers;
 4. supervisor and per-worker RSS (psutil) over --rss-jobs no-op jobs, dispatched in chunks
-   while the supervisor runs, with a bounded backlog.
+   while the supervisor runs, with a bounded backlog;
+5. (part `costs`) jobs/s and the CPU per job of the server (INFO commandstats: FCALL usec;
+   and its process CPU), of the supervisor(s) and of the workers, for 1, 2, 4 and 8
+   supervisors on one queue (one worker each), 1, 4 and 16 busy queues (one supervisor, 2
+   workers) and 1..--max-workers workers (one supervisor, one queue; default the core
+   count), so the same command on a bigger machine draws the scaling curve.
 
 Prints Markdown tables and replaces (or appends) the "## Scale (queasy_py only)" section of
-benchmarks/RESULTS.md. --smoke runs tiny sizes once, writes nothing, and exits 1 only if a run
+benchmarks/RESULTS.md (parts throughput and rss) and its "## Scale: CPU per job" section
+(part costs). --smoke runs tiny sizes once, writes nothing, and exits 1 only if a run
 crashed. Each supervisor is a subprocess of this script (`scale.py --supervise SPEC`) in its own
 process group, killed at the end of its run; every wait has a deadline.
 """
@@ -34,6 +41,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "RESULTS.md")
 SECTION = "## Scale (queasy_py only)"
+SECTION_COSTS = "## Scale: CPU per job (queasy_py only)"
+PARTS = ("throughput", "costs", "rss")
 NOOP = "benchmarks.peers.tasks.queasy_noop"
 CPU = "benchmarks.peers.tasks.queasy_cpu"
 CPU_MS = 20.0  # target duration of one CPU-bound job
@@ -260,6 +269,132 @@ def run_rss(url, r, total: int, budget: float) -> dict:
     return {"samples": samples, "seconds": seconds, "jobs": total, "redis_mem": redis_mem}
 
 
+# --- CPU per job ---------------------------------------------------------------------------------
+
+
+def cpu_of(proc) -> float:
+    """CPU seconds (user + system) of one process so far; 0.0 once it is gone."""
+    try:
+        t = proc.cpu_times()
+        return t.user + t.system
+    except psutil.Error:
+        return 0.0
+
+
+def fcall_usec(r) -> int:
+    """The server's usec in FCALL so far (INFO commandstats)."""
+    return int(r.info("commandstats").get("cmdstat_fcall", {}).get("usec", 0))
+
+
+def cost_snapshot(r, server_pid: int, sups: list[Supervisor]) -> dict:
+    workers = [p for sup in sups for p in sup.children()]
+    return {
+        "fcall": fcall_usec(r),
+        "server": cpu_of(psutil.Process(server_pid)),
+        "supervisors": sum(cpu_of(psutil.Process(sup.pid)) for sup in sups),
+        "workers": {p.pid: cpu_of(p) for p in workers},
+    }
+
+
+def run_costs(
+    url, r, server_pid: int, sups: int, workers: int, queues: list[str], n: int, budget: float
+) -> dict:
+    """`sups` supervisors (each `workers` workers, listening on every queue) over n no-op jobs
+    split evenly across `queues`, dispatched before they start; jobs/s and the CPU per job
+    of each side, over the span from WINDOW_FROM done to all done."""
+    r.flushdb()
+    datas = [{}] * n
+    jobs = {q: datas[i :: len(queues)] for i, q in enumerate(queues)}
+    deadline = time.monotonic() + budget
+    with queasy_py.Client(url, workers=0) as client:
+        dispatch(client, jobs)
+    group = [Supervisor(url, workers, queues, NOOP, 10) for _ in range(sups)]
+    started: list[Supervisor] = []
+    try:
+        for sup in group:
+            started.append(sup.__enter__())
+        first = started[0]
+        start = max(1, int(n * WINDOW_FROM))
+        marks = {start: None}
+        wait_done(r, first, start, deadline, marks)
+        before = cost_snapshot(r, server_pid, started)
+        t_end = wait_done(r, first, n, deadline, {})
+        after = cost_snapshot(r, server_pid, started)
+        for sup in started:
+            sup.check(deadline, "finishing the run")
+    finally:
+        for sup in reversed(started):
+            sup.__exit__(None, None, None)
+    t0, n0 = marks[start]
+    jobs_timed = n - n0
+    if t_end <= t0 or jobs_timed <= 0:
+        raise RuntimeError(f"{n} jobs too few to time: use a larger --n")
+    w0 = before["workers"]
+    workers_cpu = sum(v - w0.get(pid, 0.0) for pid, v in after["workers"].items())
+    per_job = 1e6 / jobs_timed
+    return {
+        "rate": jobs_timed / (t_end - t0),
+        "fcall": (after["fcall"] - before["fcall"]) / jobs_timed,
+        "server": (after["server"] - before["server"]) * per_job,
+        "supervisors": (after["supervisors"] - before["supervisors"]) * per_job,
+        "workers": workers_cpu * per_job,
+    }
+
+
+def cost_scenarios(args) -> list[dict]:
+    """The runs of the costs part: (key, label, run_costs kwargs)."""
+    out = []
+    for k in (1, 2, 4, 8):
+        out.append(
+            dict(
+                key=f"sup-{k}",
+                label=f"{k} supervisor(s) × 1 worker, 1 queue",
+                sups=k,
+                workers=1,
+                queues=["scale-a"],
+            )
+        )
+    for q in (1, 4, 16):
+        out.append(
+            dict(
+                key=f"q-{q}",
+                label=f"1 supervisor × 2 workers, {q} busy queue(s)",
+                sups=1,
+                workers=2,
+                queues=[f"scale-q{i}" for i in range(q)],
+            )
+        )
+    for w in range(1, args.max_workers + 1):
+        out.append(
+            dict(
+                key=f"w-{w}",
+                label=f"1 supervisor × {w} worker(s), 1 queue",
+                sups=1,
+                workers=w,
+                queues=["scale-a"],
+            )
+        )
+    return out  # fmt: skip
+
+
+COST_FIELDS = ("rate", "fcall", "server", "supervisors", "workers")
+
+
+def costs_table(plan: list[dict], costs: dict[str, list[dict]]) -> list[str]:
+    lines = [
+        "| scenario | jobs/s | server FCALL µs/job (commandstats) | server process CPU µs/job"
+        " | supervisor(s) CPU µs/job | workers CPU µs/job |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for s in plan:
+        runs = costs[s["key"]]
+        vals = [median([run[f] for run in runs]) for f in COST_FIELDS]
+        lines.append(
+            f"| {s['label']} | {fmt(vals[0])} | " + " | ".join(fmt(v, 1) for v in vals[1:]) + " |"
+        )
+    return lines
+
+
 # --- CPU calibration -----------------------------------------------------------------------------
 
 
@@ -425,8 +560,24 @@ def notes(args) -> list[str]:
     ]
 
 
-def write_section(body: str, path: str = RESULTS) -> None:
-    """Replace the SECTION of `path` (up to the next level-2 heading), or append it."""
+def cost_notes() -> list[str]:
+    return [
+        f"- Each run: {'{'}N{'}'} no-op jobs (size 10) dispatched before the supervisors start,"
+        f" timed from {WINDOW_FROM:.0%} done to all done; CPU is the difference of each"
+        " process's user + system seconds (psutil) over that span, divided by the jobs done"
+        " in it. Server FCALL is INFO commandstats' usec of FCALL (the library's own time);"
+        " the server process also answers the no-op handlers' done counters and this"
+        " script's polls.",
+        "- Several supervisors: each is its own process with one worker, all listening on the"
+        " same queue; their CPU is summed. Queues: one supervisor listening on all of them at"
+        " the same priority, the jobs split evenly.",
+        "- CPU per job does not depend much on the machine's load (unlike jobs/s): compare"
+        " these columns across runs and machines.",
+    ]
+
+
+def write_section(body: str, path: str = RESULTS, section: str = SECTION) -> None:
+    """Replace `section` of `path` (up to the next level-2 heading), or append it."""
     try:
         with open(path) as f:
             text = f.read()
@@ -434,7 +585,7 @@ def write_section(body: str, path: str = RESULTS) -> None:
         text = "# Benchmark results\n"
     lines = text.splitlines()
     try:
-        start = next(i for i, ln in enumerate(lines) if ln.strip() == SECTION)
+        start = next(i for i, ln in enumerate(lines) if ln.strip() == section)
         end = next(
             (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines)
         )
@@ -464,12 +615,24 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="budget of one run, s")
     p.add_argument("--rss-timeout", type=float, default=1800.0, help="budget of the RSS run, s")
     p.add_argument("--out", default=RESULTS, help="the report whose section is replaced")
+    p.add_argument(
+        "--max-workers", type=int, default=os.cpu_count() or 1,
+        help="costs part: runs with 1..N workers (default: the core count)",
+    )  # fmt: skip
+    p.add_argument(
+        "--parts", default=",".join(PARTS),
+        help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)",
+    )  # fmt: skip
     p.add_argument("--smoke", action="store_true", help="tiny sizes, once; write nothing")
     args = p.parse_args(argv)
+    parts = {x.strip() for x in args.parts.split(",") if x.strip()}
+    if not parts or parts - set(PARTS) or args.max_workers < 1:
+        p.error(f"--parts takes some of {', '.join(PARTS)}; --max-workers at least 1")
     if args.smoke:
         args.n, args.repeat, args.cpu_jobs = min(args.n, 400), 1, min(args.cpu_jobs, 10)
         args.rss_jobs, args.timeout = min(args.rss_jobs, 3000), min(args.timeout, 120.0)
         args.rss_timeout = min(args.rss_timeout, 120.0)
+        args.max_workers = min(args.max_workers, 2)
 
     _load()
     harness.become_subreaper()
@@ -491,10 +654,32 @@ def main(argv=None) -> int:
             f"valkey {version} on 127.0.0.1:{server.port}; n={args.n}, repeat={args.repeat};"
             f" CPU job = {cpu_loops:,} loops = {cpu_ms:.1f} ms"
         )
-        plan = scenarios(args, cpu_loops)
+        plan = scenarios(args, cpu_loops) if "throughput" in parts else []
         res: dict[str, list] = {s["key"]: [] for s in plan}
         cores: dict[str, list] = {s["key"]: [] for s in plan}
         load = os.getloadavg()
+        cost_plan = cost_scenarios(args) if "costs" in parts else []
+        if args.smoke:  # one of each kind: several supervisors, several queues
+            cost_plan = [c for c in cost_plan if c["key"] in ("sup-2", "q-4", "w-1")]
+        costs: dict[str, list] = {c["key"]: [] for c in cost_plan}
+        for k in range(args.repeat if cost_plan else 0):
+            for c in cost_plan:
+                kw = {x: v for x, v in c.items() if x not in ("key", "label")}
+                t = time.monotonic()
+                try:
+                    got = run_costs(url, r, server.proc.pid, n=args.n, budget=args.timeout, **kw)
+                except Exception as exc:  # noqa: BLE001 - reported, the other runs go on
+                    errors.append(f"{c['key']} run {k + 1}: {type(exc).__name__}: {exc}")
+                    log(f"{c['key']:11s} #{k + 1}: ERROR {errors[-1]}")
+                else:
+                    costs[c["key"]].append(got)
+                    log(
+                        f"{c['key']:11s} #{k + 1}: {got['rate']:,.0f} jobs/s; µs/job: server"
+                        f" FCALL {got['fcall']:.1f}, process {got['server']:.1f};"
+                        f" supervisor(s) {got['supervisors']:.1f}; workers {got['workers']:.1f}"
+                        f" [{time.monotonic() - t:.1f} s]"
+                    )
+                harness.kill_strays(keep)
         for k in range(args.repeat):
             for s in plan:
                 kw = {x: v for x, v in s.items() if x != "key"}
@@ -515,14 +700,15 @@ def main(argv=None) -> int:
                 res[s["key"]].append(v)
                 cores[s["key"]].append(c)
                 harness.kill_strays(keep)
-        log(f"RSS run: {args.rss_jobs:,} no-op jobs ...")
-        try:
-            rss = run_rss(url, r, args.rss_jobs, args.rss_timeout)
-            log(f"RSS run done in {rss['seconds']:.1f} s")
-        except Exception as exc:  # noqa: BLE001
-            errors.append(f"rss run: {type(exc).__name__}: {exc}")
-            log(f"RSS run: ERROR {errors[-1]}")
-        harness.kill_strays(keep)
+        if "rss" in parts:
+            log(f"RSS run: {args.rss_jobs:,} no-op jobs ...")
+            try:
+                rss = run_rss(url, r, args.rss_jobs, args.rss_timeout)
+                log(f"RSS run done in {rss['seconds']:.1f} s")
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"rss run: {type(exc).__name__}: {exc}")
+                log(f"RSS run: ERROR {errors[-1]}")
+            harness.kill_strays(keep)
     except KeyboardInterrupt:
         log("interrupted")
         return 130
@@ -530,22 +716,35 @@ def main(argv=None) -> int:
         harness.kill_strays(keep)
         server.stop()
 
-    body = report(args, res, cores, rss, errors, cpu_loops, cpu_ms)
-    print(body)
+    body = report(args, res, cores, rss, errors, cpu_loops, cpu_ms) if plan or rss else ""
+    cost_body = "\n".join(costs_table(cost_plan, costs)) if cost_plan else ""
+    print("\n\n".join(b for b in (body, cost_body) if b))
     if args.smoke:
         log("smoke: " + ("FAILED" if errors else "ok"))
         return 1 if errors else 0
 
     cmd = f"python benchmarks/scale.py --n {args.n} --repeat {args.repeat}"
     cmd += f" --cpu-jobs {args.cpu_jobs} --rss-jobs {args.rss_jobs}"
-    section = "\n".join(
-        [SECTION, "", f"`{cmd}`", "", *harness.machine(version),
-         "- load average when the run started (other work on the machine): "
-         + " / ".join(f"{x:.2f}" for x in load), "", body, "", "Notes:", "",
-         *notes(args), "- See benchmarks/README.md for the method.", ""]
-    )  # fmt: skip
-    write_section(section, args.out)
-    log(f"wrote the scale section of {args.out}")
+    if parts != set(PARTS):
+        cmd += f" --parts {','.join(p for p in PARTS if p in parts)}"
+    head = [*harness.machine(version),
+            "- load average when the run started (other work on the machine): "
+            + " / ".join(f"{x:.2f}" for x in load)]  # fmt: skip
+    if body:
+        section = "\n".join(
+            [SECTION, "", f"`{cmd}`", "", *head, "", body, "", "Notes:", "",
+             *notes(args), "- See benchmarks/README.md for the method.", ""]
+        )  # fmt: skip
+        write_section(section, args.out)
+    if cost_body:
+        errs = [f"- {e}" for e in errors]
+        section = "\n".join(
+            [SECTION_COSTS, "", f"`{cmd} --max-workers {args.max_workers}`", "", *head, "",
+             f"Medians of {args.repeat} run(s).", "", cost_body, "",
+             *(["Errors:", "", *errs, ""] if errs else []), "Notes:", "", *cost_notes(), ""]
+        )  # fmt: skip
+        write_section(section, args.out, SECTION_COSTS)
+    log(f"wrote {args.out}")
     return 1 if errors else 0
 
 

@@ -92,10 +92,10 @@ than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond
 call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '2.0.0'
+local VERSION = '2.0.1'
 -- the functions called per job, as locals (a global is two table lookups per use); the
 -- globals exist only while a function runs: `entry` (registration) sets them
-local call, format = nil, nil
+local call, format, find = nil, nil, nil
 local OWNER = 'queasy_py' -- queasy_library returns OWNER .. ' ' .. VERSION: our marker
 local TOMBSTONE_MS = 86400000
 local MAX_MS = 253402300799999 -- 9999-12-31T23:59:59.999Z
@@ -278,18 +278,20 @@ local function read_job(key)
 end
 
 -- A number field as the library writes it (1-15 decimal digits) as it is, else ''
--- (unknown): for fields only passed on, as the enqueued_at of an event.
+-- (unknown): for fields only passed on, as the enqueued_at of an event. `v` is a field as
+-- read (a string, or false/nil when missing).
 local function digits(v)
-  if type(v) == 'string' and #v <= 15 and string.find(v, '^%d+$') then
+  if v and #v <= 15 and find(v, '^%d+$') then
     return v
   end
   return ''
 end
 
 -- A number field as an integer string: as it is when the library wrote it, else as
--- field_int reads it (garbage is '0'); cheaper than a round trip through a number.
+-- field_int reads it (garbage is '0'); cheaper than a round trip through a number. `v` as
+-- in digits; the usual count '0' costs a comparison (Lua strings are interned).
 local function passed(v)
-  if type(v) == 'string' and #v <= 15 and string.find(v, '^%d+$') then
+  if v == '0' or (v and #v <= 15 and find(v, '^%d+$')) then
     return v
   end
   return int(field_int(v, MAX_MS))
@@ -302,10 +304,12 @@ local function write_job(key, job)
     'timeout_count', int(job.timeout_count))
 end
 
--- A new waiting/blocked record of a job dispatched at `now` (never leased yet).
+-- A new waiting/blocked record of a job dispatched at `now` (ms, a number or an integer
+-- string: a batch formats it once), never leased yet.
 local function new_record(key, id, data, run_at, now)
   call('HSET', key, 'id', id, 'data', data, 'run_at', int(run_at), 'retry_count', 0,
-    'stall_count', 0, 'timeout_count', 0, 'enqueued_at', int(now), 'attempts', 0)
+    'stall_count', 0, 'timeout_count', 0, 'enqueued_at', type(now) == 'string' and now
+    or int(now), 'attempts', 0)
 end
 
 -- The error of an attempt that failed: {name, kind, message, traceback} (strings), or nil.
@@ -481,8 +485,10 @@ local END_FIELDS = {'state', 'ended_at', 'started_at', 'pid', 'attempts', 'run_a
 -- any; else it goes, and its end alone (in B:ends) is what is kept of it. A record of an
 -- earlier end of that id is replaced or dropped; its id may stay in the index of another
 -- state (readers go by B:ends). `keep` false (a retention of 0): nothing is kept. The caller
--- writes the end into B:ends and the id into B:<state> (once per call: retain).
-local function end_record(B, key, id, keep, whole, extra)
+-- writes the end into B:ends and the id into B:<state> (once per call: retain). `gone`, if
+-- given, collects the keys to delete for one DEL per call (the caller's; nothing reads them
+-- before it), else they go now.
+local function end_record(B, key, id, keep, whole, extra, gone)
   local ekey = B .. ':ended:' .. id
   if keep and whole then
     call('RENAME', key, ekey)
@@ -491,7 +497,12 @@ local function end_record(B, key, id, keep, whole, extra)
     end
     return
   end
-  call('DEL', key, ekey)
+  if gone ~= nil then
+    gone[#gone + 1] = key
+    gone[#gone + 1] = ekey
+  else
+    call('DEL', key, ekey)
+  end
   if not keep then
     call('HDEL', B .. ':ends', id)
   end
@@ -582,13 +593,13 @@ end
 
 -- Check the lease of `client` on `id` (the active record names its client and token; a
 -- swept client's record is gone or re-leased). Returns the active record or nil when stale.
+-- The caller drops the lease from B:lease:<client> (each_leased: one HDEL per call).
 local function leased(B, client, id, token)
   local v = call('HMGET', B .. ':active:' .. id, 'id', 'data', 'run_at', 'retry_count',
     'stall_count', 'timeout_count', 'client', 'token', 'enqueued_at', 'attempts')
   if v[7] ~= client or v[8] ~= token then
     return nil
   end
-  call('HDEL', B .. ':lease:' .. client, id)
   -- the numbers as strings, passed on as they are (numbers() makes them numbers)
   return {
     id = v[1], data = v[2] or '', run_at_s = passed(v[3]), retry_s = passed(v[4]),
@@ -607,21 +618,28 @@ end
 
 -- The loop of finish, retry and fail: for each group of `width` ARGV from index `from` (id
 -- and token first), `act(job, i)` runs on the job when `client` still holds its lease (when
--- `usable(i)` is true, if given; else the lease is left alone). Returns one code per job:
--- 0 ok, 1 stale.
+-- `usable(i)` is true, if given; else the lease is left alone). The leases taken leave
+-- B:lease:<client> in one HDEL after the loop; an id acked twice in one call is stale the
+-- second time (its active record may be deleted only at the end of the call). Returns one
+-- code per job: 0 ok, 1 stale.
 local function each_leased(B, client, args, from, width, act, usable)
-  local codes = {}
+  local codes, taken, seen = {}, {}, {}
   for i = from, #args, width do
     local job = nil
-    if usable == nil or usable(i) then
+    if (usable == nil or usable(i)) and not seen[args[i]] then
       job = leased(B, client, args[i], args[i + 1])
     end
     if job == nil then
       codes[#codes + 1] = 1
     else
+      seen[args[i]] = true
+      taken[#taken + 1] = args[i]
       act(job, i)
       codes[#codes + 1] = 0
     end
+  end
+  if #taken > 0 then
+    call('HDEL', B .. ':lease:' .. client, unpack(taken))
   end
   return codes
 end
@@ -634,11 +652,13 @@ local function check_acks(args, from, width, pid_at, name)
   local maxlen = whole(args[3], 'events maxlen', MAX_COUNT)
   groups(args, from, width, name)
   for i = from, #args, width do
-    if args[i + pid_at] ~= '' then
-      whole(args[i + pid_at], 'worker pid', MAX_COUNT)
+    local pid, started = args[i + pid_at], args[i + pid_at + 1]
+    -- the usual pid (<= 7 digits) and started_at (13 digits) pass on one find each
+    if pid ~= '' and not (pid and #pid <= 7 and find(pid, '^%d+$')) then
+      whole(pid, 'worker pid', MAX_COUNT)
     end
-    if args[i + pid_at + 1] ~= '' then
-      ms(args[i + pid_at + 1], 'started_at')
+    if started ~= '' and not (started and #started <= 14 and find(started, '^%d+$')) then
+      ms(started, 'started_at')
     end
   end
   return args[2], maxlen
@@ -706,14 +726,20 @@ local function keep_alive(B, now, client, expiry_ms)
   return true
 end
 
--- Check out the job `id` (its record in B:job:<id>, with no active record, `attempts` its
--- field as stored; the caller removes it from B:waiting) to `client` under `token` at `now`
--- (ms, a string): one more attempt.
+-- The lease fields of an active record `akey` just moved from B:job:<id> (`attempts` the
+-- field as stored): checked out to `client` under `token` at `now` (ms, a string), one more
+-- attempt.
+local function leased_now(akey, now, attempts, client, token)
+  call('HSET', akey, 'client', client, 'token', token, 'leased_at', now,
+    'attempts', int(field_int(attempts, MAX_MS) + 1))
+end
+
+-- Check out the job `id` (its record in B:job:<id>, with no active record; the caller
+-- removes it from B:waiting): see leased_now.
 local function lease(B, now, id, attempts, client, token)
   local akey = B .. ':active:' .. id
   call('RENAME', B .. ':job:' .. id, akey)
-  call('HSET', akey, 'client', client, 'token', token, 'leased_at', now,
-    'attempts', int(field_int(attempts, MAX_MS) + 1))
+  leased_now(akey, now, attempts, client, token)
 end
 
 -- The fresh clients parked on B, as a list of {client, slots}: a client is fresh while at
@@ -782,10 +808,11 @@ end
 
 -- The occurrence of B's schedule (job id SCHEDULE_ID) ended (`outcome` finished, failed or
 -- cancelled; a cancelled blocked copy while it is active is no end): B:schedule keeps its
--- fire time and outcome, for status. Other ids cost nothing.
-local function schedule_ended(B, id, now, outcome)
+-- fire time and outcome, for status (`active_ended`: the caller ends the active record
+-- itself, finish and fail). Other ids cost nothing.
+local function schedule_ended(B, id, now, outcome, active_ended)
   if id == SCHEDULE_ID and call('EXISTS', B .. ':schedule') == 1
-      and call('EXISTS', B .. ':active:' .. id) == 0 then
+      and (active_ended or call('EXISTS', B .. ':active:' .. id) == 0) then
     local skey = B .. ':schedule'
     call('HSET', skey, 'last_fire_at', call('HGET', skey, 'fire_at') or '',
       'last_outcome', outcome, 'last_ended_at', int(now))
@@ -825,16 +852,21 @@ local function dispatch_triples(args, from, now, name)
 end
 
 -- A new waiting job `id` dispatched at `now` (it has no record and is not active). Returns
--- code 1, its run_at.
-local function create_job(B, id, data, run_at, now)
+-- code 1, its run_at, and true when its id is left for the caller to add to B:waiting
+-- (`deferred`: dispatch_jobs adds a batch's new ids in one ZADD), else it is added now.
+local function create_job(B, id, data, run_at, now, deferred)
   new_record(B .. ':job:' .. id, id, data, run_at, now)
+  if deferred then
+    return 1, run_at, true
+  end
   call('ZADD', B .. ':waiting', int(run_at), id)
-  return 1, run_at
+  return 1, run_at, false
 end
 
 -- Write one dispatched job: a new waiting job, an update of the waiting/blocked one, or a
 -- blocked job behind the active one. Returns its code (1-4) and the run_at it now has.
-local function put_job(B, id, data, run_at, update_data, mode, reset, now)
+-- `deferred`: as create_job.
+local function put_job(B, id, data, run_at, update_data, mode, reset, now, deferred)
   local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
   local existing, is_active = nil, false
   if call('EXISTS', jkey, akey) > 0 then -- one call for the usual new id
@@ -842,7 +874,7 @@ local function put_job(B, id, data, run_at, update_data, mode, reset, now)
     is_active = call('EXISTS', akey) == 1
   end
   if existing == nil and not is_active then
-    return create_job(B, id, data, run_at, now)
+    return create_job(B, id, data, run_at, now, deferred)
   end
   if existing == nil then -- the id is active: a blocked job waits for it
     new_record(jkey, id, data, run_at, now)
@@ -878,27 +910,49 @@ local function put_job(B, id, data, run_at, update_data, mode, reset, now)
   return 2, existing.run_at
 end
 
--- Put each triple of ARGV from `from` with `put(id, data, run_at)` (-> code, run_at); a job
--- left waiting (code 1 or 2) and ready now is pushed to a parked client, else counted for
--- the wake-up. Returns the codes.
+-- Put each triple of ARGV from `from` with `put(id, data, run_at)` (-> code, run_at, and
+-- true when the id of a new job is left to add to B:waiting); a job left waiting (code 1 or
+-- 2) and ready now is pushed to a parked client, else counted for the wake-up. The new ids
+-- not pushed enter B:waiting in one ZADD at the end (at their last run_at: a later triple
+-- may update the job; nothing reads B:waiting in between). Returns the codes.
 local function dispatch_jobs(B, now, args, from, run_ats, put)
   local codes = {}
   local earliest = nil
   local parked = nil -- read once, when the first job ready now is met
+  local new, at = {}, {} -- ids left to add to B:waiting, in order; id -> run_at (false: pushed)
   for i = from, #args, 3 do
     local id = args[i]
-    local code, run_at = put(id, args[i + 1], run_ats[(i - from) / 3 + 1])
+    local code, run_at, deferred = put(id, args[i + 1], run_ats[(i - from) / 3 + 1])
     codes[#codes + 1] = code
+    if deferred then
+      new[#new + 1] = id
+    end
     if code <= 2 then
       if run_at <= now and parked == nil then
         parked = live_parked(B, now)
       end
-      if run_at <= now and #parked > 0 and push(B, now, id, parked) then
+      local pushed = run_at <= now and #parked > 0 and push(B, now, id, parked)
+      if at[id] ~= nil or deferred then
+        at[id] = not pushed and run_at
+      end
+      if pushed then
         run_at = nil -- leased to a parked client: nothing to wake
       end
       if run_at ~= nil and (earliest == nil or run_at < earliest) then
         earliest = run_at
       end
+    end
+  end
+  if #new > 0 then
+    local scored = {}
+    for _, id in ipairs(new) do
+      if at[id] then
+        scored[#scored + 1] = int(at[id])
+        scored[#scored + 1] = id
+      end
+    end
+    if #scored > 0 then
+      call('ZADD', B .. ':waiting', unpack(scored))
     end
   end
   if earliest ~= nil then
@@ -927,8 +981,9 @@ local function dispatch(keys, args)
   local now = clock(args[1])
   local update_data, mode, reset = dispatch_flags(args)
   local run_ats = dispatch_triples(args, 5, now, 'queasy_dispatch')
+  local now_s = int(now)
   return dispatch_jobs(B, now, args, 5, run_ats, function(id, data, run_at)
-    return put_job(B, id, data, run_at, update_data, mode, reset, now)
+    return put_job(B, id, data, run_at, update_data, mode, reset, now_s, true)
   end)
 end
 
@@ -958,6 +1013,7 @@ local function dispatch_once(keys, args)
     invalid('window ms must be >= 1, got 0')
   end
   local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch_once')
+  local now_s = int(now)
   return dispatch_jobs(B, now, args, 6, run_ats, function(id, data, run_at)
     local okey, akey = B .. ':once:' .. id, B .. ':active:' .. id
     if call('EXISTS', akey, B .. ':job:' .. id) == 0 then -- the usual new id
@@ -970,12 +1026,12 @@ local function dispatch_once(keys, args)
         end
         call('SET', okey, int(close), 'PX', int(close - now))
       end
-      return create_job(B, id, data, run_at, now)
+      return create_job(B, id, data, run_at, now_s, true)
     end
     if call('EXISTS', akey) == 1 then
       return 5
     end
-    local code, at = put_job(B, id, data, run_at, update_data, mode, reset, now)
+    local code, at = put_job(B, id, data, run_at, update_data, mode, reset, now_s)
     local close = math.max(at, now) + window
     call('SET', okey, int(close), 'PX', int(close - now))
     return code, at
@@ -1175,14 +1231,15 @@ local function dequeue(keys, args)
     local leases = {}
     local now_s = int(now)
     for _, id in ipairs(ids) do
-      local v = call('HMGET', B .. ':job:' .. id, unpack(JOB_FIELDS))
+      local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
+      local v = call('HMGET', jkey, unpack(JOB_FIELDS))
       if v[1] == false then
         -- a stray id without a record: only dropped from B:waiting (below)
-      elseif call('EXISTS', B .. ':active:' .. id) == 1 then
+      elseif call('RENAMENX', jkey, akey) == 0 then -- one call: the move, unless active
         call('SADD', B .. ':blocked', id) -- its record waits for the active one
       else
         local token = nonce .. '.' .. (#leases / 2 + 1)
-        lease(B, now_s, id, v[7], client, token)
+        leased_now(akey, now_s, v[7], client, token)
         leases[#leases + 1] = id
         leases[#leases + 1] = token
         out[#out + 1] = id
@@ -1246,23 +1303,26 @@ local function finish(keys, args)
   local any_blocked = call('EXISTS', B .. ':blocked') == 1
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
-  local scored, done = {}, {}
+  local scored, done, gone = {}, {}, {}
   local codes = each_leased(B, client, args, 8, 5, function(job, i)
     local event = outcome_event(B, maxlen, ended, 'finished', job, args[i + 2], args[i + 3], nil)
     local result = args[i + 4]
     local failed_before = job.retry_s ~= '0' or job.stall_s ~= '0' or job.timeout_s ~= '0'
     end_record(B, B .. ':active:' .. job.id, job.id, keep, result ~= '' or failed_before,
-      result ~= '' and {'result', result} or nil)
+      result ~= '' and {'result', result} or nil, gone)
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
     done[#done + 1] = ending('finished', event, job.attempts, ends.host)
     promote(B, job.id, any_blocked)
-    schedule_ended(B, job.id, now, 'finished')
+    schedule_ended(B, job.id, now, 'finished', true)
     if ends.notify then
       call('PUBLISH', B .. ':done:' .. job.id, 'finished')
     end
   end)
+  if #gone > 0 then
+    call('DEL', unpack(gone))
+  end
   retain(B, 'finished', now, ends.count, ends.ms, scored, done)
   tally(B, 'finished', now, #scored / 2)
   return codes
@@ -1374,7 +1434,7 @@ local function fail(keys, args)
     done[#done + 1] = job.id
     done[#done + 1] = ending('failed', event, job.attempts, ends.host)
     promote(B, job.id, any_blocked)
-    schedule_ended(B, job.id, now, 'failed')
+    schedule_ended(B, job.id, now, 'failed', true)
     if ends.notify then
       call('PUBLISH', B .. ':done:' .. job.id, 'failed')
     end
@@ -1882,7 +1942,7 @@ end
 -- An entry point as registered: `call` is redis.call while it runs.
 local function entry(fn)
   return function(keys, args)
-    call, format = redis.call, string.format
+    call, format, find = redis.call, string.format, string.find
     return fn(keys, args)
   end
 end

@@ -1,0 +1,120 @@
+"""The server's work per job (issue 14): the commands the library runs inside its FCALLs,
+counted by INFO commandstats on a server of this module's own (no other test's calls mix in).
+
+Counts, not times: they are the same on any machine, and each command a job's path runs is a
+few microseconds of the server's one core (README "How it scales"). Each limit below is what
+the library does since the profile-guided pass; the pass before it ran one more command per
+job in each of dispatch, dequeue and finish (and two in finish), so each test fails on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from queasy_py.store.embedded import EmbeddedServer
+from queasy_py.store.library import ensure_loaded
+from tests.lua_calls import HOST, KEEP, MAXLEN, NOW, Lua
+
+#: commands sent by this module itself, not run inside an FCALL
+OUTSIDE = {"fcall", "fcall_ro", "info", "function|load", "function|list", "hello", "ping"}
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[EmbeddedServer]:
+    server = EmbeddedServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def lua(own_server: EmbeddedServer) -> Iterator[Lua]:
+    conn = redis.Redis.from_url(own_server.url, decode_responses=True)
+    ensure_loaded(conn)
+    conn.flushall()
+    try:
+        yield Lua(conn, "cost")
+    finally:
+        conn.close()
+
+
+def calls(r: redis.Redis) -> dict[str, int]:
+    stats = r.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
+def inner(r: redis.Redis, step: Any) -> dict[str, int]:
+    """The commands run inside the FCALLs of `step()` (a name -> calls dict)."""
+    before = calls(r)
+    step()
+    after = calls(r)
+    ran = {k: v - before.get(k, 0) for k, v in after.items()}
+    return {k: v for k, v in ran.items() if v and k not in OUTSIDE}
+
+
+def finish_all(lua: Lua, leases: list[tuple[str, str]], client: str = "c1") -> list[int]:
+    args: list[Any] = [NOW + 5, client, MAXLEN, *KEEP, HOST, 0]
+    for job_id, token in leases:
+        args += [job_id, token, 4242, NOW + 1, ""]
+    return lua.call("queasy_finish", [lua.B], *args)
+
+
+def test_dispatch_adds_a_batch_to_waiting_in_one_zadd(lua: Lua) -> None:
+    jobs = [(f"j{i}", '{"n": 1}', "") for i in range(50)]
+    ran = inner(lua.r, lambda: lua.dispatch(*jobs))
+    assert ran == {"exists": 50, "hset": 50, "zadd": 1, "hgetall": 1, "publish": 1}
+    assert lua.counts() == {"waiting": 50, "delayed": 0, "blocked": 0, "active": 0}
+    lua.r.flushall()
+    # the one ZADD takes each new id at its last run_at (a later triple of the same batch
+    # updates it: code 2), and an id pushed to a parked client does not enter B:waiting
+    codes = lua.dispatch(("a", "1", NOW + 500), ("b", "2", ""), ("a", "3", NOW + 900))
+    assert codes == [1, 1, 2]
+    assert lua.r.zscore(lua.B + ":waiting", "a") == NOW + 900
+    assert lua.get_job("a")["data"] == "3"
+    # a parked client subscribed to its push channel takes a ready job straight away
+    checkout = lua.dequeue("c9", limit=5, park=True)
+    assert checkout.ids == ["b"]
+    pubsub = lua.r.pubsub()
+    pubsub.subscribe(lua.B + ":push:c9")
+    try:
+        assert lua.dispatch(("p", "1", ""), ("p", "2", ""), ("q", "1", NOW + 10**6)) == [1, 3, 1]
+        assert lua.r.zscore(lua.B + ":waiting", "p") is None
+        assert lua.counts() == {"waiting": 0, "delayed": 2, "blocked": 1, "active": 2}
+        assert lua.r.zscore(lua.B + ":waiting", "q") == NOW + 10**6
+    finally:
+        pubsub.close()
+
+
+def test_dequeue_moves_each_record_in_one_command(lua: Lua) -> None:
+    lua.dispatch(*[(f"j{i}", "1", "") for i in range(10)])
+    ran = inner(lua.r, lambda: lua.dequeue("c1", limit=10))
+    assert ran.get("renamenx") == 10
+    assert "exists" not in ran and "rename" not in ran
+    assert lua.counts()["active"] == 10
+
+
+def test_finish_drops_leases_and_records_once_per_call(lua: Lua) -> None:
+    lua.dispatch(*[(f"j{i}", "1", "") for i in range(10)])
+    leases = [(job.id, job.token) for job in lua.dequeue("c1", limit=10).jobs]
+    codes: list[int] = []
+    ran = inner(lua.r, lambda: codes.extend(finish_all(lua, leases)))
+    assert codes == [0] * 10
+    assert ran["hdel"] == 1 and ran["del"] == 1  # the leases, the active records
+    assert ran["xadd"] == 10  # one outcome event per job, as before
+    assert lua.r.hlen(lua.B + ":lease:c1") == 0
+    assert not any(lua.r.exists(lua.B + ":active:" + job_id) for job_id, _ in leases)
+    assert lua.counts_all()["finished"] == 10
+    # the active records go in one DEL after the loop: a second ack of the same lease in
+    # the same call must still find it taken (one event, one end)
+    lua.r.flushall()
+    lua.dispatch(("a", "1", ""))
+    job = lua.dequeue("c1", limit=1).jobs[0]
+    assert finish_all(lua, [(job.id, job.token), (job.id, job.token)]) == [0, 1]
+    assert lua.r.xlen(lua.B + ":events") == 1
+    assert lua.counts_all()["finished"] == 1
+    assert lua.r.exists(lua.B + ":active:a") == 0
