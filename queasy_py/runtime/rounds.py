@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ..store.pipe import RedisPipe
     from ..store.pubsub import Message, Wakeup
     from .heartbeat import ServerClock
+    from .metrics import Tally
 
 log = logging.getLogger("queasy_py")
 
@@ -85,6 +86,7 @@ class Rounds:
         self.malformed = Throttled()
         self.seq = 0
         self.schedules = Schedules(list(states.values()), poll_interval, clock)
+        self.metrics: Tally | None = None  # counts for /metrics (runtime/metrics.py): on
 
     # ------------------------------------------------------------------ sending
 
@@ -215,6 +217,8 @@ class Rounds:
                         ack.op,
                         ack.args[0],
                     )
+            if self.metrics is not None:
+                self.metrics.acked(group, codes)
         mono = time.monotonic()
         for (state, procs), reply in zip(asks, replies[len(replies) - len(asks) :], strict=True):
             state.inflight -= 1
