@@ -18,6 +18,7 @@ import redis
 from ..errors import QueasyError
 from ..store.library import Ack as AckCode
 from ..store.library import Status, ensure_loaded
+from ..tracing import MAX_TRACE
 from . import outcomes
 from .events import Events
 from .handback import hand_back_unknown, unpark_all
@@ -266,7 +267,7 @@ class Rounds:
             self.workers.release(state.spec.size, procs)
             self.on_swept()
             return
-        jobs = [reply[i : i + 7] for i in range(2, len(reply), 7)]
+        jobs = [reply[i : i + 8] for i in range(2, len(reply), 8)]
         if len(jobs) < len(procs):
             state.ready_at = self.clock.local(int(next_run_at)) if next_run_at else float("inf")
             # a wake-up that came while the dequeue was on its way is not in its reply
@@ -277,7 +278,7 @@ class Rounds:
         self.workers.release(spec.size, procs[len(jobs) :])
         by_worker: dict[WorkerProc, list[Running]] = defaultdict(list)
         deadline = time.monotonic() + spec.timeout
-        for (job_id, token, data, run_at, retries, stalls, timeouts), proc in zip(
+        for (job_id, token, data, run_at, retries, stalls, timeouts, trace), proc in zip(
             jobs, procs, strict=False
         ):
             job = self._running(
@@ -286,6 +287,8 @@ class Rounds:
             if job is None:  # its lease goes back with the next reconcile
                 self.workers.release(spec.size, [proc])
                 continue
+            if trace:
+                job.trace = trace.decode()
             early = outcomes.on_dequeue(job, spec, state.base, state.fail_base)
             if early is not None:
                 self.acks.append(early)
@@ -363,11 +366,11 @@ class Rounds:
     def _pushed(self, state: QueueState, message: bytes) -> None:
         """A job dispatch leased straight to this client (or an unpark mark: no newline).
         It starts on the worker with the most free units; with no room it is returned."""
-        fields = message.split(b"\n", 6)
-        if len(fields) < 7:
+        fields = message.split(b"\n", 7)
+        if len(fields) < 8:
             self.marks.add(message)
             return
-        job_id, token, run_at, retries, stalls, timeouts, data = fields
+        job_id, token, run_at, retries, stalls, timeouts, trace, data = fields
         if not all(_digits(f) for f in (run_at, retries, stalls, timeouts)):
             self.malformed("job record", fields[:6])  # anyone may PUBLISH: digits only
             return
@@ -385,6 +388,8 @@ class Rounds:
         if job is None:  # a real push's lease goes back with the next reconcile
             return
         job.pushed = True
+        if 0 < len(trace) <= MAX_TRACE:  # anyone may PUBLISH: a trace of its length only
+            job.trace = trace.decode(errors="replace")
         early = outcomes.on_dequeue(job, state.spec, state.base, state.fail_base)
         if early is not None:
             self.acks.append(early)

@@ -146,7 +146,7 @@ class Hostile:
         else:
             bad = bad[:2]
         valid = self._valid_triple() if rng.random() < 0.5 and what != "flags" else []
-        return ["", *flags, *valid, *bad], (valid[0] if valid else None)
+        return ["", *flags, "", *valid, *bad], (valid[0] if valid else None)
 
     def fcall(self, queue: Queue) -> None:
         args, valid_id = self._bad_args()
