@@ -105,7 +105,7 @@ class Supervisor:
         self.tally: Tally | None = None
         if s["metrics_port"] is not None:
             bases = {name: state.base for name, state in self.states.items()}
-            self.tally = Tally(bases, self.heartbeat.clock.local)
+            self.tally = Tally(bases, self.heartbeat.clock)
             self.workers.metrics = self.rounds.metrics = self.tally
 
     def _add_state(self, queue: Queue, spec: ListenOptions, fail_base: str | None) -> None:
