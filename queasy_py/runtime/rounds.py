@@ -364,11 +364,15 @@ class Rounds:
             state.woken = min(state.woken, at)
 
     def _pushed(self, state: QueueState, message: bytes) -> None:
-        """A job dispatch leased straight to this client (or an unpark mark: no newline).
+        """A job dispatch leased straight to this client (or an unpark mark: no newline;
+        something else with fewer fields is dropped, logged).
         It starts on the worker with the most free units; with no room it is returned."""
         fields = message.split(b"\n", 7)
-        if len(fields) < 8:
+        if len(fields) == 1:
             self.marks.add(message)
+            return
+        if len(fields) < 8:
+            self.malformed("job record", fields[:7])  # anyone may PUBLISH
             return
         job_id, token, run_at, retries, stalls, timeouts, trace, data = fields
         if not all(_digits(f) for f in (run_at, retries, stalls, timeouts)):

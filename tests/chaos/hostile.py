@@ -120,7 +120,7 @@ class Hostile:
         data = self.r.hget(queue.keys.job(job_id), "data")
         if data is None:
             return
-        message = f"{job_id}\nforged{self.n}\n0\n0\n0\n0\n".encode() + data
+        message = f"{job_id}\nforged{self.n}\n0\n0\n0\n0\n\n".encode() + data  # no trace
         self.r.publish(queue.keys.push(self.rng.choice(clients)), message)
         self.counts["forged"] += 1
 
