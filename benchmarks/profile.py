@@ -1,11 +1,12 @@
 """Profile the hot path: N no-op jobs through one supervisor with 2 workers.
 
-    python benchmarks/profile.py [--n 40000] [--size 10] [--cprofile]
+    python benchmarks/profile.py [--n 40000] [--size 10] [--cprofile] [--metrics]
 
 Prints the throughput and the CPU seconds each process used (supervisor, each worker, the
 server), and the server's own time in the queasy functions (INFO commandstats: usec of
 FCALL), which shows where a job's cost goes; with --cprofile the supervisor runs under
-cProfile and its top functions are printed. It starts its own valkey-server.
+cProfile and its top functions are printed; with --metrics the supervisor serves Prometheus
+/metrics (metrics_port), scraped once a second during the run. It starts its own valkey-server.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -25,14 +27,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from queasy_py import Client  # noqa: E402
-from queasy_py.store.embedded import EmbeddedServer  # noqa: E402
+from queasy_py.store.embedded import EmbeddedServer, free_port  # noqa: E402
 
 SUPERVISOR = textwrap.dedent(
     """
     import cProfile, os, pstats, sys
     from queasy_py import Client
     url, size, profile = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
-    client = Client(url, workers=2, prefix="prof")
+    port = int(sys.argv[4]) if len(sys.argv) > 4 else None
+    client = Client(url, workers=2, prefix="prof", metrics_port=port)
     client.queue("bench").listen("benchmarks.peers.tasks.queasy_pass", size=size)
     if profile:
         prof = cProfile.Profile()
@@ -81,6 +84,7 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=40000)
     parser.add_argument("--size", type=int, default=10)
     parser.add_argument("--cprofile", action="store_true")
+    parser.add_argument("--metrics", action="store_true", help="serve and scrape /metrics")
     parser.add_argument(
         "--calls", action="store_true", help="also print the commands the library ran per job"
     )
@@ -89,6 +93,7 @@ def main() -> int:
         q = client.queue("bench")
         q.dispatch_many([{"data": i} for i in range(args.n)])
         env = {**os.environ, "PYTHONPATH": str(REPO)}
+        port = free_port()
         sup = subprocess.Popen(
             [
                 sys.executable,
@@ -97,6 +102,7 @@ def main() -> int:
                 server.url,
                 str(args.size),
                 "1" if args.cprofile else "0",
+                *([str(port)] if args.metrics else []),
             ],
             env=env,
             cwd=REPO,
@@ -111,14 +117,22 @@ def main() -> int:
             base = {p.pid: cpu(p) for p in [parent, srv, *parent.children()]}
             fcall_usec = fcall_time(client)
             calls = command_calls(client)
+            next_scrape, scrapes = time.monotonic() + 1.0, 0
             while sum(q.counts()[k] for k in LIVE) and time.monotonic() < deadline:
                 time.sleep(0.05)
+                if args.metrics and time.monotonic() >= next_scrape:
+                    next_scrape += 1.0
+                    url = f"http://127.0.0.1:{port}/metrics"
+                    with urllib.request.urlopen(url, timeout=10) as reply:
+                        reply.read()
+                    scrapes += 1
             elapsed = time.perf_counter() - start
             procs = [("supervisor", parent), ("server", srv)]
             procs += [(f"worker {p.pid}", p) for p in parent.children()]
             print(
                 f"{args.n} no-op jobs, size {args.size}, 2 workers: "
                 f"{args.n / elapsed:,.0f} jobs/s ({elapsed:.2f} s)"
+                + (f", metrics on ({scrapes} scrapes)" if args.metrics else "")
             )
             for name, proc in procs:
                 used = cpu(proc) - base.get(proc.pid, 0.0)

@@ -16,7 +16,8 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:job:<id>           hash    the waiting/delayed/blocked record of <id>:
                                id, data, run_at, retry_count, stall_count, timeout_count,
                                enqueued_at (ms of the dispatch that made it), attempts (times
-                               leased), and after a failed attempt its last error: error_name,
+                               leased), trace (the W3C traceparent current at its dispatch,
+                               when there was one: OpenTelemetry), and after a failed attempt its last error: error_name,
                                error_kind, error_message, traceback, error_at (ms)
                                (+ u_data, u_reset, u_run_at 'replace'|'clamp', u_lo, u_hi:
                                the composed updates of a blocked job, see run_at_update)
@@ -66,7 +67,8 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:done:<id>          channel PUBLISHed <state> when job <id> ends: finished or failed (when
                                the call asks to notify: the queue stores results), cancelled
   B:push:<client>      channel a job pushed to <client> (already leased to it), one per message:
-                               "id\ntoken\nrun_at\nretry_count\nstall_count\ntimeout_count\ndata"
+                               "id\ntoken\nrun_at\nretry_count\nstall_count\ntimeout_count\n
+                               trace\ndata" (trace '' when none)
                                (ids hold no whitespace; data is last and may hold anything)
 
 Conventions: times are integer milliseconds since the epoch, 0 ..= 253402300799999 (year
@@ -92,7 +94,7 @@ than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond
 call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '2.0.1'
+local VERSION = '3.0.0'
 -- the functions called per job, as locals (a global is two table lookups per use); the
 -- globals exist only while a function runs: `entry` (registration) sets them
 local call, format, find = nil, nil, nil
@@ -105,7 +107,8 @@ local MAX_TEXT = 65536 -- bytes of an error message, a traceback, a host name
 local EVENT_TRACEBACK = 1024 -- bytes of a traceback an event keeps (its end)
 local MAX_PAGE = 1000 -- jobs per call of queasy_jobs, queasy_requeue, queasy_purge
 local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
-  'attempts'}
+  'attempts', 'trace'}
+local MAX_TRACE = 256 -- bytes of a job's trace context (a W3C traceparent is 55)
 local ERROR_FIELDS = {'error_name', 'error_kind', 'error_message', 'traceback', 'error_at'}
 local END_STATES = {finished = true, failed = true, cancelled = true}
 local SCHEDULE_ID = 'schedule' -- the id of a schedule's occurrence (queasy_py defaults.py)
@@ -273,7 +276,7 @@ local function read_job(key)
   return {
     id = v[1], data = v[2] or '', run_at = field_int(v[3], MAX_MS),
     retry_count = field_int(v[4], MAX_MS), stall_count = field_int(v[5], MAX_MS),
-    timeout_count = field_int(v[6], MAX_MS), attempts = v[7],
+    timeout_count = field_int(v[6], MAX_MS), attempts = v[7], trace = v[8] or '',
   }
 end
 
@@ -305,11 +308,15 @@ local function write_job(key, job)
 end
 
 -- A new waiting/blocked record of a job dispatched at `now` (ms, a number or an integer
--- string: a batch formats it once), never leased yet.
-local function new_record(key, id, data, run_at, now)
+-- string: a batch formats it once), never leased yet, with the trace context of its
+-- dispatch when `trace` is a non-empty string.
+local function new_record(key, id, data, run_at, now, trace)
   call('HSET', key, 'id', id, 'data', data, 'run_at', int(run_at), 'retry_count', 0,
     'stall_count', 0, 'timeout_count', 0, 'enqueued_at', type(now) == 'string' and now
     or int(now), 'attempts', 0)
+  if trace ~= nil and trace ~= '' then
+    call('HSET', key, 'trace', trace)
+  end
 end
 
 -- The error of an attempt that failed: {name, kind, message, traceback} (strings), or nil.
@@ -781,7 +788,8 @@ local function push(B, now, id, parked)
       local token = 'p' .. call('INCR', B .. ':seq')
       local job = read_job(B .. ':job:' .. id)
       call('PUBLISH', channel, table.concat({job.id, token, int(job.run_at),
-        int(job.retry_count), int(job.stall_count), int(job.timeout_count), job.data}, '\n'))
+        int(job.retry_count), int(job.stall_count), int(job.timeout_count), job.trace,
+        job.data}, '\n'))
       lease(B, int(now), id, job.attempts, client, token)
       call('ZREM', B .. ':waiting', id)
       call('HSET', B .. ':lease:' .. client, id, token)
@@ -854,8 +862,8 @@ end
 -- A new waiting job `id` dispatched at `now` (it has no record and is not active). Returns
 -- code 1, its run_at, and true when its id is left for the caller to add to B:waiting
 -- (`deferred`: dispatch_jobs adds a batch's new ids in one ZADD), else it is added now.
-local function create_job(B, id, data, run_at, now, deferred)
-  new_record(B .. ':job:' .. id, id, data, run_at, now)
+local function create_job(B, id, data, run_at, now, trace, deferred)
+  new_record(B .. ':job:' .. id, id, data, run_at, now, trace)
   if deferred then
     return 1, run_at, true
   end
@@ -864,9 +872,9 @@ local function create_job(B, id, data, run_at, now, deferred)
 end
 
 -- Write one dispatched job: a new waiting job, an update of the waiting/blocked one, or a
--- blocked job behind the active one. Returns its code (1-4) and the run_at it now has.
--- `deferred`: as create_job.
-local function put_job(B, id, data, run_at, update_data, mode, reset, now, deferred)
+-- blocked job behind the active one (a new record gets `trace`, an update keeps the trace
+-- it has). Returns its code (1-4) and the run_at it now has. `deferred`: as create_job.
+local function put_job(B, id, data, run_at, update_data, mode, reset, now, trace, deferred)
   local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
   local existing, is_active = nil, false
   if call('EXISTS', jkey, akey) > 0 then -- one call for the usual new id
@@ -874,10 +882,10 @@ local function put_job(B, id, data, run_at, update_data, mode, reset, now, defer
     is_active = call('EXISTS', akey) == 1
   end
   if existing == nil and not is_active then
-    return create_job(B, id, data, run_at, now, deferred)
+    return create_job(B, id, data, run_at, now, trace, deferred)
   end
   if existing == nil then -- the id is active: a blocked job waits for it
-    new_record(jkey, id, data, run_at, now)
+    new_record(jkey, id, data, run_at, now, trace)
     local kind, lo, hi = then_merge('clamp', nil, nil, mode, run_at)
     call('HSET', jkey, 'u_data', update_data and '1' or '0', 'u_run_at', kind,
       'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
@@ -967,10 +975,13 @@ ARGV[1]  now (ms or '')
 ARGV[2]  update_data '1'|'0': replace the data of an existing waiting/blocked job
 ARGV[3]  update_run_at 'replace'|'keep'|'if_later'|'if_earlier'
 ARGV[4]  reset_counts '1'|'0': zero retry/stall/timeout counts of an existing job
-ARGV[5..] triples: id, data (JSON), run_at (ms, or '' for now)
+ARGV[5]  trace: the W3C traceparent current at the dispatch ('' none), kept in each new
+         record (OpenTelemetry: the job's run continues that trace)
+ARGV[6..] triples: id, data (JSON), run_at (ms, or '' for now)
 Returns: one code per job: 1 created, 2 updated, 3 blocked (new), 4 blocked (updated).
 Refuses: (INVALID, nothing written) a flag or mode not listed, a partial triple, an id that
-         breaks the id rules, data that is not JSON, a run_at not integer ms in 0..MAX_MS.
+         breaks the id rules, data that is not JSON, a run_at not integer ms in 0..MAX_MS,
+         a trace longer than MAX_TRACE or with other characters than 0-9 a-f and '-'.
 Emits:   a job ready now (code 1 or 2) is pushed to a fresh parked client subscribed to its
          push channel while one has slots (leased to it and PUBLISHed on B:push:<client>);
          otherwise PUBLISH B:wake <earliest run_at> when any job was created or updated and
@@ -980,10 +991,15 @@ local function dispatch(keys, args)
   local B = keys[1]
   local now = clock(args[1])
   local update_data, mode, reset = dispatch_flags(args)
-  local run_ats = dispatch_triples(args, 5, now, 'queasy_dispatch')
+  local trace = args[5]
+  if type(trace) ~= 'string' or #trace > MAX_TRACE or string.find(trace, '[^0-9a-f%-]') then
+    invalid('trace must be a W3C traceparent (0-9 a-f and -, at most ' .. MAX_TRACE
+      .. ' bytes), got ' .. shown(trace))
+  end
+  local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch')
   local now_s = int(now)
-  return dispatch_jobs(B, now, args, 5, run_ats, function(id, data, run_at)
-    return put_job(B, id, data, run_at, update_data, mode, reset, now_s, true)
+  return dispatch_jobs(B, now, args, 6, run_ats, function(id, data, run_at)
+    return put_job(B, id, data, run_at, update_data, mode, reset, now_s, trace, true)
   end)
 end
 
@@ -1026,7 +1042,7 @@ local function dispatch_once(keys, args)
         end
         call('SET', okey, int(close), 'PX', int(close - now))
       end
-      return create_job(B, id, data, run_at, now_s, true)
+      return create_job(B, id, data, run_at, now_s, '', true)
     end
     if call('EXISTS', akey) == 1 then
       return 5
@@ -1202,7 +1218,7 @@ ARGV[7]  park '1'|'0' (optional): with '1', when fewer than `limit` jobs are rea
          client parks the slots left (B:parked), so dispatch pushes jobs straight to it;
          when `limit` jobs were checked out its parked slots are cleared
 Returns: {status, next_run_at, id, token, data, run_at, retry_count, stall_count,
-          timeout_count, id, ...}: status 0 ok or 2 swept (then no jobs); next_run_at is
+          timeout_count, trace ('' none), id, ...}: status 0 ok or 2 swept (then no jobs); next_run_at is
           the earliest run_at still waiting ('' if none), so the caller can sleep until then.
 Sweeps at most one dead client first. An id in B:waiting without a record (or with an
 active one) is dropped from B:waiting and skipped; an id leaves B:waiting only as its
@@ -1249,6 +1265,7 @@ local function dequeue(keys, args)
         out[#out + 1] = passed(v[4])
         out[#out + 1] = passed(v[5])
         out[#out + 1] = passed(v[6])
+        out[#out + 1] = v[8] or ''
       end
     end
     if #ids > 0 then -- every record selected has moved: they leave B:waiting together

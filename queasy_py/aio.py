@@ -143,7 +143,7 @@ class AsyncQueue(QueueBase):
         )
         await self._register()
         await self._fcall("queasy_dispatch", args)
-        return args[4]
+        return args[5]
 
     async def dispatch_many(
         self,

@@ -110,7 +110,13 @@ SUPERVISOR: dict[str, Any] = {
     "max_jobs_per_worker": 0,  # 0: never recycle a worker by job count
     "max_worker_memory": 0,  # bytes of RSS; 0: never recycle by memory
     "poll_interval": 1.0,  # seconds: the longest sleep without a wake-up message
+    "metrics_port": None,  # Prometheus /metrics on this port (0: any free one); None: off
+    "metrics_host": "127.0.0.1",  # the address /metrics is served on
 }
+
+#: upper bounds (seconds) of the buckets of the wait-time and run-time histograms of /metrics
+METRICS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                   300.0, 900.0, 3600.0)
 
 
 def default_workers() -> int:

@@ -174,6 +174,16 @@ def check_setting(key: str, value: Any) -> Any:
         ):
             raise InvalidInput(f"workers must be an int >= 0, not {value!r}")
         return value
+    if key == "metrics_port":
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535
+        ):
+            raise InvalidInput(f"metrics_port must be None or a port 0-65535, not {value!r}")
+        return value
+    if key == "metrics_host":
+        if not isinstance(value, str) or not value:
+            raise InvalidInput(f"metrics_host must be a host name or address, not {value!r}")
+        return value
     if key in DURATIONS:
         return _seconds(key, value, positive=key.endswith("interval"))
     if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):

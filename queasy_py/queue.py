@@ -19,6 +19,7 @@ from .operate import Operate, OperateArgs
 from .store import fields
 from .store.keys import QueueKeys, RegistryKeys
 from .store.library import Dispatched, fcall, lua_error
+from .tracing import traceparent
 
 if TYPE_CHECKING:
     from .client import Client
@@ -104,9 +105,9 @@ class QueueBase(OperateArgs):
         update_run_at: object,
         reset_counts: bool | None,
     ) -> list:
-        """ARGV of queasy_dispatch for one job; its id is ARGV[5] (index 4)."""
+        """ARGV of queasy_dispatch for one job; its id is ARGV[6] (index 5)."""
         flags = self._flags(update_data, update_run_at, reset_counts)
-        return ["", *flags, *self._encode(data, id, run_at, delay)]
+        return ["", *flags, traceparent(), *self._encode(data, id, run_at, delay)]
 
     def _dispatch_many_args(
         self,
@@ -131,7 +132,8 @@ class QueueBase(OperateArgs):
             except InvalidInput as exc:
                 raise InvalidInput(f"jobs[{index}]: {exc}") from None
         step = DISPATCH_CHUNK * 3
-        chunks = [["", *flags, *args[i : i + step]] for i in range(0, len(args), step)]
+        trace = traceparent()
+        chunks = [["", *flags, trace, *args[i : i + step]] for i in range(0, len(args), step)]
         return chunks, args[0::3]
 
     @staticmethod
@@ -212,7 +214,7 @@ class Queue(QueueBase, Operate):
             self.client.fastcall("queasy_dispatch", [self.keys.base], args)
         except redis.ResponseError as exc:
             raise lua_error(exc) from None
-        return args[4]
+        return args[5]
 
     def dispatch_many(
         self,
@@ -262,7 +264,7 @@ class Queue(QueueBase, Operate):
         name = "queasy_dispatch"
         if window is not None:
             name = "queasy_dispatch_once"
-            chunks = [[*args[:4], window, *args[4:]] for args in chunks]
+            chunks = [[*args[:4], window, *args[5:]] for args in chunks]  # no trace
         codes: list[Dispatched] = []
         if chunks:
             with self.client.redis.pipeline(transaction=False) as pipe:

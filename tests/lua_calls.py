@@ -35,6 +35,7 @@ class Leased:
     retry_count: int
     stall_count: int
     timeout_count: int
+    trace: str = ""  # the traceparent of its dispatch ('' none)
 
 
 @dataclass(frozen=True)
@@ -76,12 +77,13 @@ class Lua:
         update_data: bool = True,
         run_at_mode: str = "replace",
         reset: bool | None = None,
+        trace: str = "",
     ) -> list[int]:
         """Dispatch (id, data JSON, run_at ms or '') triples; returns one code per job."""
         reset = update_data if reset is None else reset
         flat = [part for job in jobs for part in job]
         flags = [int(update_data), run_at_mode, int(reset)]
-        return self.call("queasy_dispatch", [self.B], now, *flags, *flat)
+        return self.call("queasy_dispatch", [self.B], now, *flags, trace, *flat)
 
     def dispatch_once(
         self,
@@ -162,8 +164,8 @@ class Lua:
         row = self.call("queasy_dequeue", [self.B], *args)
         status, next_run_at, rest = row[0], row[1], row[2:]
         jobs = [
-            Leased(id, token, data, int(run_at), int(r), int(s), int(t))
-            for id, token, data, run_at, r, s, t in zip(*[iter(rest)] * 7, strict=True)
+            Leased(id, token, data, int(run_at), int(r), int(s), int(t), trace)
+            for id, token, data, run_at, r, s, t, trace in zip(*[iter(rest)] * 8, strict=True)
         ]
         return Checkout(status, next_run_at, jobs)
 

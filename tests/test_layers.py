@@ -12,7 +12,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "queasy_py"
 
 #: leaf modules every layer may import (they import only each other)
-LEAF = {"errors", "defaults", "job", "validate", "options"}
+LEAF = {"errors", "defaults", "job", "validate", "options", "tracing"}
 #: what each part may import at module level, besides LEAF and itself
 ALLOWED = {
     "store": set(),

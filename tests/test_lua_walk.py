@@ -37,6 +37,9 @@ END_STATES = ("finished", "failed", "cancelled")
 LISTED = ["waiting", "delayed", "blocked", "active", *END_STATES]
 MAX_KEEP = 2  # the largest keep count of the walk (5 ids): no end state holds more records
 SPECS = ["every 1s", "cron */2 * * * * * UTC"]
+TRACES = ["", "", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"]
+BAD_TRACES = ["00-XY", "a b", "0" * 257, "t\n"]
+TRACE = re.compile(r"[0-9a-f-]{1,256}")
 BAD_SPECS = ["", "every\n1s", "x" * 201]
 
 
@@ -133,6 +136,7 @@ class Walk:
         if op == "dispatch":
             args = [now, self.pick(["0", "1"], ["2"]), self.pick(MODES, ["later"])]
             args.append(self.pick(["0", "1"], ["yes"]))
+            args.append(self.pick(TRACES, BAD_TRACES))
             for _ in range(rng.randint(1, 4)):
                 args += [self.pick(IDS, HOSTILE_IDS), self.pick(DATA, BAD_DATA), self.time()]
             if rng.random() < 0.02:
@@ -306,6 +310,7 @@ def check_queue(B: str, raw: dict) -> None:
         for field in ("run_at", "retry_count", "stall_count", "timeout_count", *LIFE):
             assert is_int(record[field]), (id, field, record[field])
         check_error(id, record)
+        check_trace(id, record)
         assert int(record["run_at"]) <= MAX_MS
         if id in blocked:
             assert record["u_run_at"] in ("replace", "clamp"), record
@@ -318,6 +323,7 @@ def check_queue(B: str, raw: dict) -> None:
         assert int(record["attempts"]) >= 1, f"an active {id!r} was leased"
         assert leases.get(record["client"], {}).get(id) == record["token"], f"lease of {id!r}"
         check_error(id, record)
+        check_trace(id, record)
     check_ended(B, raw)
     for client, held in leases.items():
         assert client in expiry, f"lease holder {client!r} has an expiry"
@@ -356,6 +362,12 @@ def check_error(id: str, record: dict) -> None:
     assert present in ([], list(fields)), (id, record)
     if present:
         assert is_int(record["error_at"]), (id, record)
+
+
+def check_trace(id: str, record: dict) -> None:
+    """A record's trace context, when it has one: a traceparent's characters, bounded."""
+    if "trace" in record:
+        assert TRACE.fullmatch(record["trace"]), (id, record)
 
 
 #: the fields of an end in B:ends, in order (the host last: it may hold spaces)

@@ -70,9 +70,10 @@ def listen(redis_url: str, lua: Lua) -> Iterator:
 
 
 def pushed(data: str) -> Leased:
-    """Parse a push message: id, token, run_at, counts, then the data (which may hold \\n)."""
-    id, token, run_at, r, s, t, body = data.split("\n", 6)
-    return Leased(id, token, body, int(run_at), int(r), int(s), int(t))
+    """Parse a push message: id, token, run_at, counts, trace, then the data (which may
+    hold \\n)."""
+    id, token, run_at, r, s, t, trace, body = data.split("\n", 7)
+    return Leased(id, token, body, int(run_at), int(r), int(s), int(t), trace)
 
 
 def test_an_idle_client_parks_its_free_slots_and_a_ready_job_is_pushed_to_it(
@@ -92,6 +93,16 @@ def test_an_idle_client_parks_its_free_slots_and_a_ready_job_is_pushed_to_it(
     assert lua.finish("c1", job) == Ack.OK
     assert [e["outcome"] for e in lua.events()] == ["finished"]
     assert lua.get_job("a")["state"] == "finished"
+
+
+def test_a_pushed_job_carries_the_trace_of_its_dispatch(lua: Lua, listen) -> None:
+    ear = listen("c1")
+    lua.dequeue("c1", limit=2, park=True)
+    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    lua.dispatch(("a", '"x"', ""), trace=trace)
+    lua.add("b")
+    jobs = [pushed(d) for ch, d in ear.messages() if ch == "push:c1"]
+    assert [(j.id, j.trace, j.data) for j in jobs] == [("a", trace, '"x"'), ("b", "", '"x"')]
 
 
 def test_a_batch_fills_the_parked_slots_and_the_rest_waits(lua: Lua, listen) -> None:

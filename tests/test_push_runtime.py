@@ -103,7 +103,8 @@ def test_a_push_lost_with_the_pubsub_connection_is_handed_back_and_runs(
     # in one transaction: its connection is killed, then the job is pushed to it
     with rt.r.pipeline(transaction=True) as tx:
         tx.execute_command("CLIENT", "KILL", "ID", theirs["id"])
-        tx.fcall("queasy_dispatch", 1, base, "", "1", "replace", "1", "lost", '{"tag": "lost"}', "")
+        flags = ("1", "replace", "1", "")  # update data, run_at, reset counts; no trace
+        tx.fcall("queasy_dispatch", 1, base, "", *flags, "lost", '{"tag": "lost"}', "")
         killed, codes = tx.execute()
     assert killed and codes == [1]
     message = wait_for(lambda: listener.get_message(timeout=0.1), what="the push")

@@ -64,6 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_server_options(run)
     run.add_argument("--workers", type=int, help="worker processes (overrides `workers`)")
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus /metrics on this port, 0 for any free one (overrides "
+        "`metrics_port`; needs queasy_py[metrics])",
+    )
+    run.add_argument(
+        "--metrics-host", help="address of /metrics (overrides `metrics_host`; 127.0.0.1)"
+    )
 
     server = sub.add_parser(
         "server",
@@ -159,6 +168,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.workers < 1:
             raise ConfigError(f"--workers must be >= 1, not {args.workers}")
         workers = args.workers
+    for key in ("metrics_port", "metrics_host"):
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
     app_on_path()
     client = Client(
         resolve(args.redis, config=conf.source, data_dir=args.data_dir, given="--redis"),

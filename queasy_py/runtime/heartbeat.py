@@ -69,6 +69,7 @@ class Heartbeat(threading.Thread):
         self.stopped = threading.Event()
         self._kick = threading.Event()
         self.failing = False  # the last beat failed (logged once until one works again)
+        self.errors = 0  # beats that failed (/metrics: queasy_redis_errors_total)
         self.last_ok = time.monotonic()
         self._redis: redis.Redis | None = None
         self.clock = ServerClock()
@@ -124,6 +125,7 @@ class Heartbeat(threading.Thread):
                     log.warning("heartbeat works again")
                     self.failing = False
             except (redis.RedisError, OSError, ConnectionFailed) as exc:
+                self.errors += 1
                 if not self.failing:  # one line per outage, not one per beat
                     log.error("heartbeat failed: %s", exc)
                 self.failing = True

@@ -75,8 +75,10 @@ class Outage:
         self.retry_at = 0.0  # epoch seconds: no round before (Redis was unreachable)
         self.backoff = 0.1
         self.kind: str | None = None  # the kind of the current outage, logged once
+        self.errors = 0  # failed round trips (/metrics: queasy_redis_errors_total)
 
     def down(self, exc: BaseException) -> None:
+        self.errors += 1
         if time.time() < self.retry_at:
             return  # several calls in flight failed together: one step of backoff
         name = outage_name(exc)

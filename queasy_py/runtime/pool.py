@@ -37,6 +37,7 @@ class Running:
     deadline: float  # monotonic
     timed_out: bool = False
     pushed: bool = False  # leased by dispatch to this client's parked slots
+    trace: str = ""  # the W3C traceparent of its dispatch (tracing.py), '' none
 
     def record(self) -> dict[str, Any]:
         """The job as its fail handler sees it (the `job` of [data, job, error])."""
@@ -101,6 +102,7 @@ class WorkerProc:
                 j.retry_count,
                 j.stall_count,
                 j.timeout_count,
+                j.trace,
                 len(j.data),
             ]
             for j in jobs

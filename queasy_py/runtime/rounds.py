@@ -18,6 +18,7 @@ import redis
 from ..errors import QueasyError
 from ..store.library import Ack as AckCode
 from ..store.library import Status, ensure_loaded
+from ..tracing import MAX_TRACE
 from . import outcomes
 from .events import Events
 from .handback import hand_back_unknown, unpark_all
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from ..store.pipe import RedisPipe
     from ..store.pubsub import Message, Wakeup
     from .heartbeat import ServerClock
+    from .metrics import Tally
 
 log = logging.getLogger("queasy_py")
 
@@ -85,6 +87,7 @@ class Rounds:
         self.malformed = Throttled()
         self.seq = 0
         self.schedules = Schedules(list(states.values()), poll_interval, clock)
+        self.metrics: Tally | None = None  # counts for /metrics (runtime/metrics.py): on
 
     # ------------------------------------------------------------------ sending
 
@@ -215,6 +218,8 @@ class Rounds:
                         ack.op,
                         ack.args[0],
                     )
+            if self.metrics is not None:
+                self.metrics.acked(group, codes)
         mono = time.monotonic()
         for (state, procs), reply in zip(asks, replies[len(replies) - len(asks) :], strict=True):
             state.inflight -= 1
@@ -262,7 +267,7 @@ class Rounds:
             self.workers.release(state.spec.size, procs)
             self.on_swept()
             return
-        jobs = [reply[i : i + 7] for i in range(2, len(reply), 7)]
+        jobs = [reply[i : i + 8] for i in range(2, len(reply), 8)]
         if len(jobs) < len(procs):
             state.ready_at = self.clock.local(int(next_run_at)) if next_run_at else float("inf")
             # a wake-up that came while the dequeue was on its way is not in its reply
@@ -273,7 +278,7 @@ class Rounds:
         self.workers.release(spec.size, procs[len(jobs) :])
         by_worker: dict[WorkerProc, list[Running]] = defaultdict(list)
         deadline = time.monotonic() + spec.timeout
-        for (job_id, token, data, run_at, retries, stalls, timeouts), proc in zip(
+        for (job_id, token, data, run_at, retries, stalls, timeouts, trace), proc in zip(
             jobs, procs, strict=False
         ):
             job = self._running(
@@ -282,6 +287,8 @@ class Rounds:
             if job is None:  # its lease goes back with the next reconcile
                 self.workers.release(spec.size, [proc])
                 continue
+            if trace:
+                job.trace = trace.decode()
             early = outcomes.on_dequeue(job, spec, state.base, state.fail_base)
             if early is not None:
                 self.acks.append(early)
@@ -357,13 +364,17 @@ class Rounds:
             state.woken = min(state.woken, at)
 
     def _pushed(self, state: QueueState, message: bytes) -> None:
-        """A job dispatch leased straight to this client (or an unpark mark: no newline).
+        """A job dispatch leased straight to this client (or an unpark mark: no newline;
+        something else with fewer fields is dropped, logged).
         It starts on the worker with the most free units; with no room it is returned."""
-        fields = message.split(b"\n", 6)
-        if len(fields) < 7:
+        fields = message.split(b"\n", 7)
+        if len(fields) == 1:
             self.marks.add(message)
             return
-        job_id, token, run_at, retries, stalls, timeouts, data = fields
+        if len(fields) < 8:
+            self.malformed("job record", fields[:7])  # anyone may PUBLISH
+            return
+        job_id, token, run_at, retries, stalls, timeouts, trace, data = fields
         if not all(_digits(f) for f in (run_at, retries, stalls, timeouts)):
             self.malformed("job record", fields[:6])  # anyone may PUBLISH: digits only
             return
@@ -381,6 +392,8 @@ class Rounds:
         if job is None:  # a real push's lease goes back with the next reconcile
             return
         job.pushed = True
+        if 0 < len(trace) <= MAX_TRACE:  # anyone may PUBLISH: a trace of its length only
+            job.trace = trace.decode(errors="replace")
         early = outcomes.on_dequeue(job, state.spec, state.base, state.fail_base)
         if early is not None:
             self.acks.append(early)

@@ -27,6 +27,7 @@ from ..store.pipe import RedisPipe
 from ..store.pubsub import Message, Wakeup
 from .events import Events
 from .heartbeat import Heartbeat, expiry_ms
+from .metrics import Tally, serve_metrics
 from .outcomes import Ack
 from .registry import Registry
 from .rounds import Rounds
@@ -58,6 +59,7 @@ class Supervisor:
         self.poll_interval = float(s["poll_interval"])
         self.expiry_ms = expiry_ms(self.heartbeat_interval)
         self.states: dict[str, QueueState] = {}
+        self.queues: dict[str, Queue] = {}
         for queue, spec in client.listeners.values():
             fail_base = None
             if spec.fail_handler is not None:
@@ -99,10 +101,17 @@ class Supervisor:
             self._swept,
             self.heartbeat.clock,
         )
+        self.metrics: Any = None  # the /metrics server (runtime/prometheus.py), when on
+        self.tally: Tally | None = None
+        if s["metrics_port"] is not None:
+            bases = {name: state.base for name, state in self.states.items()}
+            self.tally = Tally(bases, self.heartbeat.clock)
+            self.workers.metrics = self.rounds.metrics = self.tally
 
     def _add_state(self, queue: Queue, spec: ListenOptions, fail_base: str | None) -> None:
         if queue.name in self.states:
             raise InvalidInput(f"queue {queue.name!r} is listened to twice (as a fail queue too?)")
+        self.queues[queue.name] = queue
         self.states[queue.name] = QueueState(
             queue.name, queue.keys.base, queue.keys, spec, fail_base
         )
@@ -178,6 +187,7 @@ class Supervisor:
             "dropping its jobs and starting over",
             self.client.id,
         )
+        self.workers.replaced["swept"] += len(self.workers.procs)
         self.workers.kill_all()
         self.acks.clear()
         self.held.clear()  # pushed to the old id: the sweep requeued them
@@ -281,6 +291,14 @@ class Supervisor:
     def run(self) -> int:
         previous = self._install_signals()
         try:
+            if self.tally is not None:  # ConfigError when the port is taken
+                self.metrics = serve_metrics(
+                    self.tally,
+                    self.workers,
+                    {name: queue.counts for name, queue in self.queues.items()},
+                    lambda: {"loop": self.rounds.outage.errors, "heartbeat": self.heartbeat.errors},
+                    self.client.settings,
+                )
             self.workers.ensure()
             try:
                 self.heartbeat.beat_or_reload(self.r, self.client.id)
@@ -312,6 +330,8 @@ class Supervisor:
             self.rounds.pipe.close()
             self.r.close()
             self.events.close()
+            if self.metrics is not None:
+                self.metrics.close()
         return 0
 
     def _seed_schedules(self) -> None:

@@ -2,7 +2,8 @@
 
 Protocol (each message one orjson document in a frame of queasy_py/frames.py):
   supervisor -> worker: a batch of jobs (frames.pack_jobs: a header
-                        [[seq, queue, id, run_at, retry, stall, timeout, data_length], ...]
+                        [[seq, queue, id, run_at, retry, stall, timeout, trace,
+                          data_length], ...]; trace: a W3C traceparent or ''
                         then each job's data as stored)
                         "stop"                              exit (sent when no job is left)
   worker -> supervisor: "ready" | ["import-error", message]              once, at start
@@ -41,6 +42,7 @@ import orjson
 
 from .. import defaults
 from ..job import Job
+from ..tracing import traced
 from .frames import Pipe, job_heads
 from .handler import load
 from .results import check_result, describe_error, encode_results, invalid_data, stored_result
@@ -198,7 +200,7 @@ class Runner:
         A job whose data does not decode fails permanently (InvalidJobData), alone."""
         plain = 0
         heads, pos = job_heads(frame)
-        for seq, queue_name, job_id, run_at, retries, stalls, timeouts, size in heads:
+        for seq, queue_name, job_id, run_at, retries, stalls, timeouts, trace, size in heads:
             raw = frame[pos : pos + size]
             pos += size
             try:
@@ -207,6 +209,8 @@ class Runner:
                 self._done(seq, int(time.time() * 1000), invalid_data(job_id, raw, exc))
                 continue
             handle, is_async = self.handlers[queue_name]
+            if trace:  # its dispatch had a current span (tracing.py)
+                handle = traced(handle, is_async, trace)
             job = Job(job_id, queue_name, run_at / 1000.0, retries, stalls, timeouts)
             if is_async:
                 coro = self.run_async(seq, handle, data, job)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -17,6 +18,9 @@ from . import outcomes
 from .events import Events
 from .pool import Running, WorkerProc, kill_tree, start_worker
 from .scheduler import QueueState, place
+
+if TYPE_CHECKING:
+    from .metrics import Tally
 
 log = logging.getLogger("queasy_py")
 
@@ -56,6 +60,9 @@ class Workers:
         self.import_error = ""  # the last import error a worker reported (logged once)
         self.fatal: HandlerError | None = None  # workers cannot start: the supervisor gives up
         self.writing: set[WorkerProc] = set()  # pipes watched for writability
+        self.metrics: Tally | None = None  # counts for /metrics (runtime/metrics.py): on
+        #: workers replaced, by why: timeout, crash, memory, max_jobs, start, swept
+        self.replaced: dict[str, int] = defaultdict(int)
 
     def __iter__(self):
         return iter(list(self.procs))
@@ -177,11 +184,14 @@ class Workers:
                 self.import_error = text
             return
         now = time.time()
+        metrics = self.metrics
         for item in message:  # [seq, started, error] or [seq, started, None, result]
             seq, started, error = item[0], item[1], item[2]
             job = proc.take(seq)
             if job is None:
                 continue
+            if metrics is not None:
+                metrics.ran(job, started, now)
             state = self.states[job.queue]
             if job.pushed:  # park its slot again: a dequeue goes with the ack
                 state.ready_at = 0.0
@@ -203,12 +213,13 @@ class Workers:
                 )
             )
         if self.max_jobs_per_worker and proc.done >= self.max_jobs_per_worker and proc.healthy:
-            self._retire(proc, f"ran {proc.done} jobs")
+            self._retire(proc, f"ran {proc.done} jobs", "max_jobs")
 
-    def _retire(self, proc: WorkerProc, why: str) -> None:
+    def _retire(self, proc: WorkerProc, why: str, reason: str) -> None:
         if not proc.retiring:
             log.info("recycling worker %d (%s)", proc.pid, why)
             proc.retiring = True
+            self.replaced[reason] += 1
             self.ensure()
 
     def on_exit(self, proc: WorkerProc) -> None:
@@ -220,6 +231,7 @@ class Workers:
         if not proc.ready:
             self._start_failed(proc, f"exited with code {code} before it was ready")
         elif proc.jobs or not proc.retiring:
+            self.replaced["crash"] += 1
             log.error(
                 "worker %d exited with code %s holding %d job(s)", proc.pid, code, len(proc.jobs)
             )
@@ -231,6 +243,7 @@ class Workers:
     def _start_failed(self, proc: WorkerProc, why: str) -> None:
         """Back off before the next start; after WORKER_START_FAILURES in a row, give up."""
         self.start_failures += 1
+        self.replaced["start"] += 1
         delay = min(MAX_START_BACKOFF, START_BACKOFF * 2 ** (self.start_failures - 1))
         self.next_spawn = time.monotonic() + delay
         if self.start_failures >= defaults.WORKER_START_FAILURES:
@@ -324,6 +337,7 @@ class Workers:
                     )
                     if proc.healthy:
                         proc.healthy = False
+                        self.replaced["timeout"] += 1
                         self.ensure()
             if not proc.healthy and all(j.timed_out for j in proc.jobs.values()):
                 log.warning("killing worker %d (only timed-out jobs left)", proc.pid)
@@ -338,7 +352,7 @@ class Workers:
         for proc in list(self.procs):
             rss = proc.rss()
             if proc.healthy and rss > self.max_worker_memory:
-                self._retire(proc, f"RSS {rss} bytes > max_worker_memory")
+                self._retire(proc, f"RSS {rss} bytes > max_worker_memory", "memory")
 
     def stop_drained(self) -> None:
         """Tell each drained retiring worker to exit; its exit is reaped through its sentinel

@@ -120,7 +120,7 @@ class Hostile:
         data = self.r.hget(queue.keys.job(job_id), "data")
         if data is None:
             return
-        message = f"{job_id}\nforged{self.n}\n0\n0\n0\n0\n".encode() + data
+        message = f"{job_id}\nforged{self.n}\n0\n0\n0\n0\n\n".encode() + data  # no trace
         self.r.publish(queue.keys.push(self.rng.choice(clients)), message)
         self.counts["forged"] += 1
 
@@ -146,7 +146,7 @@ class Hostile:
         else:
             bad = bad[:2]
         valid = self._valid_triple() if rng.random() < 0.5 and what != "flags" else []
-        return ["", *flags, *valid, *bad], (valid[0] if valid else None)
+        return ["", *flags, "", *valid, *bad], (valid[0] if valid else None)
 
     def fcall(self, queue: Queue) -> None:
         args, valid_id = self._bad_args()
