@@ -258,6 +258,8 @@ class Walk:
                 readers[kind](pipe, key)
             values = pipe.execute()
         for key, kind, value in zip(keys, kinds, values, strict=True):
+            if kind == "string" and value is None:
+                continue  # a B:once:<id> key that expired between TYPE and GET
             raw[key] = (kind, value)
         B = self.lua.B
         state = {"raw": raw, "leases": {}}
