@@ -73,6 +73,13 @@ class OperateArgs:
     def _timed_out(self, job_id: str, timeout: float | None) -> ResultTimeout:
         return ResultTimeout(f"job {job_id} of {self.name} did not end within {timeout}s")
 
+    def _left(self, job_id: str, deadline: float | None, timeout: Any) -> float:
+        """Seconds to wait before looking at the job again; ResultTimeout when none is left."""
+        left = RESULT_WAIT if deadline is None else deadline - time.monotonic()
+        if left <= 0:
+            raise self._timed_out(job_id, timeout)
+        return min(left, RESULT_WAIT)
+
 
 class Operate:
     """Queue's operator calls (a mixin: `client` and `keys` are the Queue's)."""
@@ -86,6 +93,7 @@ class Operate:
     _purged: Any
     _deadline: Any
     _timed_out: Any
+    _left: Any
 
     def reset_totals(self) -> None:
         """Start the finished and failed totals (and their per-minute counts) from 0."""
@@ -137,20 +145,39 @@ class Operate:
         """Wait for job `job_id` to end and return its handler's return value (None if its
         queue does not store results). JobFailed when it failed for good or was cancelled,
         JobNotFound for an unknown id, ResultTimeout after `timeout` seconds. The waiter is
-        woken by the end itself (a message on the job's channel, published when the
-        queue stores results; a queue that does not is seen at the timeout only)."""
+        woken by the end itself, never polling: a message on the job's channel where every
+        live supervisor of the queue stores results (they publish ends), else the job's
+        outcome event (README "Results")."""
         validate.job_id(job_id)
         deadline = self._deadline(timeout)
+        if records.publishes_ends(self.client.supervisors(), self.name):
+            return self._result_by_channel(job_id, deadline, timeout)
+        return self._result_by_events(job_id, deadline, timeout)
+
+    def _result_by_channel(self, job_id: str, deadline: float | None, timeout: Any) -> Any:
         with self.client.redis.pubsub(ignore_subscribe_messages=True) as pubsub:
             pubsub.subscribe(self.keys.done(job_id))
             while True:  # subscribed first: an end after this look is a message
                 done, value = records.outcome(self.get_job(job_id), job_id, self.name)
                 if done:
                     return value
-                left = RESULT_WAIT if deadline is None else deadline - time.monotonic()
-                if left <= 0:
-                    raise self._timed_out(job_id, timeout)
-                pubsub.get_message(timeout=min(left, RESULT_WAIT))
+                pubsub.get_message(timeout=self._left(job_id, deadline, timeout))
+
+    def _result_by_events(self, job_id: str, deadline: float | None, timeout: Any) -> Any:
+        r = self.client.redis
+        after = events.stream_end(r, self.keys.events).last_id  # an end after the look
+        while True:
+            done, value = records.outcome(self.get_job(job_id), job_id, self.name)
+            if done:
+                return value
+            while True:  # the queue's events until one of this job's (or the wait's end)
+                block = self._left(job_id, deadline, timeout)
+                new = events.follow(r, self.keys.events, after, PAGE, block)
+                if not new:
+                    break
+                after = new[-1]["event_id"]
+                if any(event.get("id") == job_id for event in new):
+                    break
 
     def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
         """Up to `count` outcome events after event id `after` ("0": the oldest kept),

@@ -160,6 +160,12 @@ def page(r: Any, key: str, after: str = "0", count: int = 100) -> list[dict[str,
     return parse_entries(r.xrange(key, low, high, count=count))
 
 
+def last(r: Any, key: str, count: int = 100) -> list[dict[str, Any]]:
+    """The newest `count` events of the stream `key`, oldest first (no wait)."""
+    range_args(key, "0", count)  # checks count
+    return parse_entries(r.xrevrange(key, "+", "-", count=count)[::-1])
+
+
 def follow(
     r: Any, key: str, after: str = "$", count: int = 100, block: float = 5.0
 ) -> list[dict[str, Any]]:
