@@ -12,6 +12,7 @@ and fail_queue; running handlers (listen/run) stays with the synchronous Client.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -256,15 +257,15 @@ class AsyncQueue(QueueBase):
             done, value = records.outcome(await self.get_job(job_id), job_id, self.name)
             if done:
                 return value
-            while True:  # the queue's events until one of this job's (or the wait's end)
-                block = self._left(job_id, deadline, timeout)
-                reply = await r.xread({key: after}, count=PAGE, block=max(1, int(block * 1000)))
+            until = time.monotonic() + self._left(job_id, deadline, timeout)
+            while (block := until - time.monotonic()) > 0:  # until an event of this job
+                wait = max(1, int(min(block, events.EVENT_BLOCK) * 1000))
+                reply = await r.xread({key: after}, count=PAGE, block=wait)
                 new = events.parse_entries(reply[0][1]) if reply else []
-                if not new:
-                    break
-                after = new[-1]["event_id"]
-                if any(event.get("id") == job_id for event in new):
-                    break
+                if new:
+                    after = new[-1]["event_id"]
+                    if any(event.get("id") == job_id for event in new):
+                        break
 
     async def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
         low, high, count = events.range_args(self.keys.events, after, count)

@@ -164,20 +164,19 @@ class Operate:
                 pubsub.get_message(timeout=self._left(job_id, deadline, timeout))
 
     def _result_by_events(self, job_id: str, deadline: float | None, timeout: Any) -> Any:
-        r = self.client.redis
-        after = events.stream_end(r, self.keys.events).last_id  # an end after the look
+        r, key = self.client.redis, self.keys.events
+        after = events.stream_end(r, key).last_id  # an end after the look is read below
         while True:
             done, value = records.outcome(self.get_job(job_id), job_id, self.name)
             if done:
                 return value
-            while True:  # the queue's events until one of this job's (or the wait's end)
-                block = self._left(job_id, deadline, timeout)
-                new = events.follow(r, self.keys.events, after, PAGE, block)
-                if not new:
-                    break
-                after = new[-1]["event_id"]
-                if any(event.get("id") == job_id for event in new):
-                    break
+            until = time.monotonic() + self._left(job_id, deadline, timeout)
+            while (block := until - time.monotonic()) > 0:  # until an event of this job
+                new = events.follow(r, key, after, PAGE, min(block, events.EVENT_BLOCK))
+                if new:
+                    after = new[-1]["event_id"]
+                    if any(event.get("id") == job_id for event in new):
+                        break
 
     def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
         """Up to `count` outcome events after event id `after` ("0": the oldest kept),

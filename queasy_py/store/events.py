@@ -127,6 +127,9 @@ INT_FIELDS = frozenset(
 )
 #: the largest count of events one read returns
 MAX_COUNT = 10_000
+#: the longest XREAD BLOCK of a reader that waits for events, in seconds: below the 5 s
+#: socket timeout redis-py gives a unix-socket connection (and every asyncio one)
+EVENT_BLOCK = 2.0
 
 
 def typed(entry_id: Any, raw: dict[Any, Any]) -> dict[str, Any]:
