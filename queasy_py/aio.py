@@ -228,7 +228,7 @@ class AsyncQueue(QueueBase):
         deadline = self._deadline(timeout)
         await self.client.ready()
         r = self.client.redis
-        with r.pipeline(transaction=False) as pipe:
+        async with r.pipeline(transaction=False) as pipe:
             pipe.time()
             pipe.hgetall(RegistryKeys(self.client.prefix).supervisors)
             (seconds, micros), entries = await pipe.execute()
