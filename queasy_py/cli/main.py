@@ -1,5 +1,5 @@
-"""The `queasy` command: run a supervisor, run a server, dispatch and cancel jobs, and the
-operator commands (status, jobs, inspect, requeue, purge, events: cli/operate.py)."""
+"""The `queasy` command: run a supervisor or the embedded server, dispatch and cancel jobs,
+and see and act on queues (status, jobs, inspect, requeue, purge, events)."""
 
 from __future__ import annotations
 
