@@ -3,25 +3,31 @@
     queue.listen("myapp.jobs", fail_handler="queasy_py.handlers.dead_letter")
 
 The list of queue `emails` is `QueueKeys(...).dead_letters` (newest first); read it with
-`queasy_py.handlers.dead_letter.read(client.queue("emails"))`. It keeps the newest MAX_ENTRIES
-(env QUEASY_DEAD_LETTER_MAX, default 10,000). It records only into the list of the queue its
-fail queue belongs to; a record naming another queue is refused (PermanentError).
+`queasy_py.handlers.dead_letter.read(client.queue("emails"))`, and dispatch its jobs again
+with `requeue(client.queue("emails"))` (`queasy requeue emails --failed`). It keeps the
+newest MAX_ENTRIES (env QUEASY_DEAD_LETTER_MAX, default 10,000). It records only into the
+list of the queue its fail queue belongs to; a record naming another queue is refused
+(PermanentError).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
 
-from queasy_py import Job, Queue
+from queasy_py import InvalidInput, Job, Queue, validate
 from queasy_py.context import current_client
+from queasy_py.job import END_STATES
 
 from ._fail_record import fail_record
 
 MAX_ENTRIES = int(os.environ.get("QUEASY_DEAD_LETTER_MAX", "10000"))
+#: entries requeue() reads per LRANGE
+CHUNK = 500
 
 
 def handle(data: list[Any], job: Job) -> None:
@@ -43,3 +49,47 @@ def read(queue: Queue, count: int = 100) -> list[dict[str, Any]]:
         orjson.loads(raw)
         for raw in queue.client.redis.lrange(queue.keys.dead_letters, 0, count - 1)
     ]
+
+
+def requeue(queue: Queue, ids: Iterable[str] | None = None) -> list[str]:
+    """Dispatch the jobs of `queue`'s dead letters again, each with its data and id, and
+    remove their entries: those of these job ids, or every entry. An id that has a live job
+    (waiting, delayed, blocked or active: requeued from its kept failed record, or
+    dispatched since) keeps that one; its entries go all the same. An entry that is not a
+    dead letter of this module, or whose job cannot be dispatched (an id or data the
+    library refuses), stays. Reads the list CHUNK entries at a time (entries added
+    meanwhile may be read again, none is missed). Returns the ids dispatched."""
+    if isinstance(ids, str):
+        raise InvalidInput("ids must be a list of job ids, not a str")
+    wanted = None if ids is None else {validate.job_id(i) for i in ids}
+    r, key = queue.client.redis, queue.keys.dead_letters
+    dispatched: list[str] = []
+    position = 0
+    while True:
+        chunk = r.lrange(key, position, position + CHUNK - 1)
+        if not chunk:
+            return dispatched
+        removed = 0
+        for raw in chunk:
+            job_id, data = _entry(raw)
+            if job_id is None or (wanted is not None and job_id not in wanted):
+                continue
+            info = queue.get_job(job_id)
+            if info is None or info.state in END_STATES:
+                try:
+                    queue.dispatch(data, id=job_id)
+                except InvalidInput:
+                    continue
+                dispatched.append(job_id)
+            removed += r.lrem(key, 1, raw)
+        position += len(chunk) - removed
+
+
+def _entry(raw: bytes) -> tuple[str | None, Any]:
+    """(job id, data) of a dead letter; (None, None) for an entry that is not one."""
+    try:
+        entry = orjson.loads(raw)
+        job_id = entry["job"]["id"]
+        return validate.job_id(job_id), entry.get("data")
+    except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError, InvalidInput):
+        return None, None

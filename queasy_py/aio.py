@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from . import defaults, records, validate
 from .errors import ConnectionFailed, InvalidInput
 from .job import JobInfo, ScheduleInfo
-from .operate import PAGE, RESULT_WAIT
+from .operate import PAGE
 from .queue import QueueBase
 from .resolve import PathLike, Target, resolve
 from .store import events
@@ -222,10 +222,22 @@ class AsyncQueue(QueueBase):
         return total
 
     async def result(self, job_id: str, timeout: float | None = None) -> Any:
-        """Like Queue.result: woken by the job's end, never polling."""
+        """Like Queue.result: woken by the job's end (its channel, or its outcome event),
+        never polling."""
         validate.job_id(job_id)
         deadline = self._deadline(timeout)
         await self.client.ready()
+        r = self.client.redis
+        async with r.pipeline(transaction=False) as pipe:
+            pipe.time()
+            pipe.hgetall(RegistryKeys(self.client.prefix).supervisors)
+            (seconds, micros), entries = await pipe.execute()
+        supervisors = records.live(entries.values(), seconds + micros / 1e6)
+        if records.publishes_ends(supervisors, self.name):
+            return await self._result_by_channel(job_id, deadline, timeout)
+        return await self._result_by_events(job_id, deadline, timeout)
+
+    async def _result_by_channel(self, job_id: str, deadline: float | None, timeout: Any) -> Any:
         pubsub = self.client.redis.pubsub(ignore_subscribe_messages=True)
         try:
             await pubsub.subscribe(self.keys.done(job_id))
@@ -233,12 +245,27 @@ class AsyncQueue(QueueBase):
                 done, value = records.outcome(await self.get_job(job_id), job_id, self.name)
                 if done:
                     return value
-                left = RESULT_WAIT if deadline is None else deadline - time.monotonic()
-                if left <= 0:
-                    raise self._timed_out(job_id, timeout)
-                await pubsub.get_message(timeout=min(left, RESULT_WAIT))
+                await pubsub.get_message(timeout=self._left(job_id, deadline, timeout))
         finally:
             await pubsub.aclose()
+
+    async def _result_by_events(self, job_id: str, deadline: float | None, timeout: Any) -> Any:
+        r, key = self.client.redis, self.keys.events
+        newest = await r.xrevrange(key, "+", "-", count=1)
+        after = events.parse_entries(newest)[0]["event_id"] if newest else "0-0"
+        while True:
+            done, value = records.outcome(await self.get_job(job_id), job_id, self.name)
+            if done:
+                return value
+            until = time.monotonic() + self._left(job_id, deadline, timeout)
+            while (block := until - time.monotonic()) > 0:  # until an event of this job
+                wait = max(1, int(min(block, events.EVENT_BLOCK) * 1000))
+                reply = await r.xread({key: after}, count=PAGE, block=wait)
+                new = events.parse_entries(reply[0][1]) if reply else []
+                if new:
+                    after = new[-1]["event_id"]
+                    if any(event.get("id") == job_id for event in new):
+                        break
 
     async def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
         low, high, count = events.range_args(self.keys.events, after, count)

@@ -142,10 +142,10 @@ class Client:
 
     def supervisors(self) -> list[dict[str, Any]]:
         """The live supervisors of this prefix, as each published itself with its last
-        heartbeat: id (client id), host, pid, started_at, queues, workers (pids), units,
-        free_units, jobs ([{queue, id, worker_pid, started_at, timed_out}]), stopping,
-        beat_at and expires_at (epoch seconds; beat_at and expires_at on the server's
-        clock). Sorted by host, then pid."""
+        heartbeat: id (client id), host, pid, started_at, queues, results (those of its
+        queues that store results), workers (pids), units, free_units, jobs ([{queue, id,
+        worker_pid, started_at, timed_out}]), stopping, beat_at and expires_at (epoch
+        seconds; beat_at and expires_at on the server's clock). Sorted by host, then pid."""
         seconds, micros = self.redis.time()
         now = seconds + micros / 1e6
         live = []

@@ -73,6 +73,13 @@ class OperateArgs:
     def _timed_out(self, job_id: str, timeout: float | None) -> ResultTimeout:
         return ResultTimeout(f"job {job_id} of {self.name} did not end within {timeout}s")
 
+    def _left(self, job_id: str, deadline: float | None, timeout: Any) -> float:
+        """Seconds to wait before looking at the job again; ResultTimeout when none is left."""
+        left = RESULT_WAIT if deadline is None else deadline - time.monotonic()
+        if left <= 0:
+            raise self._timed_out(job_id, timeout)
+        return min(left, RESULT_WAIT)
+
 
 class Operate:
     """Queue's operator calls (a mixin: `client` and `keys` are the Queue's)."""
@@ -86,6 +93,7 @@ class Operate:
     _purged: Any
     _deadline: Any
     _timed_out: Any
+    _left: Any
 
     def reset_totals(self) -> None:
         """Start the finished and failed totals (and their per-minute counts) from 0."""
@@ -137,20 +145,38 @@ class Operate:
         """Wait for job `job_id` to end and return its handler's return value (None if its
         queue does not store results). JobFailed when it failed for good or was cancelled,
         JobNotFound for an unknown id, ResultTimeout after `timeout` seconds. The waiter is
-        woken by the end itself (a message on the job's channel, published when the
-        queue stores results; a queue that does not is seen at the timeout only)."""
+        woken by the end itself, never polling: a message on the job's channel where every
+        live supervisor of the queue stores results (they publish ends), else the job's
+        outcome event (README "Results")."""
         validate.job_id(job_id)
         deadline = self._deadline(timeout)
+        if records.publishes_ends(self.client.supervisors(), self.name):
+            return self._result_by_channel(job_id, deadline, timeout)
+        return self._result_by_events(job_id, deadline, timeout)
+
+    def _result_by_channel(self, job_id: str, deadline: float | None, timeout: Any) -> Any:
         with self.client.redis.pubsub(ignore_subscribe_messages=True) as pubsub:
             pubsub.subscribe(self.keys.done(job_id))
             while True:  # subscribed first: an end after this look is a message
                 done, value = records.outcome(self.get_job(job_id), job_id, self.name)
                 if done:
                     return value
-                left = RESULT_WAIT if deadline is None else deadline - time.monotonic()
-                if left <= 0:
-                    raise self._timed_out(job_id, timeout)
-                pubsub.get_message(timeout=min(left, RESULT_WAIT))
+                pubsub.get_message(timeout=self._left(job_id, deadline, timeout))
+
+    def _result_by_events(self, job_id: str, deadline: float | None, timeout: Any) -> Any:
+        r, key = self.client.redis, self.keys.events
+        after = events.stream_end(r, key).last_id  # an end after the look is read below
+        while True:
+            done, value = records.outcome(self.get_job(job_id), job_id, self.name)
+            if done:
+                return value
+            until = time.monotonic() + self._left(job_id, deadline, timeout)
+            while (block := until - time.monotonic()) > 0:  # until an event of this job
+                new = events.follow(r, key, after, PAGE, min(block, events.EVENT_BLOCK))
+                if new:
+                    after = new[-1]["event_id"]
+                    if any(event.get("id") == job_id for event in new):
+                        break
 
     def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
         """Up to `count` outcome events after event id `after` ("0": the oldest kept),

@@ -5,6 +5,7 @@ an exception on a field written by hand)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -94,6 +95,30 @@ def page(queue: str, row: list) -> tuple[list[JobInfo], str]:
 def counts(row: list) -> dict[str, int]:
     values = (fields.to_int(value, 0) for value in row)
     return dict(zip(COUNTS, values, strict=True))
+
+
+def live(entries: Iterable[Any], now: float) -> list[dict[str, Any]]:
+    """The supervisor registry entries (JSON) whose expiry is not past `now` (server
+    clock), sorted by host, then pid; entries that do not parse are left out."""
+    out = []
+    for raw in entries:
+        try:
+            entry = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        expires = entry.get("expires_at") if isinstance(entry, dict) else None
+        if isinstance(expires, int | float) and expires >= now:
+            out.append(entry)
+    return sorted(out, key=lambda e: (str(e.get("host")), e.get("pid") or 0))
+
+
+def publishes_ends(supervisors: list[dict[str, Any]], queue: str) -> bool:
+    """Whether the ends of `queue`'s jobs are PUBLISHed on their channels: some live
+    supervisor listens on it, and every one that does stores its results. Otherwise
+    result() waits on the queue's outcome events (a supervisor without store_results
+    publishes nothing, and one may start later)."""
+    serving = [s for s in supervisors if queue in (s.get("queues") or ())]
+    return bool(serving) and all(queue in (s.get("results") or ()) for s in serving)
 
 
 def outcome(info: JobInfo | None, job_id: str, queue: str) -> tuple[bool, Any]:

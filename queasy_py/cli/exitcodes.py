@@ -6,5 +6,5 @@ CONFIG = 2  # bad command line or configuration (the message names the key)
 CONNECT = 3  # Redis unreachable or refused the credentials
 HANDLER = 4  # a handler module does not import or has no handle()
 VERSION = 5  # the server holds a newer major version of the queasy library, or lacks Functions
-NOT_FOUND = 6  # `queasy cancel`: no waiting, delayed or blocked job with that id
+NOT_FOUND = 6  # an unknown queue or job id (cancel, inspect, requeue --id, ...)
 INTERRUPTED = 130  # Ctrl-C (SIGINT) before a supervisor ran, e.g. while waiting for Redis

@@ -1,4 +1,5 @@
-"""The `queasy` command: run a supervisor, run a server, dispatch and cancel jobs."""
+"""The `queasy` command: run a supervisor or the embedded server, dispatch and cancel jobs,
+and see and act on queues (status, jobs, inspect, requeue, purge, events)."""
 
 from __future__ import annotations
 
@@ -20,13 +21,14 @@ from ..errors import (
     ConnectionFailed,
     HandlerError,
     InvalidInput,
+    JobNotFound,
     QueasyError,
     VersionMismatch,
 )
 from ..resolve import config_table, data_dir_for, find_pyproject, resolve
 from ..store.connection import mask_url
 from . import config as config_file
-from . import exitcodes, history
+from . import exitcodes, history, operate
 
 log = logging.getLogger("queasy_py")
 
@@ -97,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("queue")
     cancel.add_argument("id")
     add_server_options(cancel, config=True)
+    operate.add_parsers(sub, common, add_server_options)
     history.add_parser(sub)
     return parser
 
@@ -219,6 +222,7 @@ COMMANDS = {
     "dispatch": cmd_dispatch,
     "cancel": cmd_cancel,
     "history": history.run,
+    **dict.fromkeys(operate.NAMES, lambda args: operate.run(args, producer)),
 }
 ERRORS: list[tuple[type[BaseException], int]] = [
     (HandlerError, exitcodes.HANDLER),
@@ -226,6 +230,8 @@ ERRORS: list[tuple[type[BaseException], int]] = [
     (InvalidInput, exitcodes.CONFIG),
     (ConnectionFailed, exitcodes.CONNECT),
     (VersionMismatch, exitcodes.VERSION),
+    (JobNotFound, exitcodes.NOT_FOUND),
+    (operate.QueueNotFound, exitcodes.NOT_FOUND),
     (QueasyError, exitcodes.FAILURE),
 ]
 

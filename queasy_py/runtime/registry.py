@@ -1,8 +1,10 @@
 """What a supervisor publishes about itself with each heartbeat, for Client.supervisors() and
 Client.queues(): its host, pid, start time, queues, workers, free units and the jobs it runs,
 as JSON in `<prefix>:supervisors` (client id -> entry), and its queue names in
-`<prefix>:queues`. An entry says until when it holds (`expires_at`, on the server's clock);
-entries past it are pruned by the next supervisor's beat."""
+`<prefix>:queues`. `results` names the queues whose ends it publishes (store_results):
+Queue.result() waits on a job's channel there, on the outcome events elsewhere. An entry
+says until when it holds (`expires_at`, on the server's clock); entries past it are pruned
+by the next supervisor's beat."""
 
 from __future__ import annotations
 
@@ -22,11 +24,19 @@ PRUNE_EVERY = 12
 
 
 class Registry:
-    def __init__(self, prefix: str, queues: list[str], state: Callable[[], dict[str, Any]]):
-        """`state()` gives the changing part of the entry (workers, units, jobs); it is called
-        from the heartbeat thread, so it copies what it reads."""
+    def __init__(
+        self,
+        prefix: str,
+        queues: list[str],
+        state: Callable[[], dict[str, Any]],
+        results: list[str] | None = None,
+    ):
+        """`results`: the queues that store results; `state()` gives the changing part of
+        the entry (workers, units, jobs); it is called from the heartbeat thread, so it
+        copies what it reads."""
         self.keys = RegistryKeys(prefix)
         self.queues = sorted(queues)
+        self.results = sorted(results or [])
         self.state = state
         self.host = socket.gethostname()
         self.pid = os.getpid()
@@ -46,6 +56,7 @@ class Registry:
                 "pid": self.pid,
                 "started_at": round(self.started_at, 3),
                 "queues": self.queues,
+                "results": self.results,
                 **state,
                 "beat_at": round(server_now, 3),
                 "expires_at": round(server_now + expiry_s, 3),

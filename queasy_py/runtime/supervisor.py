@@ -77,7 +77,8 @@ class Supervisor:
         self.events = Events()
         env = {defaults.URL_ENV: client.url, defaults.PREFIX_ENV: client.prefix}
         self.workers = Workers(self.events, self.states, env, s, self.acks)
-        self.registry = Registry(client.prefix, list(self.states), self._snapshot)
+        results = [n for n, st in self.states.items() if st.spec.store_results]
+        self.registry = Registry(client.prefix, list(self.states), self._snapshot, results)
         self.heartbeat = Heartbeat(
             client.url,
             {s.base: s.spec.events_maxlen for s in self.states.values()},

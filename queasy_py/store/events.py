@@ -127,6 +127,9 @@ INT_FIELDS = frozenset(
 )
 #: the largest count of events one read returns
 MAX_COUNT = 10_000
+#: the longest XREAD BLOCK of a reader that waits for events, in seconds: below the 5 s
+#: socket timeout redis-py gives a unix-socket connection (and every asyncio one)
+EVENT_BLOCK = 2.0
 
 
 def typed(entry_id: Any, raw: dict[Any, Any]) -> dict[str, Any]:
@@ -158,6 +161,12 @@ def page(r: Any, key: str, after: str = "0", count: int = 100) -> list[dict[str,
     """Up to `count` events of the stream `key` after `after`, oldest first (no wait)."""
     low, high, count = range_args(key, after, count)
     return parse_entries(r.xrange(key, low, high, count=count))
+
+
+def last(r: Any, key: str, count: int = 100) -> list[dict[str, Any]]:
+    """The newest `count` events of the stream `key`, oldest first (no wait)."""
+    range_args(key, "0", count)  # checks count
+    return parse_entries(r.xrevrange(key, "+", "-", count=count)[::-1])
 
 
 def follow(

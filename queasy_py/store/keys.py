@@ -64,6 +64,17 @@ class QueueKeys:
         """The capped list queasy_py.handlers.dead_letter records failures into."""
         return f"{self.base}:dead"
 
+    @property
+    def traces(self) -> tuple[str, ...]:
+        """Keys of which any one exists while the queue has jobs, kept records, events,
+        totals, leases, a schedule or dead letters (lua/queasy.lua's key layout): what
+        `queasy` reads to tell a queue that exists from an unknown name."""
+        b = self.base
+        return tuple(
+            f"{b}:{k}"
+            for k in ("waiting", "blocked", "ends", "events", "stats", "expiry", "schedule")
+        ) + (self.dead_letters,)
+
 
 @dataclass(frozen=True, slots=True)
 class RegistryKeys:

@@ -29,7 +29,11 @@ def conn() -> redis.Redis:
     global _redis
     with _lock:
         if _redis is None:
-            _redis = redis.Redis.from_url(os.environ["QUEASY_TEST_URL"], decode_responses=True)
+            # no socket timeout: a gate's BLPOP waits up to 60 s, and redis-py 8 gives every
+            # connection a 5 s one (a gated job would fail after 5 s on a loaded machine)
+            _redis = redis.Redis.from_url(
+                os.environ["QUEASY_TEST_URL"], decode_responses=True, socket_timeout=None
+            )
         return _redis
 
 

@@ -1,0 +1,423 @@
+"""The operator commands (issue #11): `queasy status|jobs|inspect|requeue|purge|events`, run
+as a user would (the console script, only queasy_py on PYTHONPATH) against the test server,
+with a real supervisor where the answer depends on one; their `--json` output parsed, and
+their error cases (unknown queue, unknown id, purge without --yes). Also Queue.result() on
+a queue that does not store results: woken by the job's outcome event, not its timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from runtime_helpers import ACT, Runtime, queue_spec, wait_for
+from test_cli import QUEASY, command_env
+
+from queasy_py import Client
+from queasy_py.aio import AsyncClient
+from queasy_py.cli import exitcodes
+from queasy_py.errors import JobFailed
+from queasy_py.handlers import dead_letter
+
+DEAD_LETTER = "queasy_py.handlers.dead_letter"
+
+
+@pytest.fixture
+def rt(redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path) -> Iterator[Runtime]:
+    with Runtime(redis_url, prefix, r, tmp_path) as runtime:
+        yield runtime
+
+
+@pytest.fixture
+def client(redis_url: str, prefix: str) -> Iterator[Client]:
+    with Client(redis_url, workers=0, prefix=prefix) as c:
+        yield c
+
+
+class Queasy:
+    """`queasy ARGS --redis URL --prefix P` in a directory of its own."""
+
+    def __init__(self, url: str, prefix: str, cwd: Path) -> None:
+        self.url, self.prefix, self.cwd = url, prefix, cwd
+
+    def args(self, *args: str) -> list[str]:
+        return [QUEASY, *args, "--redis", self.url, "--prefix", self.prefix]
+
+    def __call__(self, *args: str) -> tuple[int, str, str]:
+        done = subprocess.run(
+            self.args(*args),
+            cwd=self.cwd,
+            env=command_env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=60,
+            text=True,
+        )
+        return done.returncode, done.stdout, done.stderr
+
+    def json(self, *args: str) -> Any:
+        code, out, err = self(*args, "--json")
+        assert code == exitcodes.OK, err
+        return json.loads(out)
+
+    def lines(self, *args: str) -> list[dict[str, Any]]:
+        code, out, err = self(*args, "--json")
+        assert code == exitcodes.OK, err
+        return [json.loads(line) for line in out.splitlines()]
+
+
+@pytest.fixture
+def queasy(redis_url: str, prefix: str, tmp_path: Path) -> Queasy:
+    cwd = tmp_path / "ops"
+    cwd.mkdir()
+    return Queasy(redis_url, prefix, cwd)
+
+
+def served(client: Client, pid: int) -> dict[str, Any]:
+    """The registry entry of the supervisor with this pid, once it has one with workers."""
+    return wait_for(
+        lambda: next((s for s in client.supervisors() if s["pid"] == pid and s["workers"]), None),
+        30,
+        f"supervisor {pid} in the registry",
+    )
+
+
+def one_error_line(code: int, err: str, expected: int, message: str) -> None:
+    assert code == expected, err
+    errors = [line for line in err.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and message in errors[0], err
+    assert "Traceback" not in err
+
+
+# ---------------------------------------------------------------- status and purge
+
+
+def test_status_shows_each_queue_the_supervisors_and_schedules_and_purge_asks_first(
+    rt: Runtime, client: Client, queasy: Queasy, prefix: str, redis_url: str
+) -> None:
+    sup = rt.start(
+        {
+            "work": queue_spec(ACT),
+            "idle": queue_spec(ACT),  # served, never dispatched to
+            "tick": queue_spec(ACT, schedule_every=3600),
+        },
+        workers=1,
+    )
+    work, held = client.queue("work"), client.queue("held")  # nobody listens on held
+    work.dispatch({"tag": "a"}, id="a")
+    work.dispatch({"tag": "b"}, id="b")
+    work.dispatch({"gate": "g"}, id="busy")
+    work.dispatch({}, id="later", delay=600)
+    held.dispatch_many([{"data": {}, "id": "h1"}, {"data": {}, "id": "h2"}])
+    rt.wait_records(2, "end")
+    wait_for(lambda: work.counts()["active"] == 1, 15, "the gated job to run")
+    entry = served(client, sup.pid)
+    # read through the config a `queasy run` in this directory would use
+    (queasy.cwd / "pyproject.toml").write_text(
+        f'[tool.queasy]\nredis = "{redis_url}"\nprefix = "{prefix}"\n'
+    )
+    done = subprocess.run(
+        [QUEASY, "status", "--json"],
+        cwd=queasy.cwd,
+        env=command_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == exitcodes.OK, done.stderr
+    status = json.loads(done.stdout)
+    queues = {q["queue"]: q for q in status["queues"]}
+    assert set(queues) == {"work", "idle", "tick", "held"}
+    assert (queues["work"]["active"], queues["work"]["delayed"]) == (1, 1)
+    assert (queues["work"]["finished"], queues["work"]["finished_last_minute"]) == (2, 2)
+    assert queues["held"]["waiting"] == 2
+    assert all(v == 0 for k, v in queues["idle"].items() if k != "queue")
+    (sup_entry,) = status["supervisors"]
+    assert (sup_entry["pid"], sup_entry["id"]) == (sup.pid, entry["id"])
+    assert sorted(sup_entry["queues"]) == ["idle", "tick", "work"]
+    assert [j["id"] for j in sup_entry["jobs"]] == ["busy"]
+    assert sup_entry["uptime"] > 0
+    (schedule,) = status["schedules"]
+    assert schedule["queue"] == "tick" and schedule["spec"] == "every 3600s"
+    assert schedule["next_fire_at"] == client.queue("tick").schedule_info().next_fire_at
+
+    code, out, err = queasy("status")
+    assert code == exitcodes.OK, err
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("QUEUE"))
+    rows = {line.split()[0]: line.split()[1:] for line in lines[header + 1 :] if line}
+    assert rows["work"][:4] == ["0", "1", "0", "1"]  # waiting, delayed, blocked, active
+    assert rows["held"][0] == "2"
+    assert any(line.split()[:2] == [entry["host"], str(sup.pid)] for line in lines), out
+    assert any(line.startswith("tick") and "every 3600s" in line for line in lines), out
+
+    # purge: refused without --yes (nothing removed), then never an active job
+    code, out, err = queasy("purge", "held")
+    one_error_line(code, err, exitcodes.CONFIG, "add --yes to confirm (nothing was removed)")
+    assert held.counts()["waiting"] == 2
+    assert queasy.json("purge", "held", "--state", "waiting", "--yes") == {
+        "queue": "held",
+        "removed": 2,
+        "by_state": {"waiting": 2},
+        "active": 0,
+    }
+    code, out, err = queasy("purge", "work", "--yes")
+    assert code == exitcodes.OK, err
+    assert out.strip() == (
+        "removed 3 jobs of work (1 delayed, 2 finished); active jobs are never purged: 1 active"
+    )
+    assert work.get_job("busy").state == "active"
+    assert (held.counts()["waiting"], work.get_job("later"), work.get_job("a")) == (0, None, None)
+    rt.open_gate("g")
+    wait_for(lambda: work.get_job("busy").state == "finished", 15, "the gated job to end")
+
+
+# ---------------------------------------------------------------- jobs, inspect, events
+
+
+def test_jobs_inspect_and_events_show_a_failure_with_its_traceback(
+    rt: Runtime, client: Client, queasy: Queasy
+) -> None:
+    rt.start({"work": queue_spec(ACT, max_retries=1, min_backoff=0.05)})
+    work = client.queue("work")
+    work.dispatch({"tag": "ok"}, id="ok")
+    work.dispatch({"raise": "retriable", "message": "no route to mx"}, id="bad")
+    work.dispatch({"n": 1}, id="later", delay=600)
+    wait_for(lambda: (job := work.get_job("bad")) and job.state == "failed", 30, "the failure")
+    wait_for(lambda: work.get_job("ok").state == "finished", 15, "the success")
+
+    listed = queasy.lines("jobs", "work", "--data")
+    assert [(j["state"], j["id"]) for j in listed] == [
+        ("delayed", "later"),
+        ("failed", "bad"),
+        ("finished", "ok"),
+    ]
+    assert listed[0]["data"] == {"n": 1}
+    assert listed[1]["last_error"]["message"] == "no route to mx"
+    assert [j["id"] for j in queasy.lines("jobs", "work", "--state", "failed")] == ["bad"]
+    assert len(queasy.lines("jobs", "work", "--limit", "2")) == 2
+
+    code, out, err = queasy("jobs", "work", "--state", "failed")
+    assert code == exitcodes.OK, err
+    header, row = out.splitlines()
+    assert header.split() == ["STATE", "ID", "TIME", "ATTEMPTS", "RETRIES", "LAST", "ERROR"]
+    assert row.split()[:2] == ["failed", "bad"]
+    assert row.endswith("ValueError: no route to mx")
+
+    info = queasy.json("inspect", "work", "bad")
+    assert (info["state"], info["attempts"], info["retry_count"]) == ("failed", 2, 1)
+    assert info["data"] == {"raise": "retriable", "message": "no route to mx"}
+    assert info["last_error"]["name"] == "ValueError"
+    assert info["last_error"]["traceback"].rstrip().endswith("ValueError: no route to mx")
+    code, out, err = queasy("inspect", "work", "bad")
+    assert code == exitcodes.OK, err
+    assert "state          failed" in out
+    assert "last_error     ValueError: no route to mx" in out
+    assert "    Traceback (most recent call last):" in out
+    assert "raise ValueError(message)" in out  # the handler's own frame
+
+    code, out, err = queasy("inspect", "work", "nope")
+    one_error_line(code, err, exitcodes.NOT_FOUND, "no job 'nope' in queue 'work'")
+    assert out == ""
+
+    found = queasy.lines("events", "work")
+    assert [(e["id"], e["outcome"]) for e in found if e["id"] == "bad"] == [
+        ("bad", "retried"),
+        ("bad", "failed"),
+    ]
+    assert all(isinstance(e["ended_at"], int) for e in found)
+    assert [e["outcome"] for e in queasy.lines("events", "work", "--limit", "1")] == [
+        found[-1]["outcome"]
+    ]
+    code, out, err = queasy("events", "work")
+    assert code == exitcodes.OK, err
+    failed = [line for line in out.splitlines() if " failed " in line]
+    assert len(failed) == 1 and "bad" in failed[0], out
+    assert failed[0].endswith("- ValueError: no route to mx"), out
+
+
+def test_events_follow_prints_new_events_until_ctrl_c(
+    rt: Runtime, client: Client, queasy: Queasy, tmp_path: Path
+) -> None:
+    rt.start({"work": queue_spec(ACT)})
+    work = client.queue("work")
+    work.dispatch({}, id="old")
+    wait_for(lambda: work.get_job("old").state == "finished", 30, "the first job")
+    out_path, err_path = tmp_path / "follow.out", tmp_path / "follow.err"
+    with out_path.open("w") as out, err_path.open("w") as err:
+        proc = subprocess.Popen(
+            queasy.args("events", "work", "--follow", "--json", "--limit", "1"),
+            cwd=queasy.cwd,
+            env=command_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+
+        def ids() -> list[str]:
+            return [json.loads(line)["id"] for line in out_path.read_text().splitlines()]
+
+        wait_for(lambda: ids() == ["old"], 30, "the last past event")
+        work.dispatch({}, id="new")
+        wait_for(lambda: ids() == ["old", "new"], 30, "the new event")
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: its process group
+        assert proc.wait(timeout=15) == exitcodes.INTERRUPTED
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    logged = err_path.read_text()
+    assert "interrupted: queasy events stopped" in logged and "Traceback" not in logged, logged
+
+
+# ---------------------------------------------------------------- requeue
+
+
+def test_requeue_takes_kept_failed_records_and_dead_letters_once_each(
+    rt: Runtime, client: Client, queasy: Queasy
+) -> None:
+    sup = rt.start({"work": queue_spec(ACT, max_retries=0, fail_handler=DEAD_LETTER)})
+    work = client.queue("work")
+    # `lettered` keeps only its dead letter (its failed record purged), `kept` has both
+    work.dispatch({"raise": "permanent", "message": "first"}, id="lettered")
+    wait_for(lambda: len(dead_letter.read(work)) == 1, 30, "the first dead letter")
+    assert work.purge("failed") == 1
+    work.dispatch({"raise": "permanent", "message": "second"}, id="kept")
+    wait_for(lambda: len(dead_letter.read(work)) == 2, 30, "the second dead letter")
+    assert sup.stop() == 0
+    assert work.get_job("lettered") is None and work.get_job("kept").state == "failed"
+
+    code, out, err = queasy("requeue", "work")
+    one_error_line(code, err, exitcodes.CONFIG, "say what to requeue: --failed")
+    assert work.get_job("kept").state == "failed"
+
+    assert queasy.json("requeue", "work", "--failed") == {
+        "queue": "work",
+        "requeued": 2,
+        "records": 1,
+        "dead_letters": 1,
+        "not_found": [],
+    }
+    for job_id, message in (("lettered", "first"), ("kept", "second")):
+        job = work.get_job(job_id)
+        assert job is not None and job.state == "waiting", job_id
+        assert job.data == {"raise": "permanent", "message": message}
+        assert (job.retry_count, job.stall_count, job.timeout_count) == (0, 0, 0)
+    assert dead_letter.read(work) == []
+    assert work.counts()["waiting"] == 2
+
+    code, out, err = queasy("requeue", "work", "--failed", "--id", "kept", "--id", "ghost")
+    one_error_line(code, err, exitcodes.NOT_FOUND, "for 'kept', 'ghost' (unknown")
+    assert out.strip() == (
+        "requeued 0 failed jobs of work (0 from kept failed records, 0 from dead letters)"
+    )
+    assert work.counts()["waiting"] == 2
+
+
+# ---------------------------------------------------------------- unknown names
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["jobs", "nosuch"],
+        ["inspect", "nosuch", "j1"],
+        ["events", "nosuch"],
+        ["requeue", "nosuch", "--failed"],
+        ["purge", "nosuch", "--yes"],
+    ],
+    ids=["jobs", "inspect", "events", "requeue", "purge"],
+)
+def test_an_unknown_queue_exits_not_found_with_one_line(
+    client: Client, queasy: Queasy, args: list[str]
+) -> None:
+    client.queue("known").dispatch({})  # a queue exists, just not that one
+    code, out, err = queasy(*args)
+    one_error_line(code, err, exitcodes.NOT_FOUND, "unknown queue 'nosuch'")
+    assert out == ""
+
+
+def test_a_fail_queue_is_found_under_its_owners_hash_tag(client: Client, queasy: Queasy) -> None:
+    fail_queue = client.queue("mail").fail_queue  # tag "mail", not "mail-fail"
+    fail_queue.dispatch({"x": 1}, id="f1")
+    (listed,) = queasy.lines("jobs", "mail-fail", "--data")
+    assert (listed["id"], listed["queue"], listed["data"]) == ("f1", "mail-fail", {"x": 1})
+
+
+# ---------------------------------------------------------------- result() without results
+
+
+def blocked_on_events(r: redis.Redis, n: int) -> None:
+    """Wait until `n` clients of the server are blocked in an XREAD (result() waiters)."""
+    wait_for(
+        lambda: sum(1 for c in r.client_list() if c["cmd"] == "xread" and "b" in c["flags"]) >= n,
+        15,
+        f"{n} waiter(s) blocked on the outcome events",
+    )
+
+
+def test_result_on_a_queue_without_results_wakes_on_the_end_event(
+    rt: Runtime, client: Client, r: redis.Redis
+) -> None:
+    sup = rt.start({"plain": queue_spec(ACT, max_retries=0)})
+    entry = served(client, sup.pid)
+    assert entry["results"] == []
+    plain = client.queue("plain")
+    ok = plain.dispatch({"gate": "ok"})
+    bad = plain.dispatch({"gate": "bad", "raise": "permanent", "message": "nope"})
+    woken: dict[str, tuple[Any, float]] = {}
+
+    def wait(job_id: str) -> None:
+        try:
+            value: Any = plain.result(job_id, timeout=60)
+        except JobFailed as exc:
+            value = exc
+        woken[job_id] = (value, time.time())
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in (ok, bad)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: plain.counts()["active"] == 2, 15, "both jobs to run")
+    blocked_on_events(r, 2)
+    rt.open_gate("ok")
+    rt.open_gate("bad")
+    for t in threads:
+        t.join(timeout=20)
+    assert not any(t.is_alive() for t in threads), "result() was not woken by the end"
+    value, at = woken[ok]
+    assert value is None
+    assert at - plain.get_job(ok).ended_at < 2.0
+    failed, at = woken[bad]
+    assert isinstance(failed, JobFailed) and failed.error["message"] == "nope"
+    assert at - plain.get_job(bad).ended_at < 2.0
+
+
+def test_async_result_on_a_queue_without_results_wakes_on_the_end_event(
+    rt: Runtime, client: Client, r: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    sup = rt.start({"plain": queue_spec(ACT)})
+    served(client, sup.pid)
+    job_id = client.queue("plain").dispatch({"gate": "g"})
+
+    async def main() -> tuple[Any, float]:
+        async with AsyncClient(redis_url, prefix=prefix) as aclient:
+            waiter = asyncio.ensure_future(aclient.queue("plain").result(job_id, timeout=60))
+            await asyncio.to_thread(blocked_on_events, r, 1)
+            assert not waiter.done()
+            rt.open_gate("g")
+            return await asyncio.wait_for(waiter, 20), time.time()
+
+    value, at = asyncio.run(main())
+    assert value is None
+    assert at - client.queue("plain").get_job(job_id).ended_at < 2.0
