@@ -26,7 +26,7 @@ from ..errors import (
 from ..resolve import config_table, data_dir_for, find_pyproject, resolve
 from ..store.connection import mask_url
 from . import config as config_file
-from . import exitcodes, history
+from . import dashboard, exitcodes, history
 
 log = logging.getLogger("queasy_py")
 
@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("id")
     add_server_options(cancel, config=True)
     history.add_parser(sub)
+    dashboard.add_parser(sub, [common], add_server_options)
     return parser
 
 
@@ -207,6 +208,7 @@ COMMANDS = {
     "dispatch": cmd_dispatch,
     "cancel": cmd_cancel,
     "history": history.run,
+    "dashboard": dashboard.run,
 }
 ERRORS: list[tuple[type[BaseException], int]] = [
     (HandlerError, exitcodes.HANDLER),

@@ -160,6 +160,16 @@ def page(r: Any, key: str, after: str = "0", count: int = 100) -> list[dict[str,
     return parse_entries(r.xrange(key, low, high, count=count))
 
 
+def recent(r: Any, key: str, since_ms: int, count: int = 100) -> list[dict[str, Any]]:
+    """The newest `count` events of the stream `key` written at or after `since_ms` (ms since
+    the epoch, the server's clock: an event id's time), oldest first: one bounded read from
+    the stream's end (XREVRANGE), whatever the stream holds before them."""
+    range_args(key, "0", count)  # checks count
+    if isinstance(since_ms, bool) or not isinstance(since_ms, int) or since_ms < 0:
+        raise InvalidInput(f"since_ms must be an int >= 0, not {since_ms!r}")
+    return parse_entries(r.xrevrange(key, "+", f"{since_ms}-0", count=count))[::-1]
+
+
 def follow(
     r: Any, key: str, after: str = "$", count: int = 100, block: float = 5.0
 ) -> list[dict[str, Any]]:
