@@ -34,6 +34,7 @@ import queasy_py
 from queasy_py import Client
 from queasy_py.cli import exitcodes
 from queasy_py.history import History
+from queasy_py.store.embedded import EmbeddedServer, free_port
 from queasy_py.web import charts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +43,8 @@ SCREENSHOT = ROOT / "docs" / "dashboard.png"
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 TOKEN = "s3cret-token-of-the-tests"
+#: a server that keeps its data (and the function library) across a restart
+AOF = ("--appendonly", "yes", "--appendfsync", "always")
 
 
 @pytest.fixture
@@ -260,7 +263,7 @@ def test_read_only_shows_no_action_and_refuses_a_forged_post(
         assert browser.find_element("id", "job-state").text == "waiting"
         assert not browser.find_elements("css selector", ".button, form")
         status, _, body = dash.request("GET", "/queues/mail/confirm?action=purge&state=all")
-        assert status == 403 and "read-only" in body
+        assert status == 403 and "this dashboard is read-only" in body
         for action, form in (("purge", "state=waiting"), ("cancel", "id=m1")):
             status, _, body = dash.request(
                 "POST",
@@ -268,7 +271,7 @@ def test_read_only_shows_no_action_and_refuses_a_forged_post(
                 body=f"csrf=forged&{form}",
                 headers={"Content-Type": "application/x-www-form-urlencoded"},
             )
-            assert status == 403 and "read-only" in body
+            assert status == 403 and "this dashboard is read-only" in body
     assert q.get_job("m1").state == "waiting"
     assert q.counts()["waiting"] == 2
     client.close()
@@ -373,9 +376,31 @@ def test_actions_need_post_a_csrf_token_and_their_own_origin(
         assert status == 200
         assert "default-src 'self'" in headers["content-security-policy"]
         assert headers["x-frame-options"] == "DENY"
+        assert dash.request("GET", "/queues/q?state=waiting&cursor=zzz")[0] == 200  # page 1
         assert dash.request("GET", "/queues/nope")[0] == 404
         assert dash.request("GET", "/queues/q/jobs/nope")[0] == 404
     client.close()
+
+
+def test_a_server_gone_is_one_clear_line_and_the_page_comes_back(tmp_path: Path) -> None:
+    port, data = free_port(), tmp_path / "server"
+    server = EmbeddedServer(port=port, data_dir=data, extra_args=AOF).start()
+    try:
+        Client(server.url, workers=0, prefix="p").queue("q").dispatch({}, id="j")
+        with dashboard(server.url, "p", tmp_path) as dash:
+            assert dash.request("GET", "/")[0] == 200
+            server.stop()
+            status, _, body = dash.request("GET", "/")
+            assert status == 503 and "the Redis server cannot be used now" in body
+            assert password_of(server.url) not in body
+            server = EmbeddedServer(port=port, data_dir=data, extra_args=AOF).start()
+            status, _, body = wait_for(
+                lambda: (got := dash.request("GET", "/queues/q"))[0] == 200 and got,
+                what="the dashboard reading the server again",
+            )
+            assert 'data-k="waiting">1<' in body
+    finally:
+        server.stop()
 
 
 # --- where it may listen ------------------------------------------------------------------------

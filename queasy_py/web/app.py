@@ -9,6 +9,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+import redis
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
@@ -18,7 +19,7 @@ from starlette.routing import Route
 
 from .. import defaults
 from ..client import Client
-from ..errors import InvalidInput
+from ..errors import InvalidInput, QueasyError
 from ..operate import LISTED, PURGED
 from ..store.connection import mask_url
 from . import pages, queuepages
@@ -81,7 +82,9 @@ def queue(request: Request) -> Response:
         state = "waiting"
     try:
         jobs, next_cursor = q.jobs(state, cursor=cursor, limit=d.page_size)
-    except InvalidInput:  # a cursor made by hand: the first page
+    except (InvalidInput, redis.ResponseError):  # a cursor made by hand: the first page
+        if cursor == "0":
+            raise
         cursor = "0"
         jobs, next_cursor = q.jobs(state, cursor=cursor, limit=d.page_size)
     counts = q.counts()
@@ -276,6 +279,13 @@ def unauthorized(text: str, challenge: bool = True) -> Response:
     )
 
 
+def unavailable(request: Request, exc: Exception) -> Response:
+    """The server cannot be reached (or refused): one line, 503, the next refresh tries again."""
+    d: Dashboard = request.app.state.dashboard
+    text = f"the Redis server cannot be used now: {type(exc).__name__}: {exc}"
+    return d.html(request, "unavailable", pages.message_page("Unavailable", text), 503)
+
+
 def create_app(
     client: Client,
     *,
@@ -295,6 +305,10 @@ def create_app(
         Route("/api/charts", charts),
         Route("/static/{file}", static),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(Rules)])
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(Rules)],
+        exception_handlers={redis.RedisError: unavailable, QueasyError: unavailable},
+    )
     app.state.dashboard = Dashboard(client, Guard(token), read_only, page_size)
     return app
