@@ -11,6 +11,7 @@ from urllib.parse import parse_qsl, urlencode
 
 import redis
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
@@ -176,8 +177,6 @@ async def act(request: Request) -> Response:
     problem = _action_problem(action, job_id, state)
     if problem:
         return d.html(request, "bad request", pages.message_page("Bad request", problem), 400)
-    from starlette.concurrency import run_in_threadpool
-
     return await run_in_threadpool(_apply, d, request, action, job_id, state)
 
 

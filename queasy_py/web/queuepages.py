@@ -47,10 +47,8 @@ def counts_line(name: str, counts: dict[str, int]) -> str:
     return f'<div class="stats">{cells}</div>'
 
 
-def queue_actions(name: str, counts: dict[str, int]) -> str:
-    requeue = ""
-    if counts.get("failed_last_hour", 0) or counts.get("failed", 0):
-        requeue = button(confirm_link(name, "requeue"), "Requeue all failed…")
+def queue_actions(name: str) -> str:
+    requeue = button(confirm_link(name, "requeue"), "Requeue all failed…")
     options = "".join(f"<option>{s}</option>" for s in (*PURGED, "all"))
     return (
         f'<div class="actions" id="queue-actions">{requeue}'
@@ -107,7 +105,7 @@ def queue_page(
     if next_cursor != "0":
         query = urlencode({"state": state, "cursor": next_cursor})
         paging.append(f'<a id="next-page" href="{e(queue_url(name))}?{e(query)}">Next page</a>')
-    actions = "" if read_only else queue_actions(name, counts)
+    actions = "" if read_only else queue_actions(name)
     return (
         f'<h1>Queue <span id="queue-name">{e(name)}</span></h1>{counts_line(name, counts)}'
         f'{actions}<nav class="tabs">{tabs}</nav>{table}'
@@ -163,9 +161,9 @@ def describe(action: str, queue: str, counts: dict[str, int], job_id: str, state
     if action == "requeue" and job_id:
         return f"Requeue failed job {job_id} of {queue}: it is dispatched again to run now."
     if action == "requeue":
-        return (f"Requeue every failed job of {queue} (the records kept: "
+        return (f"Requeue every failed job of {queue} whose record is kept (keep_failed; "
                 f"{counts.get('failed_last_hour', 0)} failed in the last hour): each is "
-                "dispatched again to run now.")  # fmt: skip
+                "dispatched again to run now, its counts from 0.")  # fmt: skip
     if action == "cancel":
         return f"Cancel job {job_id} of {queue} (removed if waiting, delayed or blocked)."
     what = "every job but the active ones" if state == "all" else f"every {state} job"
