@@ -120,14 +120,18 @@ def _json(value: Any) -> str:
         return str(value)
 
 
+def stamp(epoch: float | None, now: float) -> str:
+    return f"{when(epoch)} <small>{ago(now, epoch)}</small>" if epoch else "–"
+
+
 def job_page(j: JobInfo, now: float, read_only: bool) -> str:
     rows = [
         ("queue", f'<a href="{e(queue_url(j.queue))}">{e(j.queue)}</a>'),
         ("state", f'<b id="job-state">{e(j.state)}</b>'),
         ("run at", when(j.run_at)),
-        ("dispatched", f"{when(j.enqueued_at)} <small>{ago(now, j.enqueued_at)}</small>"),
-        ("started", f"{when(j.started_at)} <small>{ago(now, j.started_at)}</small>"),
-        ("ended", f"{when(j.ended_at)} <small>{ago(now, j.ended_at)}</small>"),
+        ("dispatched", stamp(j.enqueued_at, now)),
+        ("started", stamp(j.started_at, now)),
+        ("ended", stamp(j.ended_at, now)),
         ("attempts", str(j.attempts)),
         ("retries", str(j.retry_count)),
         ("stalls", str(j.stall_count)),
