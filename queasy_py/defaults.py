@@ -121,3 +121,13 @@ METRICS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 
 def default_workers() -> int:
     return os.cpu_count() or 1
+
+#: `queasy dashboard`: where it listens (a loopback address; any other needs a token), the
+#: environment variable of its token, the jobs on one page, the outcome events it reads per
+#: queue for the last hour's chart (the newest), and seconds between its page's refreshes
+DASHBOARD_HOST = "127.0.0.1"
+DASHBOARD_PORT = 8080
+DASHBOARD_TOKEN_ENV = "QUEASY_DASHBOARD_TOKEN"
+DASHBOARD_PAGE = 50
+DASHBOARD_EVENTS = 10_000
+DASHBOARD_REFRESH = 5.0

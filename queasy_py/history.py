@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import defaults, validate
 from .errors import InvalidInput
@@ -80,6 +80,13 @@ class History:
     def head(self, stream: EventStream, after: str, count: int) -> tuple[StreamEnd, list[str]]:
         """The stream's end and the ids of up to `count` entries after `after`, read at once."""
         return events.head(self.client.redis, stream.key, after, count)
+
+    def recent(self, stream: EventStream, since: float, count: int = 1000) -> list[dict[str, Any]]:
+        """The newest `count` events (at most 10,000) written at or after `since` (epoch
+        seconds, the server's clock), oldest first, typed as `Queue.events()` gives them."""
+        if isinstance(since, bool) or not isinstance(since, int | float) or not since >= 0:
+            raise InvalidInput(f"since must be epoch seconds >= 0, not {since!r}")
+        return events.recent(self.client.redis, stream.key, int(since * 1000), count)
 
     def read(
         self, stream: EventStream, after: str = "0-0", until: str = "+", chunk: int = 10_000

@@ -20,13 +20,14 @@ ALLOWED = {
     "api": {"store"},  # client, queue, aio, context, __init__
     "cli": {"api", "store"},
     "spark": {"api"},  # an interface, like the cli: the public API only
+    "web": {"api", "store"},  # the dashboard: the public API (and the store's mask_url)
 }
 
 
 def part(module: str) -> str:
     """The layer of a module named relative to the package ('store.keys', 'client')."""
     head = module.split(".")[0]
-    if head in ("store", "runtime", "cli", "spark"):
+    if head in ("store", "runtime", "cli", "spark", "web"):
         return head
     return "leaf" if head in LEAF else "api"
 
@@ -113,6 +114,13 @@ def test_only_spark_imports_spark() -> None:
     for module, imports in graph().items():
         if part(module) != "spark":
             assert not any(part(t) == "spark" for t in imports), (module, imports)
+
+
+def test_only_web_imports_web() -> None:
+    """queasy_py.web is an optional extra (starlette): the cli imports it inside a function."""
+    for module, imports in graph().items():
+        if part(module) != "web":
+            assert not any(part(t) == "web" for t in imports), (module, imports)
 
 
 def test_store_knows_nothing_above_it() -> None:

@@ -28,7 +28,7 @@ from ..errors import (
 from ..resolve import config_table, data_dir_for, find_pyproject, resolve
 from ..store.connection import mask_url
 from . import config as config_file
-from . import exitcodes, history, operate
+from . import dashboard, exitcodes, history, operate
 
 log = logging.getLogger("queasy_py")
 
@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_options(cancel, config=True)
     operate.add_parsers(sub, common, add_server_options)
     history.add_parser(sub)
+    dashboard.add_parser(sub, [common], add_server_options)
     return parser
 
 
@@ -223,6 +224,7 @@ COMMANDS = {
     "cancel": cmd_cancel,
     "history": history.run,
     **dict.fromkeys(operate.NAMES, lambda args: operate.run(args, producer)),
+    "dashboard": dashboard.run,
 }
 ERRORS: list[tuple[type[BaseException], int]] = [
     (HandlerError, exitcodes.HANDLER),

@@ -317,7 +317,7 @@ def cmd_purge(args: argparse.Namespace, client: Client) -> int:
 def cmd_events(args: argparse.Namespace, client: Client) -> int:
     queue = locate(client, args.queue)
     r, key = client.redis, queue.keys.events
-    past = events.last(r, key, args.limit) if args.limit else []
+    past = events.recent(r, key, 0, args.limit) if args.limit else []
     for event in past:
         _event(args, event)
     if not args.follow:

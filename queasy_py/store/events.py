@@ -163,10 +163,15 @@ def page(r: Any, key: str, after: str = "0", count: int = 100) -> list[dict[str,
     return parse_entries(r.xrange(key, low, high, count=count))
 
 
-def last(r: Any, key: str, count: int = 100) -> list[dict[str, Any]]:
-    """The newest `count` events of the stream `key`, oldest first (no wait)."""
+def recent(r: Any, key: str, since_ms: int = 0, count: int = 100) -> list[dict[str, Any]]:
+    """The newest `count` events of the stream `key` written at or after `since_ms` (ms since
+    the epoch, the server's clock: an event id's time), oldest first: one bounded read from
+    the stream's end (XREVRANGE), whatever the stream holds before them. since_ms 0: the
+    newest `count` events."""
     range_args(key, "0", count)  # checks count
-    return parse_entries(r.xrevrange(key, "+", "-", count=count)[::-1])
+    if isinstance(since_ms, bool) or not isinstance(since_ms, int) or since_ms < 0:
+        raise InvalidInput(f"since_ms must be an int >= 0, not {since_ms!r}")
+    return parse_entries(r.xrevrange(key, "+", f"{since_ms}-0", count=count))[::-1]
 
 
 def follow(
