@@ -6,10 +6,9 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-import orjson
 import redis
 
-from . import defaults
+from . import defaults, records
 from .errors import ConfigError, InvalidInput, QueasyError
 from .options import check_setting
 from .queue import Queue
@@ -147,17 +146,8 @@ class Client:
         worker_pid, started_at, timed_out}]), stopping, beat_at and expires_at (epoch
         seconds; beat_at and expires_at on the server's clock). Sorted by host, then pid."""
         seconds, micros = self.redis.time()
-        now = seconds + micros / 1e6
-        live = []
-        for raw in self.redis.hgetall(RegistryKeys(self.prefix).supervisors).values():
-            try:
-                entry = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                continue
-            expires = entry.get("expires_at") if isinstance(entry, dict) else None
-            if isinstance(expires, int | float) and expires >= now:
-                live.append(entry)
-        return sorted(live, key=lambda e: (str(e.get("host")), e.get("pid") or 0))
+        entries = self.redis.hgetall(RegistryKeys(self.prefix).supervisors).values()
+        return records.live(entries, seconds + micros / 1e6)
 
     def schedules(self) -> dict[str, ScheduleInfo]:
         """The schedule of every queue (under this client's prefix) that has one, by queue
