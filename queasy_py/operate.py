@@ -107,7 +107,10 @@ class Operate:
         back for the next. Each call is bounded (`limit` <= 1000); waiting and delayed come
         by run_at, ended ones newest first. `data` is None unless `with_data`."""
         args = self._jobs_args(state, cursor, limit, with_data)
-        reply = self.client.redis.fcall_ro("queasy_jobs", 1, self.keys.base, *args)
+        try:
+            reply = self.client.redis.fcall_ro("queasy_jobs", 1, self.keys.base, *args)
+        except redis.ResponseError as exc:
+            raise lua_error(exc) from None  # a cursor not of this listing: InvalidInput
         return records.page(self.name, reply)
 
     def requeue_failed(self, ids: Iterable[str] | None = None) -> int:

@@ -510,3 +510,9 @@ def test_the_stream_reader_follows_new_events(q: Queue, lua: Lua) -> None:
     assert [e["outcome"] for e in got] == ["cancelled"] and got[0]["id"] == "a"
     assert events.follow(q.client.redis, q.keys.events, "0", block=0.1) == got
     assert events.follow(q.client.redis, q.keys.events, got[0]["event_id"], block=0.1) == []
+
+
+def test_the_api_refuses_a_cursor_it_did_not_make_as_invalid_input(q: Queue) -> None:
+    q.dispatch("x", id="a")
+    with pytest.raises(InvalidInput, match="cursor"):
+        q.jobs("active", cursor="not-a-cursor")
