@@ -38,7 +38,7 @@ def wait_parked(rt: Runtime, queue: str, slots: str) -> str:
 
 def subscribers(rt: Runtime) -> list[dict]:
     """The server's connections subscribed to any channel (CLIENT LIST)."""
-    return [c for c in rt.r.client_list() if int(c.get("sub", 0)) > 0]
+    return [c for c in rt.r.client_list() if int(c.get("sub", 0)) + int(c.get("ssub", 0)) > 0]
 
 
 def outcomes(rt: Runtime, queue: str) -> list[str]:
@@ -96,7 +96,7 @@ def test_a_push_lost_with_the_pubsub_connection_is_handed_back_and_runs(
     # a stand-in listener on the supervisor's push channel, so the dispatch below does push
     stand_in = redis.Redis.from_url(redis_url, client_name="stand-in")
     listener = stand_in.pubsub(ignore_subscribe_messages=True)
-    listener.subscribe(f"{base}:push:{client}")
+    listener.ssubscribe(f"{base}:push:{client}")
     wait_for(lambda: len(subscribers(rt)) == 2, what="the stand-in subscribed")
     (theirs,) = [c for c in subscribers(rt) if c["name"] != "stand-in"]  # the supervisor's
 
