@@ -1,15 +1,22 @@
 """The producer API on a real local Redis Cluster (3 primaries, tests/cluster_servers.py):
 `redis+cluster://` URLs, FCALL routed by the queue's key without COMMAND GETKEYS, the library
-on every primary, and clear errors for what does not work on a cluster yet (a supervisor)."""
+on every primary, `queasy run` on a cluster URL, and clear errors for what does not work on a
+cluster (AsyncClient). The runtime on a cluster: tests marked ON_CLUSTER (runtime_helpers)
+and tests/test_cluster_ops.py (resharding, failover)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import subprocess
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
+from runtime_helpers import wait_for
 
 from queasy_py import Client, ConfigError, ConnectionFailed
 from queasy_py.store.cluster import parse_cluster_url
@@ -87,16 +94,6 @@ def test_the_library_is_loaded_on_every_primary(local_cluster: Any, cluster_clie
         assert reply.decode().endswith(bundled_version())
 
 
-def test_a_supervisor_is_refused_with_a_clear_error(local_cluster: Any):
-    client = Client(local_cluster.url, workers=1)
-    client.queue("q").listen("tests.runtime_handlers.act")
-    with pytest.raises(ConfigError, match="cannot run on Redis Cluster yet") as err:
-        client.run()
-    assert local_cluster.password not in str(err.value)
-    assert "%2F" not in str(err.value)
-    client.close()
-
-
 def test_async_client_refuses_a_cluster_url_clearly(local_cluster: Any):
     from queasy_py.aio import AsyncClient
 
@@ -104,7 +101,7 @@ def test_async_client_refuses_a_cluster_url_clearly(local_cluster: Any):
         async with AsyncClient(local_cluster.url):
             pass
 
-    with pytest.raises(ConfigError, match="producer API only") as err:
+    with pytest.raises(ConfigError, match="not AsyncClient") as err:
         asyncio.run(connect())
     assert local_cluster.password not in str(err.value)
 
@@ -148,7 +145,7 @@ def test_parse_cluster_url_reads_credentials_tls_and_nodes():
 
 
 def test_queasy_dispatch_and_run_with_a_cluster_url(local_cluster: Any, tmp_path: Any):
-    from test_cli import run_queasy
+    from test_cli import QUEASY, run_queasy
 
     prefix = f"qc-{uuid.uuid4().hex[:8]}"
     code, out = run_queasy(
@@ -160,7 +157,22 @@ def test_queasy_dispatch_and_run_with_a_cluster_url(local_cluster: Any, tmp_path
         assert client.queue("mails").get_job("m1").data == {"to": "a@b"}  # type: ignore[union-attr]
     config = tmp_path / "queasy.toml"
     config.write_text(f'redis = "{local_cluster.url}"\nprefix = "{prefix}"\n'
-                      '[queues.mails]\nhandler = "tests.runtime_handlers.act"\n')  # fmt: skip
-    code, out = run_queasy(tmp_path, "run", str(config))
-    assert code == 2 and "producer API only" in out, out
-    assert local_cluster.password not in out
+                      '[queues.mails]\nhandler = "tests.runtime_handlers.quiet"\n')  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "QUEASY_REDIS_URL"}
+    with (tmp_path / "run.log").open("wb") as log:
+        run = subprocess.Popen(
+            [QUEASY, "run", str(config)], cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+            env={**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        )  # fmt: skip
+        try:
+            with Client(local_cluster.url, workers=0, prefix=prefix) as client:
+                wait_for(
+                    lambda: client.queue("mails").get_job("m1").state == "finished",  # type: ignore[union-attr]
+                    30, "m1 to run under `queasy run` on the cluster",
+                )  # fmt: skip
+        finally:
+            run.send_signal(signal.SIGTERM)
+            code = run.wait(timeout=30)
+    out = (tmp_path / "run.log").read_text()
+    assert code == 0, out
+    assert local_cluster.password not in out and "%2F" not in out

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
-from runtime_helpers import Runtime, queue_spec, wait_for
+from runtime_helpers import ON_CLUSTER, Runtime, queue_spec, runtime, wait_for
 
 from queasy_py.store.keys import QueueKeys
 
 
 @pytest.fixture
-def rt(redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path) -> Iterator[Runtime]:
-    with Runtime(redis_url, prefix, r, tmp_path) as runtime:
-        yield runtime
+def rt(
+    request: Any, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
+) -> Iterator[Runtime]:
+    with runtime(request, redis_url, prefix, r, tmp_path) as rt:
+        yield rt
 
 
 def parked(rt: Runtime, queue: str) -> dict[str, str]:
@@ -45,6 +48,7 @@ def outcomes(rt: Runtime, queue: str) -> list[str]:
     return [e["outcome"] for e in rt.events(queue)]
 
 
+@ON_CLUSTER
 def test_an_idle_supervisor_parks_its_slots_and_runs_a_pushed_job(rt: Runtime) -> None:
     # poll_interval 30 s: no polling dequeue; one worker of 100 units, size 10: 10 slots
     rt.start({"q": queue_spec()}, poll_interval=30.0)

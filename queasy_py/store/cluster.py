@@ -172,3 +172,63 @@ class ClusterCall:
 
     def __call__(self, name: str, keys: list[str], args: list[Any]) -> Any:
         return self._rc.execute_command("FCALL", name, len(keys), *keys, *args)
+
+
+def loop_cluster_client(url: str, timeout: float = defaults.LOOP_REDIS_TIMEOUT) -> ClusterClient:
+    """A ClusterClient for the scheduling loop and its threads (connection.loop_client on a
+    cluster URL): every call gives up after `timeout` seconds and nothing is retried by
+    redis-py (the caller backs off). It reads the slot map at once: redis.ConnectionError
+    (an outage to retry, as for a single server) when no node answers."""
+    from .connection import mask_url
+
+    nodes, options = parse_cluster_url(url)
+    try:
+        return ClusterClient(
+            startup_nodes=nodes,
+            socket_connect_timeout=timeout,
+            socket_timeout=timeout,
+            socket_keepalive=True,
+            retry=Retry(NoBackoff(), 0),
+            **options,
+        )
+    except redis.ConnectionError:  # refused credentials too: an outage for the loop
+        raise
+    except (RedisClusterException, OSError) as exc:
+        raise redis.ConnectionError(f"Redis Cluster at {mask_url(url)}: {exc}") from None
+
+
+def node_client(
+    url: str, host: str, port: int, timeout: float = defaults.LOOP_REDIS_TIMEOUT
+) -> redis.Redis:
+    """A plain redis.Redis to one node of the cluster of `url` (its credentials and TLS), for
+    the loop's raw connections: the round pipe and the sharded subscriptions of that node."""
+    _, options = parse_cluster_url(url)
+    return redis.Redis(
+        host=host,
+        port=port,
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+        socket_keepalive=True,
+        retry=Retry(NoBackoff(), 0),
+        **options,
+    )
+
+
+def primaries(rc: RedisCluster) -> list[tuple[str, int]]:
+    """(host, port) of every primary, as the client's slot map has them."""
+    return sorted((node.host, int(node.port)) for node in rc.get_primaries())
+
+
+def slot_owner(rc: RedisCluster, key: str) -> tuple[str, int]:
+    """(host, port) of the primary serving `key`'s slot, as the client's slot map has it."""
+    node = rc.nodes_manager.get_node_from_slot(rc.keyslot(key))
+    return node.host, int(node.port)
+
+
+def refresh(rc: RedisCluster) -> None:
+    """Read the slot map again (after MOVED, a failover, a lost node): redis.ConnectionError
+    when no node answers."""
+    try:
+        rc.nodes_manager.initialize()
+    except (RedisClusterException, OSError) as exc:
+        raise redis.ConnectionError(f"cannot read the cluster's slot map: {exc}") from None
