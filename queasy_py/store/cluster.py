@@ -17,7 +17,14 @@ from urllib.parse import unquote, urlsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
-from redis.exceptions import RedisClusterException
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ClusterError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.retry import Retry
 
 from .. import defaults
@@ -28,6 +35,8 @@ log = logging.getLogger("queasy_py")
 
 #: the URL schemes of a cluster, and the plain scheme each stands for
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+#: seconds a producer's call waits for a moving or unserved slot (ClusterClient.slot_wait)
+SLOT_WAIT = 10.0
 #: commands whose keys follow their numkeys argument (name, numkeys, keys...)
 _NUMKEYS_COMMANDS = frozenset({"fcall", "fcall_ro"})
 
@@ -96,12 +105,38 @@ class _KeysFromCall:
         return getattr(self._parser, name)
 
 
+#: replies that say a command did not run because its slot is moving or unserved for now
+#: (the library's migration guard answers TRYAGAIN): sending it again is safe
+SLOT_BUSY = (TryAgainError, ClusterDownError, AskError, SlotNotCoveredError)  # MOVED is an ASK
+
+
 class ClusterClient(RedisCluster):
-    """RedisCluster routing FCALL by its first key, without a GETKEYS round trip."""
+    """RedisCluster routing FCALL by its first key, without a GETKEYS round trip.
+
+    A call refused because its slot is moving (resharding) or unserved (a failover) is sent
+    again with backoff for up to `slot_wait` seconds (redis-py alone gives up within half a
+    second): a producer sees a delay, not an error. The scheduling loop's client does not
+    wait (slot_wait 0): the loop backs off on its own."""
+
+    slot_wait = SLOT_WAIT
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.commands_parser = _KeysFromCall(self.commands_parser)  # pipelines share it
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + self.slot_wait
+        delay = 0.02
+        while True:
+            try:
+                return super().execute_command(*args, **kwargs)
+            except (*SLOT_BUSY, ClusterError) as exc:
+                # ClusterError: redis-py's redirections ran out (ASK, then TRYAGAIN, ...)
+                exhausted = "TTL exhausted" in str(exc) or not isinstance(exc, ClusterError)
+                if not exhausted or time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
 
 
 def connect_cluster(
@@ -183,7 +218,7 @@ def loop_cluster_client(url: str, timeout: float = defaults.LOOP_REDIS_TIMEOUT) 
 
     nodes, options = parse_cluster_url(url)
     try:
-        return ClusterClient(
+        rc = ClusterClient(
             startup_nodes=nodes,
             socket_connect_timeout=timeout,
             socket_timeout=timeout,
@@ -191,6 +226,8 @@ def loop_cluster_client(url: str, timeout: float = defaults.LOOP_REDIS_TIMEOUT) 
             retry=Retry(NoBackoff(), 0),
             **options,
         )
+        rc.slot_wait = 0.0  # the loop backs off on its own, never waiting inside a call
+        return rc
     except redis.ConnectionError:  # refused credentials too: an outage for the loop
         raise
     except (RedisClusterException, OSError) as exc:
