@@ -34,6 +34,7 @@ from redis.retry import Retry
 
 from queasy_py import InvalidInput, Queue
 
+from .connect import open_redis
 from .faults import missing_function, refused_write
 from .handlers import SCHEDULED
 
@@ -66,7 +67,7 @@ class Hostile:
         seed: int,
         forge: bool = False,
     ) -> None:
-        self.r = redis.Redis.from_url(url, socket_timeout=5.0, retry=Retry(NoBackoff(), 0))
+        self.r = open_redis(url, socket_timeout=5.0, retry=Retry(NoBackoff(), 0))
         self.queues = queues
         self.rng = rng
         self.flag = flag
