@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from runtime_helpers import wait_for
 
 from queasy_py import Client, ConfigError, ConnectionFailed
@@ -176,3 +177,67 @@ def test_queasy_dispatch_and_run_with_a_cluster_url(local_cluster: Any, tmp_path
     out = (tmp_path / "run.log").read_text()
     assert code == 0, out
     assert local_cluster.password not in out and "%2F" not in out
+
+
+# ---------------------------------------------------------------- the loop's connections
+
+
+def test_a_round_is_split_by_primary_and_its_replies_come_back_in_order(
+    local_cluster: Any, cluster_client: Client
+):
+    from queasy_py.store.clusterpipe import ClusterPipe
+
+    names = spread_queues(local_cluster, cluster_client)
+    for n, name in enumerate(names):
+        cluster_client.queue(name).dispatch_many([{"data": {}} for _ in range(n + 1)])
+    bases = [cluster_client.queue(name).keys.base for name in names]
+    commands = [("FCALL_RO", "queasy_counts", 1, base, "") for base in bases * 3]
+    pipe = ClusterPipe(local_cluster.url)
+    got: list[Any] = []
+    try:
+        pipe.send(commands, got.extend, lambda exc: got.append(exc))
+        pipe.send(commands[:1], got.extend, lambda exc: got.append(exc))
+        assert len(pipe.socket()) == 3  # one connection per primary
+        pipe.read(block=True)
+    finally:
+        pipe.close()
+    assert not pipe.inflight
+    waiting = [int(reply[0]) for reply in got]  # queasy_counts: waiting first
+    assert waiting == [1, 2, 3] * 3 + [1]
+
+
+@pytest.fixture
+def rt(request: Any, redis_url: str, prefix: str, r: Any, tmp_path: Path) -> Any:
+    from runtime_helpers import runtime
+
+    with runtime(request, redis_url, prefix, r, tmp_path) as rt:
+        yield rt
+
+
+@pytest.mark.parametrize("rt", ["cluster"], indirect=True)
+def test_a_primary_that_lost_the_library_gets_it_again_and_its_queue_runs_on(
+    local_cluster: Any, rt: Any
+):
+    from runtime_helpers import queue_spec
+
+    names = spread_queues(local_cluster, rt.queue("x").client)  # type: ignore[attr-defined]
+    sup = rt.start({name: queue_spec() for name in names}, workers=1, poll_interval=0.5)
+    for name in names:
+        rt.queue(name).dispatch({"tag": f"{name}-before"})
+    rt.wait_records(3, "end")
+    lost = local_cluster.node(local_cluster.owner(rt.queue(names[1]).keys.base))
+    lost.function_flush()  # as a restarted primary, or one that joined later, has none
+
+    def reloaded() -> bool:  # by the supervisor: its next round there finds it gone
+        try:
+            return lost.fcall_ro("queasy_library", 0).decode().endswith(bundled_version())
+        except redis.ResponseError:
+            return False
+
+    wait_for(reloaded, 15.0, "the supervisor to load the library on that primary again")
+    for name in names:
+        rt.queue(name).dispatch({"tag": f"{name}-after"})
+    rt.wait_records(6, "end", timeout=30.0)
+    assert {rec["tag"] for rec in rt.records("end")} >= {f"{n}-after" for n in names}
+    assert "loading" in sup.log() and "Traceback" not in sup.log_without_job_tracebacks()
+    assert sup.stop() == 0

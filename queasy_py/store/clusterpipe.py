@@ -3,12 +3,13 @@ primary, each command sent to the primary that owns its queue's slot, the replie
 put back in the order of its commands.
 
 A round's commands are split by node and sent at once; the round's callback runs when every
-node has answered its part. What the cluster says "not here, not now" is a reply, never a
-crash: MOVED, ASK (the slot moves), TRYAGAIN (the library's migration guard), CLUSTERDOWN,
-and a part lost with its node's connection (a TryAgainError naming the node) reach the
-round's callback as error replies, which the loop treats as an outage of that call (its acks
-kept and sent again after a backoff, its dequeue released; runtime/outage.py). MOVED, ASK, a
-lost node or CLUSTERDOWN mark the slot map stale: it is read again before the next round.
+node has answered its part and every round sent before it has run its own. What the cluster
+says "not here, not now" is a reply, never a crash: MOVED, ASK (the slot moves), TRYAGAIN
+(the library's migration guard), CLUSTERDOWN, and a part lost with its node's connection (a
+TryAgainError naming the node) reach the round's callback as error replies, which the loop
+treats as an outage of that call (its acks kept and sent again after a backoff, its dequeue
+released; runtime/outage.py). MOVED, ASK, a lost node or CLUSTERDOWN mark the slot map
+stale: it is read again before the next round.
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ class ClusterPipe:
         """Send `commands`, each to its key's primary; `on_reply(replies)` (in the order of
         `commands`) once every primary has answered. redis.ConnectionError when the slot
         map cannot be read or every part was lost at once (nothing was sent then)."""
+        if not commands:
+            on_reply([])
+            return
         self._map()
         groups: dict[Node, list[int]] = {}
         for i, command in enumerate(commands):
@@ -159,14 +163,15 @@ class ClusterPipe:
         self._answered(rnd)
 
     def _answered(self, rnd: Round) -> None:
+        """A part is in. Complete rounds are handed over in the order they were sent (as
+        RedisPipe does): one whose parts are in waits for the rounds sent before it."""
         rnd.answered += 1
-        if rnd.answered < rnd.parts:
-            return
-        self.inflight.remove(rnd)
-        if rnd.lost is not None and all(isinstance(r, NodeLost) for r in rnd.replies):
-            rnd.on_error(rnd.lost)  # every reply lost: as a broken connection
-        else:
-            rnd.on_reply(rnd.replies)
+        while self.inflight and self.inflight[0].answered == self.inflight[0].parts:
+            done = self.inflight.pop(0)
+            if done.lost is not None and all(isinstance(r, NodeLost) for r in done.replies):
+                done.on_error(done.lost)  # every reply lost: as a broken connection
+            else:
+                done.on_reply(done.replies)
 
     def read(self, block: bool = False) -> None:
         """Read every reply that has arrived (with `block`, wait for all in flight)."""
