@@ -122,14 +122,18 @@ class LocalCluster:
     def slot(self, key: str) -> int:
         return int(self.node(self.ports[0]).execute_command("CLUSTER", "KEYSLOT", key))
 
-    def move_slot(self, slot: int, target: int, batch: int = 5, pause: float = 0.0) -> int:
+    def move_slot(
+        self, slot: int, target: int, batch: int = 5, pause: float = 0.0, hold: float = 0.0
+    ) -> int:
         """Reshard `slot` to the primary on port `target` while clients run; the keys moved.
-        MIGRATE without REPLACE: a key already on the target (BUSYKEY) is an error."""
+        MIGRATE without REPLACE: a key already on the target (BUSYKEY) is an error. `hold`:
+        seconds the slot stays migrating before its first key moves."""
         source = self.owner_of_slot(slot)
         src, dst = self.node(source), self.node(target)
         dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", self.node_id(source))
         src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", self.node_id(target))
         moved = 0
+        time.sleep(hold)
         while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
             src.execute_command(
                 "MIGRATE", "127.0.0.1", target, "", 0, 5000, "AUTH", self.password, "KEYS", *keys

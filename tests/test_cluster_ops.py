@@ -75,7 +75,10 @@ def busy_queue_while(rt: Runtime, disturb: Callable[[str], None]) -> None:
     def produce() -> None:
         try:
             for i in range(UNIQUE):
-                q.dispatch({"tag": "u", "sleep": 0.01}, id=f"u{i}")
+                if i % 10:
+                    q.dispatch({"tag": "u", "sleep": 0.01}, id=f"u{i}")
+                else:  # a pipelined batch now and then
+                    q.dispatch_many([{"data": {"tag": "u"}, "id": f"u{i}"}])
                 sid = f"s{i % SINGLETONS}"
                 last_dispatch[sid] = time.time()
                 q.dispatch({"tag": "s", "sleep": 0.03, "n": i}, id=sid)
@@ -135,3 +138,35 @@ def test_a_busy_queues_primary_fails_over_to_its_replica(
         assert ha_cluster.owner_of_slot(ha_cluster.slot(base)) == replica
 
     busy_queue_while(rt, failover)
+
+
+def test_a_producer_waits_out_a_slot_that_stays_migrating(ha_cluster: LocalCluster) -> None:
+    """A slot migrating for 1.5 s (longer than redis-py's own redirections last): a pipelined
+    dispatch_many waits, then lands once, on the new owner (and a dispatch after it)."""
+    from queasy_py import Client
+
+    with Client(ha_cluster.url, workers=0, prefix=f"ops-{uuid.uuid4().hex[:8]}") as client:
+        q = client.queue("moving")
+        q.dispatch({"n": 0}, id="before")
+        slot = ha_cluster.slot(q.keys.base)
+        source = ha_cluster.owner_of_slot(slot)
+        target = next(p for p in ha_cluster.primary_ports() if p != source)
+        mover = threading.Thread(target=ha_cluster.move_slot, args=(slot, target, 5, 0.0, 1.5))
+        mover.start()
+        try:
+            wait_for(lambda: ha_cluster.node(source).execute_command("CLUSTER", "NODES")
+                     .decode().count(f"[{slot}->-"), 5.0, "the slot to be migrating")  # fmt: skip
+            began = time.monotonic()
+            q.dispatch_many([{"data": {"n": i}, "id": f"many{i}"} for i in range(5)])
+            waited = time.monotonic() - began
+            q.dispatch({"n": 1}, id="during")
+        finally:
+            mover.join(timeout=30)
+        assert ha_cluster.owner_of_slot(slot) == target
+        assert waited >= 0.5, waited  # it met the moving slot, and waited it out
+        assert q.counts()["waiting"] == 7
+        assert {j.id for j in q.jobs("waiting", limit=10)[0]} == {
+            "before",
+            "during",
+            *(f"many{i}" for i in range(5)),
+        }

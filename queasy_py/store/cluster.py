@@ -124,6 +124,13 @@ class ClusterClient(RedisCluster):
         super().__init__(*args, **kwargs)
         self.commands_parser = _KeysFromCall(self.commands_parser)  # pipelines share it
 
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        """redis-py's cluster pipeline, whose commands refused for a moving slot are sent
+        again one by one through this client's execute_command (waiting out the slot)."""
+        pipe = super().pipeline(*args, **kwargs)
+        pipe.parent_execute_command = self.execute_command
+        return pipe
+
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         deadline = time.monotonic() + self.slot_wait
         delay = 0.02
