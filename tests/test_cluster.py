@@ -24,6 +24,9 @@ from queasy_py.store.cluster import parse_cluster_url
 from queasy_py.store.embedded import EmbeddedServer
 from queasy_py.store.library import bundled_version
 
+#: the README's cluster additions to the ACL line of its Security section
+CLUSTER_ACL = "+cluster|slots +command +asking"
+
 
 @pytest.fixture
 def cluster_client(local_cluster: Any) -> Any:
@@ -241,3 +244,43 @@ def test_a_primary_that_lost_the_library_gets_it_again_and_its_queue_runs_on(
     assert {rec["tag"] for rec in rt.records("end")} >= {f"{n}-after" for n in names}
     assert "loading" in sup.log() and "Traceback" not in sup.log_without_job_tracebacks()
     assert sup.stop() == 0
+
+
+@pytest.mark.parametrize("rt", ["cluster"], indirect=True)
+def test_the_readme_acl_line_with_the_cluster_commands_is_enough(local_cluster: Any, rt: Any):
+    from runtime_helpers import Runtime, queue_spec
+    from test_security import acl_line
+
+    user, password = "qcl", "pw-cl-7d1e"
+    words = acl_line(user, password, rt.prefix).split()[2:] + CLUSTER_ACL.split()
+    for port in local_cluster.ports:  # ACL SETUSER is per node
+        local_cluster.node(port).execute_command("ACL", "SETUSER", *words)
+    nodes = ",".join(f"127.0.0.1:{p}" for p in local_cluster.ports)
+    url = f"redis+cluster://{user}:{password}@{nodes}"
+    names = spread_queues(local_cluster, rt.queue("x").client)
+    limited = Runtime(url, rt.prefix, rt.r, rt.tmp_path, (rt.records_url, rt.rec))
+    with limited:
+        sup = limited.start({n: queue_spec(store_results=True) for n in names}, workers=1)
+        for name in names:
+            limited.queue(name).dispatch({"tag": name}, id=f"{name}-1")
+        limited.wait_records(3, "end", timeout=30.0)
+        assert limited.queue(names[0]).result(f"{names[0]}-1", timeout=10.0) is None
+        assert sup.stop() == 0
+        assert "NOPERM" not in sup.log() and "Traceback" not in sup.log()
+
+
+def test_a_user_who_may_not_read_the_slot_map_is_told_which_acl_to_grant(local_cluster: Any):
+    from test_security import acl_line
+
+    from queasy_py import AuthenticationFailed
+
+    user, password = "qnoslots", "pw-ns-51c2"
+    for port in local_cluster.ports:  # the ACL line of a single server: no CLUSTER SLOTS
+        words = acl_line(user, password, "qns").split()[2:] + ["+command", "+asking"]
+        local_cluster.node(port).execute_command("ACL", "SETUSER", *words)
+    nodes = ",".join(f"127.0.0.1:{p}" for p in local_cluster.ports)
+    client = Client(f"redis+cluster://{user}:{password}@{nodes}", workers=0, prefix="qns")
+    with pytest.raises(AuthenticationFailed, match=r"\+cluster\|slots") as err:
+        client.ready()
+    assert password not in str(err.value)
+    client.close()

@@ -176,10 +176,9 @@ def connect_cluster(
                 f"Redis Cluster at {mask_url(url)} refused the credentials: {exc}"
             ) from None
         except (RedisClusterException, redis.ConnectionError, OSError) as exc:
+            _close_nodes(nodes)
             if "cluster mode is not enabled" in str(exc).lower():
-                raise ConfigError(
-                    f"{mask_url(url)}: the server is not in cluster mode; use a redis:// URL"
-                ) from None
+                raise _not_a_cluster(url, nodes[0], options) from None
             if attempt == attempts:
                 raise ConnectionFailed(
                     f"cannot connect to Redis Cluster at {mask_url(url)}: {exc}"
@@ -197,6 +196,36 @@ def connect_cluster(
             rc.close()
             raise
     raise AssertionError("unreachable")
+
+
+def _close_nodes(nodes: list[ClusterNode]) -> None:
+    """Close what a failed RedisCluster() left connected (its startup nodes' clients)."""
+    for node in nodes:
+        if node.redis_connection is not None:
+            node.redis_connection.close()
+            node.redis_connection = None
+
+
+def _not_a_cluster(url: str, node: ClusterNode, options: dict[str, Any]) -> Exception:
+    """Why redis-py found no slot map at `node`: a server not in cluster mode (ConfigError),
+    or a user who may not read it (AuthenticationFailed naming the ACL the README gives)."""
+    from .connection import mask_url
+
+    probe = redis.Redis(host=node.host, port=node.port, socket_timeout=5.0, **options)
+    try:
+        enabled = probe.info("cluster").get("cluster_enabled") == 1
+    except redis.RedisError:
+        enabled = True  # INFO refused as well: a user without the commands it needs
+    finally:
+        probe.close()
+    if not enabled:
+        return ConfigError(
+            f"{mask_url(url)}: the server is not in cluster mode; use a redis:// URL"
+        )
+    return AuthenticationFailed(
+        f"Redis Cluster at {mask_url(url)}: the user may not read the slot map (CLUSTER SLOTS);"
+        " grant it `+cluster|slots +command +asking` on every node (README, Redis Cluster)"
+    )
 
 
 def load_everywhere(rc: RedisCluster) -> str:
