@@ -63,13 +63,19 @@ derive the keys below from it (same slot, so cluster routing holds).
                                (ms: fire time of the current occurrence, job id SCHEDULE_ID),
                                skipped (fire times catch-up passed over), and of the last
                                occurrence that ended: last_fire_at, last_outcome, last_ended_at
-  B:wake               channel PUBLISHed when a dispatch may make a job ready earlier
-  B:done:<id>          channel PUBLISHed <state> when job <id> ends: finished or failed (when
+  B:wake               channel SPUBLISHed when a dispatch may make a job ready earlier
+  B:done:<id>          channel SPUBLISHed <state> when job <id> ends: finished or failed (when
                                the call asks to notify: the queue stores results), cancelled
   B:push:<client>      channel a job pushed to <client> (already leased to it), one per message:
                                "id\ntoken\nrun_at\nretry_count\nstall_count\ntimeout_count\n
                                trace\ndata" (trace '' when none)
                                (ids hold no whitespace; data is last and may hold anything)
+  B:guard:1, B:guard:2 never written: the migration guard reads them (see `entry`)
+
+Channels are sharded (SPUBLISH; subscribers use SSUBSCRIBE on the primary that owns B's
+slot): on a Redis Cluster a message reaches the subscribers of its shard only, and PUBSUB
+SHARDNUMSUB counts exactly them (PUBLISH counts the executing node's subscribers but delivers
+cluster-wide: a push counted 0 would be a phantom).
 
 Conventions: times are integer milliseconds since the epoch, 0 ..= 253402300799999 (year
 9999), written in decimal digits (a fraction, exponent or sign is refused); every number the
@@ -80,7 +86,8 @@ never see the strings '0'/'1'/'false'. Id rules (job ids, client ids, nonces, ma
 ids): 1-256 characters, no whitespace or control character.
 
 Refused calls: an error reply 'INVALID <what is wrong>' (queasy_py raises InvalidInput), and
-nothing written.
+nothing written; 'TRYAGAIN ...' while the queue's hash slot moves between cluster nodes (the
+migration guard of `entry`: nothing read or written, the caller retries after a backoff).
 
 Result codes (queasy_py/store/library.py maps them to an enum):
   dispatch: 1 created, 2 updated (waiting job), 3 blocked (new), 4 blocked (updated)
@@ -94,7 +101,7 @@ than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond
 call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '3.0.0'
+local VERSION = '4.0.0'
 -- the functions called per job, as locals (a global is two table lookups per use); the
 -- globals exist only while a function runs: `entry` (registration) sets them
 local call, format, find = nil, nil, nil
@@ -594,7 +601,7 @@ local function promote(B, id, any_blocked)
     call('HDEL', bkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
     local run_at = int(field_int(call('HGET', bkey, 'run_at'), MAX_MS))
     call('ZADD', B .. ':waiting', run_at, id)
-    call('PUBLISH', B .. ':wake', run_at)
+    call('SPUBLISH', B .. ':wake', run_at)
   end
 end
 
@@ -768,7 +775,7 @@ local function live_parked(B, now)
 end
 
 -- Push the waiting job `id` to the parked client with the most slots, if one is subscribed
--- to its exact push channel (PUBSUB NUMSUB: PUBLISH would also count pattern subscribers; a
+-- to its exact push channel (PUBSUB SHARDNUMSUB: the subscribers on this primary; a
 -- client that does not listen is unparked). Returns true when pushed (leased to that
 -- client), false to leave it waiting.
 local function push(B, now, id, parked)
@@ -784,10 +791,10 @@ local function push(B, now, id, parked)
     end
     local client = best[1]
     local channel = B .. ':push:' .. client
-    if call('PUBSUB', 'NUMSUB', channel)[2] > 0 then
+    if call('PUBSUB', 'SHARDNUMSUB', channel)[2] > 0 then
       local token = 'p' .. call('INCR', B .. ':seq')
       local job = read_job(B .. ':job:' .. id)
-      call('PUBLISH', channel, table.concat({job.id, token, int(job.run_at),
+      call('SPUBLISH', channel, table.concat({job.id, token, int(job.run_at),
         int(job.retry_count), int(job.stall_count), int(job.timeout_count), job.trace,
         job.data}, '\n'))
       lease(B, int(now), id, job.attempts, client, token)
@@ -964,7 +971,7 @@ local function dispatch_jobs(B, now, args, from, run_ats, put)
     end
   end
   if earliest ~= nil then
-    call('PUBLISH', B .. ':wake', int(earliest))
+    call('SPUBLISH', B .. ':wake', int(earliest))
   end
   return codes
 end
@@ -983,8 +990,8 @@ Refuses: (INVALID, nothing written) a flag or mode not listed, a partial triple,
          breaks the id rules, data that is not JSON, a run_at not integer ms in 0..MAX_MS,
          a trace longer than MAX_TRACE or with other characters than 0-9 a-f and '-'.
 Emits:   a job ready now (code 1 or 2) is pushed to a fresh parked client subscribed to its
-         push channel while one has slots (leased to it and PUBLISHed on B:push:<client>);
-         otherwise PUBLISH B:wake <earliest run_at> when any job was created or updated and
+         push channel while one has slots (leased to it and SPUBLISHed on B:push:<client>);
+         otherwise SPUBLISH B:wake <earliest run_at> when any job was created or updated and
          left waiting.
 ]]
 local function dispatch(keys, args)
@@ -1062,7 +1069,7 @@ ARGV[3]  id
 ARGV[4]  keep count: cancelled records kept (0: none; see Retention)
 ARGV[5]  keep ms: how long cancelled records are kept
 Returns: 1 if a job was removed (its record kept as cancelled), else 0.
-Emits:   event outcome=cancelled; PUBLISH B:done:<id> 'cancelled'. The end of a schedule's
+Emits:   event outcome=cancelled; SPUBLISH B:done:<id> 'cancelled'. The end of a schedule's
          occurrence is noted in B:schedule.
 ]]
 local function cancel(keys, args)
@@ -1086,7 +1093,7 @@ local function cancel(keys, args)
   end_record(B, jkey, id, keep_count > 0 and keep_ms > 0, true, nil)
   retain(B, 'cancelled', now, keep_count, keep_ms, {int(now), id},
     {id, ending('cancelled', event, job.attempts, '')})
-  call('PUBLISH', B .. ':done:' .. id, 'cancelled')
+  call('SPUBLISH', B .. ':done:' .. id, 'cancelled')
   schedule_ended(B, id, now, 'cancelled')
   return 1
 end
@@ -1103,7 +1110,7 @@ Returns: {requeued, cutoff, looked at}: how many records were requeued, the cuto
          were looked at (fewer than limit: none is left). Each becomes a new job with
          its data and counts 0, waiting (or blocked behind an active job with its id); an
          id that already has a waiting or blocked job keeps that one. The records go.
-Emits:   PUBLISH B:wake when a job was made waiting; no event (a requeue is a dispatch).
+Emits:   SPUBLISH B:wake when a job was made waiting; no event (a requeue is a dispatch).
 ]]
 local function requeue_failed(keys, args)
   local B = keys[1]
@@ -1143,7 +1150,7 @@ local function requeue_failed(keys, args)
     end
   end
   if wake then
-    call('PUBLISH', B .. ':wake', int(now))
+    call('SPUBLISH', B .. ':wake', int(now))
   end
   return {done, cutoff, #ids}
 end
@@ -1157,7 +1164,7 @@ ARGV[3]  limit (1..MAX_PAGE)
 Returns: {removed, left}: the number removed, and how many of that state are left (a caller
          looping until none are left stops after `removed + left` of the first call, so
          jobs that keep coming cannot keep it going).
-Emits:   nothing: no event, no PUBLISH (a purge is an operator's clean-up, not an outcome).
+Emits:   nothing: no event, no SPUBLISH (a purge is an operator's clean-up, not an outcome).
 ]]
 local function purge(keys, args)
   local B = keys[1]
@@ -1292,7 +1299,7 @@ ARGV[3]  events maxlen
 ARGV[4]  keep count: finished records kept (0: none; see Retention)
 ARGV[5]  keep ms: how long finished records are kept
 ARGV[6]  host of the client (free text, '' unknown), written into the records
-ARGV[7]  notify '1'|'0': PUBLISH B:done:<id> 'finished' for each job (the queue stores results)
+ARGV[7]  notify '1'|'0': SPUBLISH B:done:<id> 'finished' for each job (the queue stores results)
 ARGV[8..] quintuples: id, token, worker pid ('' or digits), started_at ('' or ms), result
           ('' none, else JSON: the handler's return value, kept in the record)
 Returns: one code per job: 0 ok, 1 stale (lease lost; nothing changed).
@@ -1334,7 +1341,7 @@ local function finish(keys, args)
     promote(B, job.id, any_blocked)
     schedule_ended(B, job.id, now, 'finished', true)
     if ends.notify then
-      call('PUBLISH', B .. ':done:' .. job.id, 'finished')
+      call('SPUBLISH', B .. ':done:' .. job.id, 'finished')
     end
   end)
   if #gone > 0 then
@@ -1356,7 +1363,7 @@ ARGV[4..] groups of 9: id, token, run_at, kind, worker pid, started_at, error na
           kind: 'retry' (retry_count + 1), 'timeout' (timeout_count + 1),
                 'stall' (stall_count + 1), 'release' (no count: shutdown hand-back),
                 'return' (no count, no event: a pushed job the client had no room for;
-                its parked slots are cleared and B:wake is PUBLISHed)
+                its parked slots are cleared and B:wake is SPUBLISHed)
 Returns: one code per job: 0 ok, 1 stale (also for an unknown kind: the lease is kept).
 Refuses: a run_at not integer ms in 0..MAX_MS nor '+' and integer ms, error text over
          MAX_TEXT bytes (INVALID, nothing written). now + delay is capped at MAX_MS.
@@ -1394,7 +1401,7 @@ local function retry(keys, args)
     requeue(B, job, run_ats[i], kind[3] ~= '' and err or nil, now)
     if kind[2] == nil then
       call('HDEL', B .. ':parked', client)
-      call('PUBLISH', B .. ':wake', int(job.run_at))
+      call('SPUBLISH', B .. ':wake', int(job.run_at))
     end
   end, function(i)
     return RETRY_KINDS[args[i + 3]] ~= nil -- an unknown kind must not consume the lease
@@ -1410,14 +1417,14 @@ ARGV[3]  events maxlen (of B)
 ARGV[4]  keep count: failed records kept (0: none; see Retention)
 ARGV[5]  keep ms: how long failed records are kept
 ARGV[6]  host of the client (free text, '' unknown), written into the records
-ARGV[7]  notify '1'|'0': PUBLISH B:done:<id> 'failed' for each job (the queue stores results)
+ARGV[7]  notify '1'|'0': SPUBLISH B:done:<id> 'failed' for each job (the queue stores results)
 ARGV[8..] groups of 10: id, token, fail job id (the id rules; '' without F), fail job data
           (JSON built by the supervisor from the job's record; '' without F), worker pid,
           started_at, error name, error kind, error message, traceback (free text)
 Returns: one code per job: 0 ok, 1 stale (nothing changed, no fail job).
 Refuses: with F, a fail job id that breaks the id rules; error text over MAX_TEXT bytes
          (INVALID, nothing written).
-Emits:   event outcome=failed on B; PUBLISH F:wake. The error is kept in the job's record. The
+Emits:   event outcome=failed on B; SPUBLISH F:wake. The error is kept in the job's record. The
          end of a schedule's occurrence is noted in B:schedule (its next: queasy_schedule).
 ]]
 local function fail(keys, args)
@@ -1453,7 +1460,7 @@ local function fail(keys, args)
     promote(B, job.id, any_blocked)
     schedule_ended(B, job.id, now, 'failed', true)
     if ends.notify then
-      call('PUBLISH', B .. ':done:' .. job.id, 'failed')
+      call('SPUBLISH', B .. ':done:' .. job.id, 'failed')
     end
     if F ~= nil then
       local fid = args[i + 2]
@@ -1462,7 +1469,7 @@ local function fail(keys, args)
     end
   end)
   if F ~= nil and #scored > 0 then
-    call('PUBLISH', F .. ':wake', int(now))
+    call('SPUBLISH', F .. ':wake', int(now))
   end
   retain(B, 'failed', now, ends.count, ends.ms, scored, done)
   tally(B, 'failed', now, #scored / 2)
@@ -1520,7 +1527,7 @@ end
 KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  client id (the id rules)
-ARGV[3]  mark (the id rules: no newline), PUBLISHed on B:push:<client> after clearing, so
+ARGV[3]  mark (the id rules: no newline), SPUBLISHed on B:push:<client> after clearing, so
          the client knows every job pushed to it before has arrived once the mark has
 Returns: {1 if it had parked slots else 0, receivers of the mark}. No job is pushed to it
          after this (until it parks again).
@@ -1530,7 +1537,7 @@ local function unpark(keys, args)
   local client = check_id(args[2], 'client id')
   local mark = check_id(args[3], 'mark')
   local had = call('HDEL', B .. ':parked', client)
-  return {had, call('PUBLISH', B .. ':push:' .. client, mark)}
+  return {had, call('SPUBLISH', B .. ':push:' .. client, mark)}
 end
 
 -- ---------------------------------------------------------------- schedules
@@ -1585,7 +1592,7 @@ Returns: {code, fire_at, spec, last_fire_at, state} after the call: code 0 nothi
 Refuses: (INVALID, nothing written) a bad spec, a time not integer ms in 0..MAX_MS, create_at
          not later than seen; from a caller that is not stale, retime_at not later than the
          last fire time that ended.
-Emits:   PUBLISH B:wake <fire time> when it creates or moves the occurrence.
+Emits:   SPUBLISH B:wake <fire time> when it creates or moves the occurrence.
 ]]
 local function schedule(keys, args)
   local B = keys[1]
@@ -1643,7 +1650,7 @@ local function schedule(keys, args)
   call('ZADD', B .. ':waiting', int(at), SCHEDULE_ID)
   call('HSET', skey, 'spec', spec, 'fire_at', int(at),
     'skipped', int(math.min(MAX_COUNT, field_int(s[4], MAX_COUNT) + skipped)))
-  call('PUBLISH', B .. ':wake', int(at))
+  call('SPUBLISH', B .. ':wake', int(at))
   if state == '' then
     return reply(2)
   end
@@ -1956,10 +1963,30 @@ end
 
 -- ---------------------------------------------------------------- registration
 
--- An entry point as registered: `call` is redis.call while it runs.
+-- The migration guard: while B's slot moves between two nodes of a Redis Cluster (resharding),
+-- a key not yet on this node cannot be read here, and a call that failed half-way (after
+-- a write) would lose jobs. Reading two keys of the slot that never exist fails on both
+-- nodes then (ASK on the source, TRYAGAIN on the target for a multi-key read of missing
+-- keys): the call is refused with TRYAGAIN before any read or write, and the caller tries
+-- again after a backoff. On a single server, or a slot that is not moving, it reads nothing.
+local function guard(B)
+  if not pcall(redis.call, 'EXISTS', B .. ':guard:1', B .. ':guard:2') then
+    return redis.error_reply('TRYAGAIN the hash slot of ' .. B .. ' is moving; try again')
+  end
+  return nil
+end
+
+-- An entry point as registered: `call` is redis.call while it runs. A call with keys passes
+-- the migration guard first (nothing is read or written when it refuses).
 local function entry(fn)
   return function(keys, args)
     call, format, find = redis.call, string.format, string.find
+    if keys[1] ~= nil then
+      local refused = guard(keys[1])
+      if refused ~= nil then
+        return refused
+      end
+    end
     return fn(keys, args)
   end
 end

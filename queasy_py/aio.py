@@ -240,7 +240,7 @@ class AsyncQueue(QueueBase):
     async def _result_by_channel(self, job_id: str, deadline: float | None, timeout: Any) -> Any:
         pubsub = self.client.redis.pubsub(ignore_subscribe_messages=True)
         try:
-            await pubsub.subscribe(self.keys.done(job_id))
+            await pubsub.ssubscribe(self.keys.done(job_id))  # the library SPUBLISHes it
             while True:
                 done, value = records.outcome(await self.get_job(job_id), job_id, self.name)
                 if done:

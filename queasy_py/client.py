@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from . import defaults, records
-from .errors import ConfigError, InvalidInput, QueasyError
+from .errors import InvalidInput, QueasyError
 from .options import check_setting
 from .queue import Queue
 from .resolve import PathLike, Target, resolve
@@ -178,11 +178,6 @@ class Client:
             raise QueasyError("run() needs at least one queue.listen(...) first")
         if self.settings["workers"] == 0:
             raise QueasyError("this client was made with workers=0 (producer only): it cannot run")
-        if self.cluster:
-            raise ConfigError(
-                f"{mask_url(self.url)}: a supervisor cannot run on Redis Cluster yet (only the "
-                "producer API can); run it against a standalone Redis or Valkey"
-            )
         self.ready()
         self._supervisor = Supervisor(self)
         if self.server is not None:

@@ -159,12 +159,14 @@ class Operate:
 
     def _result_by_channel(self, job_id: str, deadline: float | None, timeout: Any) -> Any:
         with self.client.redis.pubsub(ignore_subscribe_messages=True) as pubsub:
-            pubsub.subscribe(self.keys.done(job_id))
+            pubsub.ssubscribe(self.keys.done(job_id))  # sharded: the library SPUBLISHes it
+            # a cluster's pub/sub reads the shard's node (redis-py's ClusterPubSub)
+            get = getattr(pubsub, "get_sharded_message", pubsub.get_message)
             while True:  # subscribed first: an end after this look is a message
                 done, value = records.outcome(self.get_job(job_id), job_id, self.name)
                 if done:
                     return value
-                pubsub.get_message(timeout=self._left(job_id, deadline, timeout))
+                get(timeout=self._left(job_id, deadline, timeout))
 
     def _result_by_events(self, job_id: str, deadline: float | None, timeout: Any) -> Any:
         r, key = self.client.redis, self.keys.events

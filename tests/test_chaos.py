@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from queasy_py.store.embedded import EmbeddedServer
 from tests.chaos.run import run_chaos
 
 SECONDS = 45.0  # of chaos; with the start and the drain the test takes about a minute
+CLUSTER_SECONDS = 15.0  # on the local cluster (tests/cluster_servers.py)
 SEED = 4
 #: seconds into the chaos phase at which a server fault is made due (each kind once, in
 #: turn), besides those the disruption choice makes
@@ -67,3 +69,34 @@ def test_chaos_short(
     assert details["hostile_schedule_refused"] >= 5, details
     for queue in ("sched-once", "sched-skip"):  # the scheduled queues ran all along
         assert details[f"{queue}_fires"] >= 10, (queue, details)
+
+
+@pytest.mark.timeout(300)
+def test_chaos_short_on_a_cluster(
+    local_cluster: Any, redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """The same load, process disruptions and hostile producer with the queues spread over
+    a local cluster's 3 primaries (no server faults: they are the single server's)."""
+    summary = run_chaos(
+        local_cluster.url,
+        prefix,
+        seconds=CLUSTER_SECONDS,
+        processes=3,
+        seed=SEED,
+        workdir=tmp_path,
+        rate=28.0,
+        drain_timeout=20.0,
+        records_url=redis_url,
+        fault_weight=0.0,
+    )
+    print(" ".join(f"{k}={v}" for k, v in summary.details.items()))
+    print(summary.line)
+    if summary.violations:
+        for path in summary.logs:
+            print(f"----- {path.name} -----")
+            print(path.read_text(errors="replace")[-4000:])
+    assert not summary.violations, "\n".join(summary.violations[:50])
+    assert summary.jobs >= 500, summary.line
+    assert summary.kills >= 3, summary.line
+    for hostile in ("wake", "push"):  # garbage on the sharded channels, on every primary
+        assert summary.details[f"hostile_{hostile}"] >= 3, (hostile, summary.details)

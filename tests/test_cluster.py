@@ -1,20 +1,31 @@
 """The producer API on a real local Redis Cluster (3 primaries, tests/cluster_servers.py):
 `redis+cluster://` URLs, FCALL routed by the queue's key without COMMAND GETKEYS, the library
-on every primary, and clear errors for what does not work on a cluster yet (a supervisor)."""
+on every primary, `queasy run` on a cluster URL, and clear errors for what does not work on a
+cluster (AsyncClient). The runtime on a cluster: tests marked ON_CLUSTER (runtime_helpers)
+and tests/test_cluster_ops.py (resharding, failover)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import subprocess
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+from runtime_helpers import wait_for
 
 from queasy_py import Client, ConfigError, ConnectionFailed
 from queasy_py.store.cluster import parse_cluster_url
 from queasy_py.store.embedded import EmbeddedServer
 from queasy_py.store.library import bundled_version
+
+#: the README's cluster additions to the ACL line of its Security section
+CLUSTER_ACL = "+cluster|slots +command +asking"
 
 
 @pytest.fixture
@@ -87,16 +98,6 @@ def test_the_library_is_loaded_on_every_primary(local_cluster: Any, cluster_clie
         assert reply.decode().endswith(bundled_version())
 
 
-def test_a_supervisor_is_refused_with_a_clear_error(local_cluster: Any):
-    client = Client(local_cluster.url, workers=1)
-    client.queue("q").listen("tests.runtime_handlers.act")
-    with pytest.raises(ConfigError, match="cannot run on Redis Cluster yet") as err:
-        client.run()
-    assert local_cluster.password not in str(err.value)
-    assert "%2F" not in str(err.value)
-    client.close()
-
-
 def test_async_client_refuses_a_cluster_url_clearly(local_cluster: Any):
     from queasy_py.aio import AsyncClient
 
@@ -104,7 +105,7 @@ def test_async_client_refuses_a_cluster_url_clearly(local_cluster: Any):
         async with AsyncClient(local_cluster.url):
             pass
 
-    with pytest.raises(ConfigError, match="producer API only") as err:
+    with pytest.raises(ConfigError, match="not AsyncClient") as err:
         asyncio.run(connect())
     assert local_cluster.password not in str(err.value)
 
@@ -148,7 +149,7 @@ def test_parse_cluster_url_reads_credentials_tls_and_nodes():
 
 
 def test_queasy_dispatch_and_run_with_a_cluster_url(local_cluster: Any, tmp_path: Any):
-    from test_cli import run_queasy
+    from test_cli import QUEASY, run_queasy
 
     prefix = f"qc-{uuid.uuid4().hex[:8]}"
     code, out = run_queasy(
@@ -160,7 +161,126 @@ def test_queasy_dispatch_and_run_with_a_cluster_url(local_cluster: Any, tmp_path
         assert client.queue("mails").get_job("m1").data == {"to": "a@b"}  # type: ignore[union-attr]
     config = tmp_path / "queasy.toml"
     config.write_text(f'redis = "{local_cluster.url}"\nprefix = "{prefix}"\n'
-                      '[queues.mails]\nhandler = "tests.runtime_handlers.act"\n')  # fmt: skip
-    code, out = run_queasy(tmp_path, "run", str(config))
-    assert code == 2 and "producer API only" in out, out
-    assert local_cluster.password not in out
+                      '[queues.mails]\nhandler = "tests.runtime_handlers.quiet"\n')  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "QUEASY_REDIS_URL"}
+    with (tmp_path / "run.log").open("wb") as log:
+        run = subprocess.Popen(
+            [QUEASY, "run", str(config)], cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+            env={**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        )  # fmt: skip
+        try:
+            with Client(local_cluster.url, workers=0, prefix=prefix) as client:
+                wait_for(
+                    lambda: client.queue("mails").get_job("m1").state == "finished",  # type: ignore[union-attr]
+                    30, "m1 to run under `queasy run` on the cluster",
+                )  # fmt: skip
+        finally:
+            run.send_signal(signal.SIGTERM)
+            code = run.wait(timeout=30)
+    out = (tmp_path / "run.log").read_text()
+    assert code == 0, out
+    assert local_cluster.password not in out and "%2F" not in out
+
+
+# ---------------------------------------------------------------- the loop's connections
+
+
+def test_a_round_is_split_by_primary_and_its_replies_come_back_in_order(
+    local_cluster: Any, cluster_client: Client
+):
+    from queasy_py.store.clusterpipe import ClusterPipe
+
+    names = spread_queues(local_cluster, cluster_client)
+    for n, name in enumerate(names):
+        cluster_client.queue(name).dispatch_many([{"data": {}} for _ in range(n + 1)])
+    bases = [cluster_client.queue(name).keys.base for name in names]
+    commands = [("FCALL_RO", "queasy_counts", 1, base, "") for base in bases * 3]
+    pipe = ClusterPipe(local_cluster.url)
+    got: list[Any] = []
+    try:
+        pipe.send(commands, got.extend, lambda exc: got.append(exc))
+        pipe.send(commands[:1], got.extend, lambda exc: got.append(exc))
+        assert len(pipe.socket()) == 3  # one connection per primary
+        pipe.read(block=True)
+    finally:
+        pipe.close()
+    assert not pipe.inflight
+    waiting = [int(reply[0]) for reply in got]  # queasy_counts: waiting first
+    assert waiting == [1, 2, 3] * 3 + [1]
+
+
+@pytest.fixture
+def rt(request: Any, redis_url: str, prefix: str, r: Any, tmp_path: Path) -> Any:
+    from runtime_helpers import runtime
+
+    with runtime(request, redis_url, prefix, r, tmp_path) as rt:
+        yield rt
+
+
+@pytest.mark.parametrize("rt", ["cluster"], indirect=True)
+def test_a_primary_that_lost_the_library_gets_it_again_and_its_queue_runs_on(
+    local_cluster: Any, rt: Any
+):
+    from runtime_helpers import queue_spec
+
+    names = spread_queues(local_cluster, rt.queue("x").client)  # type: ignore[attr-defined]
+    sup = rt.start({name: queue_spec() for name in names}, workers=1, poll_interval=0.5)
+    for name in names:
+        rt.queue(name).dispatch({"tag": f"{name}-before"})
+    rt.wait_records(3, "end")
+    lost = local_cluster.node(local_cluster.owner(rt.queue(names[1]).keys.base))
+    lost.function_flush()  # as a restarted primary, or one that joined later, has none
+
+    def reloaded() -> bool:  # by the supervisor: its next round there finds it gone
+        try:
+            return lost.fcall_ro("queasy_library", 0).decode().endswith(bundled_version())
+        except redis.ResponseError:
+            return False
+
+    wait_for(reloaded, 15.0, "the supervisor to load the library on that primary again")
+    for name in names:
+        rt.queue(name).dispatch({"tag": f"{name}-after"})
+    rt.wait_records(6, "end", timeout=30.0)
+    assert {rec["tag"] for rec in rt.records("end")} >= {f"{n}-after" for n in names}
+    assert "loading" in sup.log() and "Traceback" not in sup.log_without_job_tracebacks()
+    assert sup.stop() == 0
+
+
+@pytest.mark.parametrize("rt", ["cluster"], indirect=True)
+def test_the_readme_acl_line_with_the_cluster_commands_is_enough(local_cluster: Any, rt: Any):
+    from runtime_helpers import Runtime, queue_spec
+    from test_security import acl_line
+
+    user, password = "qcl", "pw-cl-7d1e"
+    words = acl_line(user, password, rt.prefix).split()[2:] + CLUSTER_ACL.split()
+    for port in local_cluster.ports:  # ACL SETUSER is per node
+        local_cluster.node(port).execute_command("ACL", "SETUSER", *words)
+    nodes = ",".join(f"127.0.0.1:{p}" for p in local_cluster.ports)
+    url = f"redis+cluster://{user}:{password}@{nodes}"
+    names = spread_queues(local_cluster, rt.queue("x").client)
+    limited = Runtime(url, rt.prefix, rt.r, rt.tmp_path, (rt.records_url, rt.rec))
+    with limited:
+        sup = limited.start({n: queue_spec(store_results=True) for n in names}, workers=1)
+        for name in names:
+            limited.queue(name).dispatch({"tag": name}, id=f"{name}-1")
+        limited.wait_records(3, "end", timeout=30.0)
+        assert limited.queue(names[0]).result(f"{names[0]}-1", timeout=10.0) is None
+        assert sup.stop() == 0
+        assert "NOPERM" not in sup.log() and "Traceback" not in sup.log()
+
+
+def test_a_user_who_may_not_read_the_slot_map_is_told_which_acl_to_grant(local_cluster: Any):
+    from test_security import acl_line
+
+    from queasy_py import AuthenticationFailed
+
+    user, password = "qnoslots", "pw-ns-51c2"
+    for port in local_cluster.ports:  # the ACL line of a single server: no CLUSTER SLOTS
+        words = acl_line(user, password, "qns").split()[2:] + ["+command", "+asking"]
+        local_cluster.node(port).execute_command("ACL", "SETUSER", *words)
+    nodes = ",".join(f"127.0.0.1:{p}" for p in local_cluster.ports)
+    client = Client(f"redis+cluster://{user}:{password}@{nodes}", workers=0, prefix="qns")
+    with pytest.raises(AuthenticationFailed, match=r"\+cluster\|slots") as err:
+        client.ready()
+    assert password not in str(err.value)
+    client.close()

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from runtime_helpers import ACT, FAIL_RECORD, Runtime, queue_spec, wait_for
+from runtime_helpers import ACT, FAIL_RECORD, ON_CLUSTER, Runtime, queue_spec, runtime, wait_for
 
 from queasy_py import Client, JobInfo
 from queasy_py.aio import AsyncClient
@@ -31,9 +31,11 @@ FAST = {"min_backoff": 0.05, "max_backoff": 0.1}
 
 
 @pytest.fixture
-def rt(redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path) -> Iterator[Runtime]:
-    with Runtime(redis_url, prefix, r, tmp_path) as runtime:
-        yield runtime
+def rt(
+    request: Any, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
+) -> Iterator[Runtime]:
+    with runtime(request, redis_url, prefix, r, tmp_path) as rt:
+        yield rt
 
 
 def in_log(sup: Any, pattern: str) -> re.Match:
@@ -124,6 +126,7 @@ def test_get_job_tells_each_end_apart(rt: Runtime) -> None:
     assert q.get_job("never") is None
 
 
+@ON_CLUSTER
 def test_a_timed_out_job_is_logged_until_its_final_timeout_error(rt: Runtime) -> None:
     sup = rt.start({"q": queue_spec(ACT, timeout=0.5, max_timeouts=1, **FAST)})
     rt.queue("q").dispatch({"tag": "s", "spin": True}, id="s")
@@ -180,6 +183,7 @@ class Counting:
         self.queue.get_job = get_job  # type: ignore[method-assign]
 
 
+@ON_CLUSTER
 def test_a_result_round_trips_and_wakes_its_waiter_at_once(rt: Runtime) -> None:
     rt.start({"r": queue_spec(RETURNS, store_results=True)})
     value = {"sum": 3, "items": [1, "two", None, 2.5]}

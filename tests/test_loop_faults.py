@@ -186,9 +186,9 @@ def test_garbage_on_the_wake_and_push_channels_is_dropped(rt: Runtime, own: Own)
     base = q.keys.base
     client = wait_for(lambda: own.r.hkeys(f"{base}:parked"), what="parked slots")[0]
     for _ in range(50):
-        own.r.publish(q.keys.wake, "not-a-number")
-        own.r.publish(q.keys.wake, "1e+20")
-        own.r.publish(q.keys.push(client), "id\ntoken\nrun_at\nx\ny\nz\n{}")
+        own.r.spublish(q.keys.wake, "not-a-number")
+        own.r.spublish(q.keys.wake, "1e+20")
+        own.r.spublish(q.keys.push(client), "id\ntoken\nrun_at\nx\ny\nz\n{}")
     q.dispatch({"tag": "canary"})
     rt.wait_records(1, "end", tag="canary")
     assert sup.proc.poll() is None, sup.log()

@@ -439,9 +439,9 @@ def test_fail_without_a_fail_queue_only_ends_the_job(lua: Lua) -> None:
 def published(r: redis.Redis, channel: str, action: Callable[[], object]) -> list[str]:
     """Messages published on `channel` while `action` runs (read up to an end mark we send)."""
     with r.pubsub(ignore_subscribe_messages=True) as pubsub:
-        pubsub.subscribe(channel)
+        pubsub.ssubscribe(channel)
         action()
-        r.publish(channel, END_MARK)
+        r.spublish(channel, END_MARK)
         messages = []
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:

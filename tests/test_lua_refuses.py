@@ -92,7 +92,7 @@ def test_every_function_refuses_a_bad_now(
 def test_the_largest_time_is_written_as_an_integer_everywhere(lua: Lua, r: redis.Redis) -> None:
     """A Lua number reaches Redis as '%.14g' text: 253402300799999 became '2.534023008e+14'."""
     wake = r.pubsub(ignore_subscribe_messages=True)
-    wake.subscribe(lua.B + ":wake")
+    wake.ssubscribe(lua.B + ":wake")
     try:
         assert lua.add("far", run_at=MAX_MS) == Dispatched.CREATED
         assert r.hget(lua.B + ":job:far", "run_at") == str(MAX_MS)

@@ -113,7 +113,7 @@ def test_a_pending_occurrence_that_never_ran_is_moved_and_wakes_the_supervisors(
 ) -> None:
     schedule(lua, None, T1)
     wake = r.pubsub(ignore_subscribe_messages=True)
-    wake.subscribe(lua.B + ":wake")
+    wake.ssubscribe(lua.B + ":wake")
     try:
         got = schedule(lua, T1, T2, retime_at=T3, spec="every 3s", skipped=7, skipped_move=2)
         assert (got.code, got.fire_at, got.spec) == (MOVED, T3, "every 3s")

@@ -57,7 +57,7 @@ class Walk:
 
     def listen(self, listener: Any) -> None:
         self.listener = listener
-        listener.subscribe(*(f"{self.lua.B}:push:{c}" for c in self.clients[:2]))
+        listener.ssubscribe(*(f"{self.lua.B}:push:{c}" for c in self.clients[:2]))
 
     def renew(self, name: str, args: list, reply: Any) -> None:
         """A client told it was swept starts over under a new id, as a supervisor does (a
@@ -70,7 +70,7 @@ class Walk:
             self.clients[index] = f"{CLIENTS[index]}.{self.nonce}.{len(self.log)}"
             self.log.append(self.clients[index])
             if self.listener is not None and index < 2:
-                self.listener.subscribe(f"{self.lua.B}:push:{self.clients[index]}")
+                self.listener.ssubscribe(f"{self.lua.B}:push:{self.clients[index]}")
 
     # ------------------------------------------------------------ random arguments
 

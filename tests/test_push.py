@@ -34,12 +34,12 @@ class Listener:
         self.conn = redis.Redis.from_url(redis_url, decode_responses=True)
         self.pubsub = self.conn.pubsub(ignore_subscribe_messages=True)
         channels = [f"{lua.B}:push:{c}" for c in clients]
-        self.pubsub.subscribe(lua.B + ":wake", lua.B + ":end", *channels)
+        self.pubsub.ssubscribe(lua.B + ":wake", lua.B + ":end", *channels)
         self.B = lua.B
 
     def messages(self) -> list[tuple[str, str]]:
         """(channel suffix, data) of every message published so far."""
-        self.conn.publish(self.B + ":end", "")  # delivered after every earlier message
+        self.conn.spublish(self.B + ":end", "")  # delivered after every earlier message
         out = []
         deadline = time.monotonic() + 5.0
         while True:

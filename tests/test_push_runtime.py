@@ -9,18 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
-from runtime_helpers import Runtime, queue_spec, wait_for
+from runtime_helpers import ON_CLUSTER, Runtime, queue_spec, runtime, wait_for
 
 from queasy_py.store.keys import QueueKeys
 
 
 @pytest.fixture
-def rt(redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path) -> Iterator[Runtime]:
-    with Runtime(redis_url, prefix, r, tmp_path) as runtime:
-        yield runtime
+def rt(
+    request: Any, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
+) -> Iterator[Runtime]:
+    with runtime(request, redis_url, prefix, r, tmp_path) as rt:
+        yield rt
 
 
 def parked(rt: Runtime, queue: str) -> dict[str, str]:
@@ -38,13 +41,14 @@ def wait_parked(rt: Runtime, queue: str, slots: str) -> str:
 
 def subscribers(rt: Runtime) -> list[dict]:
     """The server's connections subscribed to any channel (CLIENT LIST)."""
-    return [c for c in rt.r.client_list() if int(c.get("sub", 0)) > 0]
+    return [c for c in rt.r.client_list() if int(c.get("sub", 0)) + int(c.get("ssub", 0)) > 0]
 
 
 def outcomes(rt: Runtime, queue: str) -> list[str]:
     return [e["outcome"] for e in rt.events(queue)]
 
 
+@ON_CLUSTER
 def test_an_idle_supervisor_parks_its_slots_and_runs_a_pushed_job(rt: Runtime) -> None:
     # poll_interval 30 s: no polling dequeue; one worker of 100 units, size 10: 10 slots
     rt.start({"q": queue_spec()}, poll_interval=30.0)
@@ -96,7 +100,7 @@ def test_a_push_lost_with_the_pubsub_connection_is_handed_back_and_runs(
     # a stand-in listener on the supervisor's push channel, so the dispatch below does push
     stand_in = redis.Redis.from_url(redis_url, client_name="stand-in")
     listener = stand_in.pubsub(ignore_subscribe_messages=True)
-    listener.subscribe(f"{base}:push:{client}")
+    listener.ssubscribe(f"{base}:push:{client}")
     wait_for(lambda: len(subscribers(rt)) == 2, what="the stand-in subscribed")
     (theirs,) = [c for c in subscribers(rt) if c["name"] != "stand-in"]  # the supervisor's
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -18,9 +19,11 @@ from runtime_helpers import (
     ACT_ASYNC,
     EVENT_FIELDS,
     FAIL_RECORD,
+    ON_CLUSTER,
     Runtime,
     max_units_in_flight,
     queue_spec,
+    runtime,
     wait_for,
 )
 
@@ -30,9 +33,11 @@ FAST_FAIL = {"min_backoff": 0.05, "max_backoff": 0.1}
 
 
 @pytest.fixture
-def rt(redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path) -> Iterator[Runtime]:
-    with Runtime(redis_url, prefix, r, tmp_path) as runtime:
-        yield runtime
+def rt(
+    request: Any, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
+) -> Iterator[Runtime]:
+    with runtime(request, redis_url, prefix, r, tmp_path) as rt:
+        yield rt
 
 
 def job_record(job_id: str, queue: str, run_at: float, **counts: int) -> dict:
@@ -44,6 +49,7 @@ def job_record(job_id: str, queue: str, run_at: float, **counts: int) -> dict:
 # ---------------------------------------------------------------- completion and wake-ups
 
 
+@ON_CLUSTER
 def test_dispatched_jobs_all_run_once_and_finish(rt: Runtime) -> None:
     q = rt.queue("q")
     ids = q.dispatch_many({"data": {"tag": f"j{i}", "sleep": 0.05}} for i in range(40))
@@ -60,6 +66,7 @@ def test_dispatched_jobs_all_run_once_and_finish(rt: Runtime) -> None:
     assert sup.stop() == 0
 
 
+@ON_CLUSTER
 def test_a_dispatch_wakes_an_idle_supervisor_and_delayed_jobs_run_on_time(rt: Runtime) -> None:
     # poll_interval 30 s: only the wake-up message or the sleep until run_at can start them
     rt.start({"q": queue_spec()}, poll_interval=30.0)
@@ -81,6 +88,7 @@ def test_a_dispatch_wakes_an_idle_supervisor_and_delayed_jobs_run_on_time(rt: Ru
 # ---------------------------------------------------------------- retries and fail handlers
 
 
+@ON_CLUSTER
 def test_a_retry_waits_for_its_backoff(rt: Runtime) -> None:
     # poll_interval 30 s: the supervisor must sleep until the retry's run_at, not poll
     rt.start({"q": queue_spec(min_backoff=0.4, max_backoff=10.0)}, poll_interval=30.0)
@@ -114,6 +122,7 @@ def test_retry_at_of_the_exception_sets_the_retry_time(rt: Runtime) -> None:
 @pytest.mark.parametrize(
     ("raised", "name"), [("permanent", "PermanentError"), ("kind_permanent", "KindPermanent")]
 )
+@ON_CLUSTER
 def test_a_permanent_error_fails_at_once_into_the_fail_handler(
     rt: Runtime, raised: str, name: str
 ) -> None:
@@ -182,6 +191,7 @@ def test_without_a_fail_handler_a_failed_job_is_removed(rt: Runtime) -> None:
 # ---------------------------------------------------------------- singleton, capacity, priority
 
 
+@ON_CLUSTER
 def test_a_job_dispatched_again_while_active_runs_after_it_never_alongside(rt: Runtime) -> None:
     rt.start({"q": queue_spec()}, workers=2)
     q = rt.queue("q")

@@ -38,9 +38,9 @@ SECRET = "s3cret-queasy-pw-91c4"
 
 #: the README's ACL line: the commands queasy_py sends, and those its Lua library calls
 QUEASY_COMMANDS = (
-    "+ping +fcall +fcall_ro +function|load +subscribe "
-    "+del +exists +get +hdel +hget +hgetall +hkeys +hlen +hmget +hscan +hset +incr +publish "
-    "+pubsub|numsub +rename +renamenx +sadd +scan +scard +set +sismember +smembers "
+    "+ping +fcall +fcall_ro +function|load +ssubscribe "
+    "+del +exists +get +hdel +hget +hgetall +hkeys +hlen +hmget +hscan +hset +incr +spublish "
+    "+pubsub|shardnumsub +rename +renamenx +sadd +scan +scard +set +sismember +smembers "
     "+srandmember +srem +sscan +time +xadd +xrange +xread +zadd +zcard +zcount +zrange +zrem "
     "+zremrangebyrank +zremrangebyscore +zscore"
 )

@@ -62,17 +62,22 @@ class Events:
 
     def watch(self, kind: str, sock: Any) -> None:
         """Keep the selector watching the socket of `kind` ('redis': the round pipe,
-        'pubsub': wake-ups and pushes); it changes on a reconnect. Sockets are compared as
-        objects: a new socket may reuse the number of a closed one, of either kind."""
-        if sock is self.watched.get(kind):
-            return
-        self.watched[kind] = sock
+        'pubsub': wake-ups and pushes), or its tuple of sockets (a cluster: one per primary);
+        it changes on a reconnect. Sockets are compared as objects: a new socket may reuse
+        the number of a closed one, of either kind."""
+        socks = sock if isinstance(sock, tuple) else (sock,)
+        known = self.watched.get(kind)
+        if known is not None and len(known) == len(socks):
+            if all(a is b for a, b in zip(known, socks, strict=True)):
+                return
+        self.watched[kind] = socks
         for key in list(self.selector.get_map().values()):
             if key.data == (kind, None):
                 self.selector.unregister(key.fileobj)
-        fd = -1 if sock is None else sock.fileno()
-        if fd >= 0:
-            self.register(fd, (kind, None))
+        for one in socks:
+            fd = -1 if one is None else one.fileno()
+            if fd >= 0:
+                self.register(fd, (kind, None))
 
     def close(self) -> None:
         self.selector.close()

@@ -81,16 +81,23 @@ class Heartbeat(threading.Thread):
     def beat(self, r: redis.Redis, client_id: str) -> bool:
         """Bump every queue (and read the server's clock, and publish this supervisor's
         entry in the registry); False when this client was swept."""
+        cluster = hasattr(r, "get_primaries")  # a cluster's pipeline refuses TIME
+        if cluster:  # each bump goes to its queue's primary; the clock is read apart
+            before = time.time()
+            self.clock.measure(r.time(), before, time.time())
         with r.pipeline(transaction=False) as pipe:
-            pipe.time()
+            if not cluster:
+                pipe.time()
             for base, maxlen in self.bases.items():
                 fcall(pipe, "queasy_bump", [base], ["", client_id, self.expiry_ms, maxlen])
             server_now = time.time() + self.clock.offset
             if self.registry is not None:
                 self.registry.add(pipe, client_id, server_now, self.expiry_ms / 1000.0)
             before = time.time()
-            server, *replies = pipe.execute()
-            self.clock.measure(server, before, time.time())
+            replies = pipe.execute()
+            if not cluster:
+                server, *replies = replies
+                self.clock.measure(server, before, time.time())
         if self.registry is not None:
             self.registry.prune(r, server_now)
         return all(int(s) != Status.SWEPT for s in replies[: len(self.bases)])

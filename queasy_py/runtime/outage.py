@@ -21,8 +21,9 @@ TRANSIENT_CLASSES = (
     redis.exceptions.ReadOnlyError,
     redis.exceptions.BusyLoadingError,
     redis.exceptions.NoScriptError,
-    redis.exceptions.TryAgainError,
+    redis.exceptions.TryAgainError,  # also the library's migration guard (a slot moving)
     redis.exceptions.ClusterDownError,
+    redis.exceptions.AskError,  # and MOVED: a cluster's slot moved (store/clusterpipe.py)
     redis.exceptions.MasterDownError,
 )
 TRANSIENT_CODES = ("BUSY", "MISCONF", "NOREPLICAS", "LOADING", "READONLY", "OOM", "MASTERDOWN")

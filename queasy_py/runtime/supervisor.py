@@ -23,8 +23,8 @@ from .. import defaults
 from ..errors import InvalidInput
 from ..store.connection import loop_client, new_client_id
 from ..store.library import fcall
-from ..store.pipe import RedisPipe
-from ..store.pubsub import Message, Wakeup
+from ..store.loopio import round_pipe, wakeup
+from ..store.pubsub import Message
 from .events import Events
 from .heartbeat import Heartbeat, expiry_ms
 from .metrics import Tally, serve_metrics
@@ -87,14 +87,14 @@ class Supervisor:
             self.events.wake,
             self.registry,
         )
-        self.wakeup = Wakeup(client.url, self._channels())
+        self.wakeup = wakeup(client.url, self._channels())
         self.rounds = Rounds(
             client,
             self.r,
             self.states,
             self.workers,
             self.events,
-            RedisPipe(client.url),
+            round_pipe(client.url),
             self.wakeup,
             self.acks,
             self.expiry_ms,

@@ -17,7 +17,14 @@ from urllib.parse import unquote, urlsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
-from redis.exceptions import RedisClusterException
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ClusterError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.retry import Retry
 
 from .. import defaults
@@ -28,6 +35,8 @@ log = logging.getLogger("queasy_py")
 
 #: the URL schemes of a cluster, and the plain scheme each stands for
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+#: seconds a producer's call waits for a moving or unserved slot (ClusterClient.slot_wait)
+SLOT_WAIT = 10.0
 #: commands whose keys follow their numkeys argument (name, numkeys, keys...)
 _NUMKEYS_COMMANDS = frozenset({"fcall", "fcall_ro"})
 
@@ -96,12 +105,45 @@ class _KeysFromCall:
         return getattr(self._parser, name)
 
 
+#: replies that say a command did not run because its slot is moving or unserved for now
+#: (the library's migration guard answers TRYAGAIN): sending it again is safe
+SLOT_BUSY = (TryAgainError, ClusterDownError, AskError, SlotNotCoveredError)  # MOVED is an ASK
+
+
 class ClusterClient(RedisCluster):
-    """RedisCluster routing FCALL by its first key, without a GETKEYS round trip."""
+    """RedisCluster routing FCALL by its first key, without a GETKEYS round trip.
+
+    A call refused because its slot is moving (resharding) or unserved (a failover) is sent
+    again with backoff for up to `slot_wait` seconds (redis-py alone gives up within half a
+    second): a producer sees a delay, not an error. The scheduling loop's client does not
+    wait (slot_wait 0): the loop backs off on its own."""
+
+    slot_wait = SLOT_WAIT
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.commands_parser = _KeysFromCall(self.commands_parser)  # pipelines share it
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        """redis-py's cluster pipeline, whose commands refused for a moving slot are sent
+        again one by one through this client's execute_command (waiting out the slot)."""
+        pipe = super().pipeline(*args, **kwargs)
+        pipe.parent_execute_command = self.execute_command
+        return pipe
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + self.slot_wait
+        delay = 0.02
+        while True:
+            try:
+                return super().execute_command(*args, **kwargs)
+            except (*SLOT_BUSY, ClusterError) as exc:
+                # ClusterError: redis-py's redirections ran out (ASK, then TRYAGAIN, ...)
+                exhausted = "TTL exhausted" in str(exc) or not isinstance(exc, ClusterError)
+                if not exhausted or time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
 
 
 def connect_cluster(
@@ -134,10 +176,9 @@ def connect_cluster(
                 f"Redis Cluster at {mask_url(url)} refused the credentials: {exc}"
             ) from None
         except (RedisClusterException, redis.ConnectionError, OSError) as exc:
+            _close_nodes(nodes)
             if "cluster mode is not enabled" in str(exc).lower():
-                raise ConfigError(
-                    f"{mask_url(url)}: the server is not in cluster mode; use a redis:// URL"
-                ) from None
+                raise _not_a_cluster(url, nodes[0], options) from None
             if attempt == attempts:
                 raise ConnectionFailed(
                     f"cannot connect to Redis Cluster at {mask_url(url)}: {exc}"
@@ -157,6 +198,36 @@ def connect_cluster(
     raise AssertionError("unreachable")
 
 
+def _close_nodes(nodes: list[ClusterNode]) -> None:
+    """Close what a failed RedisCluster() left connected (its startup nodes' clients)."""
+    for node in nodes:
+        if node.redis_connection is not None:
+            node.redis_connection.close()
+            node.redis_connection = None
+
+
+def _not_a_cluster(url: str, node: ClusterNode, options: dict[str, Any]) -> Exception:
+    """Why redis-py found no slot map at `node`: a server not in cluster mode (ConfigError),
+    or a user who may not read it (AuthenticationFailed naming the ACL the README gives)."""
+    from .connection import mask_url
+
+    probe = redis.Redis(host=node.host, port=node.port, socket_timeout=5.0, **options)
+    try:
+        enabled = probe.info("cluster").get("cluster_enabled") == 1
+    except redis.RedisError:
+        enabled = True  # INFO refused as well: a user without the commands it needs
+    finally:
+        probe.close()
+    if not enabled:
+        return ConfigError(
+            f"{mask_url(url)}: the server is not in cluster mode; use a redis:// URL"
+        )
+    return AuthenticationFailed(
+        f"Redis Cluster at {mask_url(url)}: the user may not read the slot map (CLUSTER SLOTS);"
+        " grant it `+cluster|slots +command +asking` on every node (README, Redis Cluster)"
+    )
+
+
 def load_everywhere(rc: RedisCluster) -> str:
     """The version handshake on every primary; the newest version in use."""
     versions = [ensure_loaded(rc.get_redis_connection(node)) for node in rc.get_primaries()]
@@ -172,3 +243,65 @@ class ClusterCall:
 
     def __call__(self, name: str, keys: list[str], args: list[Any]) -> Any:
         return self._rc.execute_command("FCALL", name, len(keys), *keys, *args)
+
+
+def loop_cluster_client(url: str, timeout: float = defaults.LOOP_REDIS_TIMEOUT) -> ClusterClient:
+    """A ClusterClient for the scheduling loop and its threads (connection.loop_client on a
+    cluster URL): every call gives up after `timeout` seconds and nothing is retried by
+    redis-py (the caller backs off). It reads the slot map at once: redis.ConnectionError
+    (an outage to retry, as for a single server) when no node answers."""
+    from .connection import mask_url
+
+    nodes, options = parse_cluster_url(url)
+    try:
+        rc = ClusterClient(
+            startup_nodes=nodes,
+            socket_connect_timeout=timeout,
+            socket_timeout=timeout,
+            socket_keepalive=True,
+            retry=Retry(NoBackoff(), 0),
+            **options,
+        )
+        rc.slot_wait = 0.0  # the loop backs off on its own, never waiting inside a call
+        return rc
+    except redis.ConnectionError:  # refused credentials too: an outage for the loop
+        raise
+    except (RedisClusterException, OSError) as exc:
+        raise redis.ConnectionError(f"Redis Cluster at {mask_url(url)}: {exc}") from None
+
+
+def node_client(
+    url: str, host: str, port: int, timeout: float = defaults.LOOP_REDIS_TIMEOUT
+) -> redis.Redis:
+    """A plain redis.Redis to one node of the cluster of `url` (its credentials and TLS), for
+    the loop's raw connections: the round pipe and the sharded subscriptions of that node."""
+    _, options = parse_cluster_url(url)
+    return redis.Redis(
+        host=host,
+        port=port,
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+        socket_keepalive=True,
+        retry=Retry(NoBackoff(), 0),
+        **options,
+    )
+
+
+def primaries(rc: RedisCluster) -> list[tuple[str, int]]:
+    """(host, port) of every primary, as the client's slot map has them."""
+    return sorted((node.host, int(node.port)) for node in rc.get_primaries())
+
+
+def slot_owner(rc: RedisCluster, key: str) -> tuple[str, int]:
+    """(host, port) of the primary serving `key`'s slot, as the client's slot map has it."""
+    node = rc.nodes_manager.get_node_from_slot(rc.keyslot(key))
+    return node.host, int(node.port)
+
+
+def refresh(rc: RedisCluster) -> None:
+    """Read the slot map again (after MOVED, a failover, a lost node): redis.ConnectionError
+    when no node answers."""
+    try:
+        rc.nodes_manager.initialize()
+    except (RedisClusterException, OSError) as exc:
+        raise redis.ConnectionError(f"cannot read the cluster's slot map: {exc}") from None

@@ -69,10 +69,10 @@ def check_url(url: str) -> None:
     """
     scheme = url.partition("://")[0].lower() if "://" in url else ""
     if scheme in ("redis+cluster", "rediss+cluster"):
-        raise ConfigError(
-            f"{mask_url(url)}: a Redis Cluster URL serves Client's producer API only, for now "
-            "(not AsyncClient, a supervisor or its tools); use a standalone Redis or Valkey"
-        )
+        from .cluster import parse_cluster_url
+
+        parse_cluster_url(url)  # ConfigError naming what is wrong
+        return
     if scheme not in SCHEMES:
         raise ConfigError(
             f"invalid Redis URL {mask_url(url)}: it must start with "
@@ -159,6 +159,12 @@ def from_url(cls: type[R], url: str, **kwargs: Any) -> R:
     queasy_py is made here), with URL errors as a ConfigError naming the masked URL (redis-py's
     own message may quote part of the password) and TLS host names checked."""
     check_url(url)
+    if "+cluster://" in url[:16].lower():
+        raise ConfigError(
+            f"{mask_url(url)}: a Redis Cluster URL serves Client (its producer API and run()) "
+            "and `queasy run`, not AsyncClient or a single-server connection; use a "
+            "standalone Redis or Valkey there"
+        )
     if url[:7].lower() == "unix://":
         kwargs.pop("socket_keepalive", None)  # TCP only: redis-py refuses it for a unix socket
     if url[:9].lower() == "rediss://":
@@ -184,7 +190,12 @@ def new_client_id() -> str:
 def loop_client(url: str, timeout: float = defaults.LOOP_REDIS_TIMEOUT) -> redis.Redis:
     """A client for calls made by the scheduling loop and its threads: it connects lazily,
     every call gives up after `timeout` seconds, and redis-py does not retry on its own (the
-    caller backs off and decides whether a command may be sent again)."""
+    caller backs off and decides whether a command may be sent again). On a cluster URL: a
+    ClusterClient (store/cluster.py) that routes each call by its key, with the same bounds."""
+    from .cluster import is_cluster_url, loop_cluster_client
+
+    if is_cluster_url(url):
+        return loop_cluster_client(url, timeout)  # type: ignore[return-value]
     return from_url(
         redis.Redis,
         url,

@@ -225,7 +225,18 @@ def ensure_loaded(r: redis.Redis) -> str:
 
     Raises VersionMismatch when the server holds a newer major version or a foreign library
     named 'queasy'.
+
+    On a Redis Cluster client (redis-py's RedisCluster): on every primary, the slot map read
+    again first (a primary that joined or was promoted since gets the library too); the
+    newest version in use is returned.
     """
+    if hasattr(r, "get_primaries"):
+        r.nodes_manager.initialize()  # type: ignore[attr-defined]
+        versions = [
+            run_handshake(r.get_redis_connection(node), handshake())  # type: ignore[attr-defined]
+            for node in r.get_primaries()  # type: ignore[attr-defined]
+        ]
+        return max(versions, key=parse_version)
     return run_handshake(r, handshake())
 
 

@@ -1,6 +1,10 @@
-"""Wake-ups and pushed jobs: the queues' wake channels (PUBLISHed by dispatch) and this
+"""Wake-ups and pushed jobs: the queues' wake channels (SPUBLISHed by dispatch) and this
 client's push channels (a job dispatch leased straight to this idle client), read inside the
 scheduling loop, so an idle supervisor starts a new job within a millisecond, without polling.
+
+The channels are sharded (SSUBSCRIBE): on a Redis Cluster each is read on the primary that
+owns its queue's slot (store/clusterwake.py holds one Wakeup per primary); when the slot
+moves, the server ends the subscription (sunsubscribe) and this reconnects as after a break.
 
 The pub/sub socket is watched by the loop's selector (no thread, no hand-off between threads)
 and read without blocking straight into a hiredis reader (redis-py's PubSub layers cost about
@@ -15,7 +19,7 @@ from __future__ import annotations
 import logging
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import hiredis
@@ -31,9 +35,16 @@ Message = tuple[str, str, bytes]
 
 
 class Wakeup:
-    def __init__(self, url: str, channels: Mapping[str, tuple[str, str]]) -> None:
-        """`channels` maps a channel to its (kind, queue name)."""
+    def __init__(
+        self,
+        url: str,
+        channels: Mapping[str, tuple[str, str]],
+        connect: Callable[[], redis.Redis] | None = None,
+    ) -> None:
+        """`channels` maps a channel to its (kind, queue name); `connect` makes the client
+        (a cluster node's), by default one for `url`."""
         self.url = url
+        self._connect = connect or (lambda: loop_client(url))
         self.channels = dict(channels)
         self._redis: redis.Redis | None = None
         self._conn: Any = None  # the redis-py connection (it did AUTH, TLS, SELECT)
@@ -67,9 +78,11 @@ class Wakeup:
         if self._sock is not None or time.monotonic() < self.retry_at:
             return
         try:
-            self._redis = loop_client(self.url)  # connecting waits LOOP_REDIS_TIMEOUT at most
+            self._redis = self._connect()  # connecting waits LOOP_REDIS_TIMEOUT at most
             self._conn = self._redis.connection_pool.get_connection()
-            self._conn.send_command("SUBSCRIBE", *self.channels)
+            # one SSUBSCRIBE per channel: a cluster node refuses channels of several slots
+            packed = [hiredis.pack_command(("SSUBSCRIBE", c)) for c in self.channels]
+            self._conn.send_packed_command([b"".join(packed)], check_health=False)
             self._reader = hiredis.Reader()
             self._sock = self._conn._sock
             self._sock.setblocking(False)
@@ -100,10 +113,12 @@ class Wakeup:
             while (reply := self._reader.gets()) is not False:
                 if isinstance(reply, Exception):
                     raise reply
-                if reply[0] == b"message":
+                if reply[0] == b"smessage":
                     route = self.channels.get(reply[1].decode())
                     if route is not None:
                         out.append((route[0], route[1], reply[2]))
+                elif reply[0] == b"sunsubscribe":  # never asked for: the slot moved away
+                    raise ConnectionError(f"the server ended the subscription to {reply[1]!r}")
             return out
         except (redis.RedisError, hiredis.HiredisError, OSError, ValueError) as exc:
             self._broken(exc)

@@ -19,6 +19,8 @@ import redis
 
 from queasy_py.store.library import ensure_loaded
 
+from .connect import open_redis
+
 #: weight of each fault in the disruption choice (the supervisor disruptions weigh 35/40/25);
 #: a fault chosen is the kind used least so far (ties in this order), so a run with three
 #: faults has one of each
@@ -53,7 +55,7 @@ class ServerFaults:
 
     def __post_init__(self) -> None:
         # no retries: a call must never be sent twice without us knowing
-        self.r = redis.Redis.from_url(self.url, socket_timeout=5.0, decode_responses=True)
+        self.r = open_redis(self.url, socket_timeout=5.0, decode_responses=True)
         self.kinds = self._allowed()
 
     def _allowed(self) -> list[str]:

@@ -34,6 +34,7 @@ from redis.retry import Retry
 
 from queasy_py import InvalidInput, Queue
 
+from .connect import open_redis
 from .faults import missing_function, refused_write
 from .handlers import SCHEDULED
 
@@ -66,7 +67,7 @@ class Hostile:
         seed: int,
         forge: bool = False,
     ) -> None:
-        self.r = redis.Redis.from_url(url, socket_timeout=5.0, retry=Retry(NoBackoff(), 0))
+        self.r = open_redis(url, socket_timeout=5.0, retry=Retry(NoBackoff(), 0))
         self.queues = queues
         self.rng = rng
         self.flag = flag
@@ -98,7 +99,7 @@ class Hostile:
 
     def wake(self, queue: Queue) -> None:
         for message in self.rng.sample(WAKE_GARBAGE, 3):
-            self.r.publish(queue.keys.wake, message)
+            self.r.spublish(queue.keys.wake, message)
             self.counts["wake"] += 1
 
     def push(self, queue: Queue) -> None:
@@ -107,7 +108,7 @@ class Hostile:
         clients |= {c.decode() for c in self.r.zrange(f"{base}:expiry", 0, -1)}
         for client in sorted(clients):
             for message in self.rng.sample(PUSH_GARBAGE, 2):
-                self.r.publish(queue.keys.push(client), message)
+                self.r.spublish(queue.keys.push(client), message)
                 self.counts["push"] += 1
 
     def forge(self, queue: Queue) -> None:
@@ -121,7 +122,7 @@ class Hostile:
         if data is None:
             return
         message = f"{job_id}\nforged{self.n}\n0\n0\n0\n0\n\n".encode() + data  # no trace
-        self.r.publish(queue.keys.push(self.rng.choice(clients)), message)
+        self.r.spublish(queue.keys.push(self.rng.choice(clients)), message)
         self.counts["forged"] += 1
 
     # ---------------------------------------------------------------- raw FCALL

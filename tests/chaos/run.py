@@ -22,6 +22,7 @@ from queasy_py.job import LIVE_STATES
 from queasy_py.queue import DISPATCH_CHUNK
 
 from .cluster import Cluster, Slot
+from .connect import open_redis
 from .faults import ServerFaults, missing_function, refused_write
 from .handlers import PERIODIC_QUEUE, SCHEDULED, WORK_QUEUES, records_key
 from .hostile import Hostile
@@ -81,7 +82,7 @@ class Chaos:
             self.cluster.add(workers=1 + n % 2)
         self.client = Client(url, workers=0, prefix=prefix)
         # never called while the server is frozen; the timeout is a safety net only
-        self.r = redis.Redis.from_url(url, decode_responses=True, socket_timeout=10.0)
+        self.r = open_redis(url, decode_responses=True, socket_timeout=10.0)
         self.records_r = redis.Redis.from_url(records_url or url, decode_responses=True)
         self.faults = ServerFaults(url, server_pid, self.rng.uniform)
         self.fault_weight = fault_weight

@@ -1,0 +1,172 @@
+"""The supervisor on a Redis Cluster while the cluster changes under it: a busy queue's slot
+resharded to another primary while its jobs run, and a primary failed over to its replica.
+
+A local cluster of 3 primaries, each with a replica (tests/cluster_servers.py). A producer
+dispatches unique jobs and re-dispatches a few singleton ids all along; the handler records
+each start and end on the embedded server (never on the cluster that moves). Invariants:
+every unique job ran exactly once (none lost, none twice), a singleton id never ran twice at
+once, and each singleton id's last dispatch ran after it was made; the supervisor never
+exits and logs no traceback. Clients see only delays (the producer's calls wait out the
+moving slot).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from cluster_servers import LocalCluster
+from runtime_helpers import Runtime, queue_spec, wait_for
+
+UNIQUE = 150  # unique jobs, dispatched over the disturbance
+SINGLETONS = 4  # ids dispatched again and again
+
+
+@pytest.fixture(scope="module")
+def ha_cluster() -> Iterator[LocalCluster]:
+    cluster = LocalCluster(primaries=3, replicas=1).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def rt(ha_cluster: LocalCluster, redis_url: str, r: redis.Redis, tmp_path: Path) -> Iterator[Any]:
+    from redis.cluster import RedisCluster
+
+    from queasy_py.store.cluster import parse_cluster_url
+
+    nodes, options = parse_cluster_url(ha_cluster.url)
+    view = RedisCluster(startup_nodes=nodes, decode_responses=True, **options)
+    prefix = f"ops-{uuid.uuid4().hex[:8]}"
+    try:
+        with Runtime(ha_cluster.url, prefix, view, tmp_path, (redis_url, r)) as runtime:  # type: ignore[arg-type]
+            yield runtime
+    finally:
+        view.close()
+
+
+def overlaps(records: list[dict[str, Any]], job_id: str) -> bool:
+    """Whether two runs of `job_id` overlapped in time (start/end records, in order)."""
+    running = 0
+    for rec in records:
+        if rec["id"] != job_id:
+            continue
+        running += 1 if rec["event"] == "start" else -1
+        if running > 1:
+            return True
+    return False
+
+
+def busy_queue_while(rt: Runtime, disturb: Callable[[str], None]) -> None:
+    """Run the busy queue's load, call `disturb(base)` in the middle, check the invariants."""
+    sup = rt.start({"busy": queue_spec()}, workers=2, poll_interval=0.5)
+    q = rt.queue("busy")
+    last_dispatch: dict[str, float] = {}
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            for i in range(UNIQUE):
+                if i % 10:
+                    q.dispatch({"tag": "u", "sleep": 0.01}, id=f"u{i}")
+                else:  # a pipelined batch now and then
+                    q.dispatch_many([{"data": {"tag": "u"}, "id": f"u{i}"}])
+                sid = f"s{i % SINGLETONS}"
+                last_dispatch[sid] = time.time()
+                q.dispatch({"tag": "s", "sleep": 0.03, "n": i}, id=sid)
+                time.sleep(0.01)
+        except BaseException as exc:  # the test fails below with it
+            errors.append(exc)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    rt.wait_records(20, "end", timeout=30.0)  # busy before the disturbance
+    disturb(q.keys.base)
+    producer.join(timeout=120)
+    assert not producer.is_alive() and not errors, errors
+
+    def settled() -> bool:
+        ends = rt.records("end")
+        done = {rec["id"] for rec in ends if rec["id"].startswith("u")}
+        late = all(
+            any(rec["id"] == sid and rec["t"] >= at for rec in rt.records("start"))
+            for sid, at in last_dispatch.items()
+        )
+        return len(done) == UNIQUE and late
+
+    wait_for(settled, 60.0, "every unique job and each singleton's last dispatch to run")
+    records = rt.records()
+    starts = [rec["id"] for rec in records if rec["event"] == "start"]
+    assert sorted(i for i in starts if i.startswith("u")) == sorted(f"u{i}" for i in range(UNIQUE))
+    for sid in last_dispatch:
+        assert not overlaps(records, sid), f"{sid} ran twice at once"
+    assert sup.proc.poll() is None, "the supervisor exited"
+    assert sup.stop() == 0
+    assert "Traceback" not in sup.log_without_job_tracebacks()
+
+
+def test_a_busy_queues_slot_moves_to_another_primary_while_its_jobs_run(
+    ha_cluster: LocalCluster, rt: Runtime
+) -> None:
+    moved: list[int] = []
+
+    def reshard(base: str) -> None:
+        slot = ha_cluster.slot(base)
+        source = ha_cluster.owner_of_slot(slot)
+        target = next(p for p in ha_cluster.primary_ports() if p != source)
+        moved.append(ha_cluster.move_slot(slot, target, batch=3, pause=0.05))
+        assert ha_cluster.owner_of_slot(slot) == target
+
+    busy_queue_while(rt, reshard)
+    assert moved and moved[0] > 0  # the queue's keys moved with the slot
+
+
+def test_a_busy_queues_primary_fails_over_to_its_replica(
+    ha_cluster: LocalCluster, rt: Runtime
+) -> None:
+    def failover(base: str) -> None:
+        primary = ha_cluster.owner_of_slot(ha_cluster.slot(base))
+        replica = ha_cluster.failover(primary)
+        assert ha_cluster.owner_of_slot(ha_cluster.slot(base)) == replica
+
+    busy_queue_while(rt, failover)
+
+
+def test_a_producer_waits_out_a_slot_that_stays_migrating(ha_cluster: LocalCluster) -> None:
+    """A slot migrating for 1.5 s (longer than redis-py's own redirections last): a pipelined
+    dispatch_many waits, then lands once, on the new owner (and a dispatch after it)."""
+    from queasy_py import Client
+
+    with Client(ha_cluster.url, workers=0, prefix=f"ops-{uuid.uuid4().hex[:8]}") as client:
+        q = client.queue("moving")
+        q.dispatch({"n": 0}, id="before")
+        slot = ha_cluster.slot(q.keys.base)
+        source = ha_cluster.owner_of_slot(slot)
+        target = next(p for p in ha_cluster.primary_ports() if p != source)
+        mover = threading.Thread(target=ha_cluster.move_slot, args=(slot, target, 5, 0.0, 1.5))
+        mover.start()
+        try:
+            wait_for(lambda: ha_cluster.node(source).execute_command("CLUSTER", "NODES")
+                     .decode().count(f"[{slot}->-"), 5.0, "the slot to be migrating")  # fmt: skip
+            began = time.monotonic()
+            q.dispatch_many([{"data": {"n": i}, "id": f"many{i}"} for i in range(5)])
+            waited = time.monotonic() - began
+            q.dispatch({"n": 1}, id="during")
+        finally:
+            mover.join(timeout=30)
+        assert ha_cluster.owner_of_slot(slot) == target
+        assert waited >= 0.5, waited  # it met the moving slot, and waited it out
+        assert q.counts()["waiting"] == 7
+        assert {j.id for j in q.jobs("waiting", limit=10)[0]} == {
+            "before",
+            "during",
+            *(f"many{i}" for i in range(5)),
+        }
