@@ -53,12 +53,15 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:seq                string  counter of push lease tokens ('p<n>')
   B:once:<id>          string  end (ms) of the window in which queasy_dispatch_once does not
                                dispatch <id> again (its run_at + window); expires then
-  B:events             stream  one entry per job outcome (capped, MAXLEN ~): id, queue, outcome,
-                               run_at, started_at, ended_at, client, pid, retry_count,
-                               stall_count, timeout_count, error_name, error_kind,
-                               error_message, traceback (its last EVENT_TRACEBACK bytes),
-                               enqueued_at (README "Outcome events": the schema, versioned
-                               with this library)
+  B:events             stream  one entry per job outcome (capped, MAXLEN ~): field `event`, one
+                               line "<outcome> <id> <ended_at> <started_at> <pid> <run_at>
+                               <enqueued_at> <retry_count> <stall_count> <timeout_count>
+                               <client>" ('-' for a value unknown), and with an error only:
+                               error_name, error_kind, error_message, traceback (its last
+                               EVENT_TRACEBACK bytes). The queue is the stream's. (3.x wrote
+                               16 fields per entry: id, queue, outcome, ...; readers take
+                               both.) README "Outcome events": the schema, versioned with
+                               this library
   B:schedule           hash    the queue's schedule (queasy_schedule): spec (its text), fire_at
                                (ms: fire time of the current occurrence, job id SCHEDULE_ID),
                                skipped (fire times catch-up passed over), and of the last
@@ -94,7 +97,7 @@ than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond
 call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '3.0.0'
+local VERSION = '4.0.0'
 -- the functions called per job, as locals (a global is two table lookups per use); the
 -- globals exist only while a function runs: `entry` (registration) sets them
 local call, format, find = nil, nil, nil
@@ -384,12 +387,6 @@ local function apply_update(kind, lo, hi, record_run_at, requeue_at)
   return requeue_at
 end
 
-local function emit(B, maxlen, fields)
-  if maxlen > 0 then
-    call('XADD', B .. ':events', 'MAXLEN', '~', maxlen, '*', unpack(fields))
-  end
-end
-
 -- The last `limit` bytes of `s`, not starting inside a UTF-8 sequence.
 local function tail(s, limit)
   if #s <= limit then
@@ -402,37 +399,45 @@ local function tail(s, limit)
   return string.sub(s, from)
 end
 
-local NO_ERROR = {name = '', kind = '', message = '', traceback = ''}
-local QUEUE_NAMES = {} -- B -> its queue's name (the events' `queue` field)
+-- A value of an event line or an end line: '-' for '' (unknown).
+local function known(v)
+  if v == '' then
+    return '-'
+  end
+  return v
+end
 
 -- The event of an outcome of `job` at `now` (ms, a string), appended to B:events unless
--- `maxlen` is 0; returns its fields (END_OF reads them). `job.client` is the client that held
--- it ('' for a job that was not active); `job.enqueued_at` its field as stored (passed on
--- through digits). `pid` and `started_at` are strings ('' or checked digits); `err` as in
--- write_error, or nil.
+-- `maxlen` is 0: one field `event`, the line "<outcome> <id> <ended_at> <started_at> <pid>
+-- <run_at> <enqueued_at> <retry_count> <stall_count> <timeout_count> <client>" ('-' for a
+-- value unknown), and with an error (any of its texts not ''): error_name, error_kind,
+-- error_message, traceback (its last EVENT_TRACEBACK bytes). Returns the parts of the line
+-- that the job's end repeats (ending): "<ended_at> <started_at> <pid>" and "<run_at> ...
+-- <client>". `job.client` is the client that held it ('' for a job that was not active);
+-- `job.enqueued_at` its field as stored (passed on through digits). `pid` and `started_at`
+-- are strings ('' or checked digits); `err` as in write_error, or nil.
 local function outcome_event(B, maxlen, now, outcome, job, pid, started_at, err)
-  err = err or NO_ERROR
-  local queue = QUEUE_NAMES[B]
-  if queue == nil then
-    queue = string.match(B, '}:(.*)$')
-    QUEUE_NAMES[B] = queue
+  local at = now .. ' ' .. known(started_at) .. ' ' .. known(pid)
+  local counts = (job.run_at_s or int(job.run_at)) .. ' ' .. known(digits(job.enqueued_at))
+    .. ' ' .. (job.retry_s or int(job.retry_count)) .. ' ' .. (job.stall_s
+    or int(job.stall_count)) .. ' ' .. (job.timeout_s or int(job.timeout_count)) .. ' '
+    .. known(job.client or '')
+  if maxlen > 0 then
+    local line = outcome .. ' ' .. job.id .. ' ' .. at .. ' ' .. counts
+    if err == nil or (err.name == '' and err.kind == '' and err.message == ''
+        and err.traceback == '') then
+      call('XADD', B .. ':events', 'MAXLEN', '~', maxlen, '*', 'event', line)
+    else
+      local trace = err.traceback
+      if #trace > EVENT_TRACEBACK then
+        trace = tail(trace, EVENT_TRACEBACK)
+      end
+      call('XADD', B .. ':events', 'MAXLEN', '~', maxlen, '*', 'event', line,
+        'error_name', err.name, 'error_kind', err.kind, 'error_message', err.message,
+        'traceback', trace)
+    end
   end
-  local trace = err.traceback
-  if #trace > EVENT_TRACEBACK then
-    trace = tail(trace, EVENT_TRACEBACK)
-  end
-  local fields = {
-    'id', job.id, 'queue', queue, 'outcome', outcome,
-    'run_at', job.run_at_s or int(job.run_at), 'started_at', started_at, 'ended_at', now,
-    'client', job.client or '', 'pid', pid,
-    'retry_count', job.retry_s or int(job.retry_count),
-    'stall_count', job.stall_s or int(job.stall_count),
-    'timeout_count', job.timeout_s or int(job.timeout_count),
-    'error_name', err.name, 'error_kind', err.kind, 'error_message', err.message,
-    'traceback', trace, 'enqueued_at', digits(job.enqueued_at),
-  }
-  emit(B, maxlen, fields)
-  return fields
+  return at, counts
 end
 
 -- Put `job` (leaving the active state) back in waiting at run_at, merging the update of a
@@ -473,16 +478,12 @@ local function end_state(v)
   return END_STATES[state] and state or nil
 end
 
--- An end in `state`, as B:ends holds it, from the fields of its event (outcome_event) and
--- the job's `attempts` (as stored): "<state> <ended_at> <started_at> <pid> <attempts>
--- <run_at> <enqueued_at> <retry_count> <stall_count> <timeout_count> <client> <host>" (a
--- value unknown: '-'; the host last: it may hold spaces).
-local function ending(state, e, attempts, host)
-  attempts = digits(attempts)
-  return state .. ' ' .. e[12] .. ' ' .. (e[10] == '' and '-' or e[10]) .. ' '
-    .. (e[16] == '' and '-' or e[16]) .. ' ' .. (attempts == '' and '-' or attempts) .. ' '
-    .. e[8] .. ' ' .. (e[32] == '' and '-' or e[32]) .. ' ' .. e[18] .. ' ' .. e[20] .. ' '
-    .. e[22] .. ' ' .. (e[14] == '' and '-' or e[14]) .. ' ' .. host
+-- An end in `state`, as B:ends holds it, from the parts of its event line (outcome_event:
+-- `at`, `counts`) and the job's `attempts` (as stored): "<state> <ended_at> <started_at>
+-- <pid> <attempts> <run_at> <enqueued_at> <retry_count> <stall_count> <timeout_count>
+-- <client> <host>" (a value unknown: '-'; the host last: it may hold spaces).
+local function ending(state, at, counts, attempts, host)
+  return state .. ' ' .. at .. ' ' .. known(digits(attempts)) .. ' ' .. counts .. ' ' .. host
 end
 local END_FIELDS = {'state', 'ended_at', 'started_at', 'pid', 'attempts', 'run_at',
   'enqueued_at', 'retry_count', 'stall_count', 'timeout_count', 'client', 'host'}
@@ -1082,10 +1083,10 @@ local function cancel(keys, args)
   if call('SREM', B .. ':blocked', id) == 1 then
     call('HDEL', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
   end
-  local event = outcome_event(B, maxlen, int(now), 'cancelled', job, '', '', nil)
+  local at, counts = outcome_event(B, maxlen, int(now), 'cancelled', job, '', '', nil)
   end_record(B, jkey, id, keep_count > 0 and keep_ms > 0, true, nil)
   retain(B, 'cancelled', now, keep_count, keep_ms, {int(now), id},
-    {id, ending('cancelled', event, job.attempts, '')})
+    {id, ending('cancelled', at, counts, job.attempts, '')})
   call('PUBLISH', B .. ':done:' .. id, 'cancelled')
   schedule_ended(B, id, now, 'cancelled')
   return 1
@@ -1322,7 +1323,7 @@ local function finish(keys, args)
   local ended = int(now)
   local scored, done, gone = {}, {}, {}
   local codes = each_leased(B, client, args, 8, 5, function(job, i)
-    local event = outcome_event(B, maxlen, ended, 'finished', job, args[i + 2], args[i + 3], nil)
+    local at, counts = outcome_event(B, maxlen, ended, 'finished', job, args[i + 2], args[i + 3])
     local result = args[i + 4]
     local failed_before = job.retry_s ~= '0' or job.stall_s ~= '0' or job.timeout_s ~= '0'
     end_record(B, B .. ':active:' .. job.id, job.id, keep, result ~= '' or failed_before,
@@ -1330,7 +1331,7 @@ local function finish(keys, args)
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
-    done[#done + 1] = ending('finished', event, job.attempts, ends.host)
+    done[#done + 1] = ending('finished', at, counts, job.attempts, ends.host)
     promote(B, job.id, any_blocked)
     schedule_ended(B, job.id, now, 'finished', true)
     if ends.notify then
@@ -1442,14 +1443,14 @@ local function fail(keys, args)
   local codes = each_leased(B, client, args, 8, 10, function(job, i)
     local err = {name = args[i + 6], kind = args[i + 7], message = args[i + 8],
       traceback = args[i + 9]}
-    local event = outcome_event(B, maxlen, ended, 'failed', job, args[i + 4], args[i + 5], err)
+    local at, counts = outcome_event(B, maxlen, ended, 'failed', job, args[i + 4], args[i + 5], err)
     end_record(B, B .. ':active:' .. job.id, job.id, keep, true, {'error_name', err.name,
       'error_kind', err.kind, 'error_message', err.message, 'traceback', err.traceback,
       'error_at', ended})
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
-    done[#done + 1] = ending('failed', event, job.attempts, ends.host)
+    done[#done + 1] = ending('failed', at, counts, job.attempts, ends.host)
     promote(B, job.id, any_blocked)
     schedule_ended(B, job.id, now, 'failed', true)
     if ends.notify then

@@ -17,6 +17,7 @@ import pytest
 import redis
 from lua_calls import EVENT_FIELDS, NOW, Lua
 
+from queasy_py.store import events
 from queasy_py.store.library import ensure_loaded
 
 STEPS = int(os.environ.get("QUEASY_WALK_STEPS", "2500"))
@@ -243,9 +244,10 @@ class Walk:
                 pipe.type(key)
             kinds = pipe.execute()
         # a B:once:<id> key may expire (PX, the server's clock) between SCAN and TYPE
-        keys, kinds = [k for k, t in zip(keys, kinds, strict=True) if t != "none"], [
-            t for t in kinds if t != "none"
-        ]
+        keys, kinds = (
+            [k for k, t in zip(keys, kinds, strict=True) if t != "none"],
+            [t for t in kinds if t != "none"],
+        )
         readers = {
             "hash": lambda p, k: p.hgetall(k),
             "zset": lambda p, k: p.zrange(k, 0, -1, withscores=True),
@@ -342,7 +344,11 @@ def check_queue(B: str, raw: dict) -> None:
         assert is_int(sched.get(field, ""), True), (field, sched)
     if sched.get("fire_at") and sched.get("last_fire_at"):
         assert int(sched["last_fire_at"]) <= int(sched["fire_at"]), sched
-    for _, event in get(":events", []):
+    for _, entry in get(":events", []):
+        # library 4.0.0: one line, and the error fields only with an error
+        assert set(entry) in ({"event"}, {"event", *events.ERROR_FIELDS}), entry
+        assert len(entry["event"].split(" ")) == len(events.LINE_FIELDS), entry
+        event = events.fields_of(entry, B.rsplit(":", 1)[1])
         assert set(event) == EVENT_FIELDS, event
         for field in ("run_at", "ended_at", "retry_count", "stall_count", "timeout_count"):
             assert is_int(event[field]), (field, event)
