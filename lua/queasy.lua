@@ -16,12 +16,16 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:job:<id>           hash    the waiting/delayed/blocked record of <id>:
                                id, data, run_at, retry_count, stall_count, timeout_count,
                                enqueued_at (ms of the dispatch that made it), attempts (times
-                               leased), trace (the W3C traceparent current at its dispatch,
+                               leased before: an active job's lease is not counted in it,
+                               readers add it), trace (the W3C traceparent current at its dispatch,
                                when there was one: OpenTelemetry), and after a failed attempt its last error: error_name,
                                error_kind, error_message, traceback, error_at (ms)
                                (+ u_data, u_reset, u_run_at 'replace'|'clamp', u_lo, u_hi:
                                the composed updates of a blocked job, see run_at_update)
-  B:active:<id>        hash    the active record of <id>: same fields + client, token, leased_at
+  B:active:<id>        hash    the active record of <id>: the same hash, renamed as it is (its
+                               lease is in B:lease:<client>; a record leased by library 3.x
+                               also holds client, token, leased_at, and attempts counts that
+                               lease: read as such)
   B:ends               hash    id -> the end of each job kept after its end, one line:
                                "<state> <ended_at> <started_at> <pid> <attempts> <run_at>
                                <enqueued_at> <retry_count> <stall_count> <timeout_count>
@@ -45,7 +49,8 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:expiry             zset    client id -> expiry (ms) of each client holding leases here
   B:fresh              zset    client id -> until when (ms) it is fresh: half its expiry window
                                after its last dequeue or bump; pushes go to fresh clients only
-  B:lease:<client>     hash    id -> lease token of each job this client has checked out
+  B:lease:<client>     hash    id -> "<token> <leased_at>" of each job this client has checked
+                               out: its lease (3.x wrote the token alone; read as such)
   B:swept              zset    client id -> time it was swept (tombstones, kept 24 h)
   B:parked             hash    client id -> free slots it has parked here: an idle client's
                                dequeue leaves them, and dispatch leases a ready job straight
@@ -440,10 +445,10 @@ local function outcome_event(B, maxlen, now, outcome, job, pid, started_at, err)
   return at, counts
 end
 
--- Put `job` (leaving the active state) back in waiting at run_at, merging the update of a
--- blocked job with its id, if any, so one job with that id remains. Its record moves (the
--- fields it gathered stay: enqueued_at, attempts, the last error); `err` (or nil) becomes its
--- last error, at `now`.
+-- Put `job` (leaving the active state; from leased()) back in waiting at run_at, merging the
+-- update of a blocked job with its id, if any, so one job with that id remains. Its record
+-- moves (the fields it gathered stay: enqueued_at, the last error), counting this lease in
+-- attempts; `err` (or nil) becomes its last error, at `now`.
 local function requeue(B, job, run_at, err, now)
   local id = job.id
   local bkey = B .. ':job:' .. id
@@ -451,7 +456,7 @@ local function requeue(B, job, run_at, err, now)
     'u_lo', 'u_hi')
   if blocked[1] ~= false then
     if blocked[3] == '1' then
-      job.data = blocked[1]
+      job.data = blocked[1] -- else its data stays as it is in the record
     end
     local record_run_at = field_int(blocked[2], MAX_MS)
     local kind, lo, hi = run_at_update(blocked[4], blocked[6], blocked[7], record_run_at)
@@ -464,8 +469,15 @@ local function requeue(B, job, run_at, err, now)
   end
   job.run_at = run_at
   call('RENAME', B .. ':active:' .. id, bkey)
-  call('HDEL', bkey, 'client', 'token', 'leased_at')
-  write_job(bkey, job)
+  if job.legacy then
+    call('HDEL', bkey, 'client', 'token', 'leased_at') -- a record leased by 3.x
+  end
+  call('HSET', bkey, 'run_at', int(run_at), 'retry_count', int(job.retry_count),
+    'stall_count', int(job.stall_count), 'timeout_count', int(job.timeout_count),
+    'attempts', job.attempts)
+  if job.data ~= nil then
+    call('HSET', bkey, 'data', job.data)
+  end
   if err ~= nil then
     write_error(bkey, err, now)
   end
@@ -599,21 +611,43 @@ local function promote(B, id, any_blocked)
   end
 end
 
--- Check the lease of `client` on `id` (the active record names its client and token; a
--- swept client's record is gone or re-leased). Returns the active record or nil when stale.
--- The caller drops the lease from B:lease:<client> (each_leased: one HDEL per call).
-local function leased(B, client, id, token)
-  local v = call('HMGET', B .. ':active:' .. id, 'id', 'data', 'run_at', 'retry_count',
-    'stall_count', 'timeout_count', 'client', 'token', 'enqueued_at', 'attempts')
-  if v[7] ~= client or v[8] ~= token then
+-- Whether `held`, a value of B:lease:<client> ("<token> <leased_at>"; a lease taken by
+-- library 3.x: "<token>"), or false, is the lease `token`.
+local function holds(held, token)
+  return held == token or (held and find(held, token, 1, true) == 1
+    and string.byte(held, #token + 1) == 32)
+end
+
+-- Check the lease of `client` on `id`: `held` is its value in B:lease:<client> (or false; a
+-- swept client's leases are gone). Returns the active record (its numbers as strings,
+-- passed on as they are; `attempts` counting this lease) or nil when stale. The caller
+-- drops the lease from B:lease:<client> (each_leased: one HDEL per call). A lease taken by
+-- 3.x (`legacy`: its value is the token alone) has an active record that holds client,
+-- token and leased_at and counts the lease in attempts: read as such.
+local function leased(B, client, id, token, held)
+  if not holds(held, token) then
     return nil
   end
-  -- the numbers as strings, passed on as they are (numbers() makes them numbers)
+  local v = call('HMGET', B .. ':active:' .. id, 'run_at', 'retry_count', 'stall_count',
+    'timeout_count', 'enqueued_at', 'attempts')
+  if v[1] == false then -- no active record (written around the library): stale
+    return nil
+  end
+  local legacy = held == token
   return {
-    id = v[1], data = v[2] or '', run_at_s = passed(v[3]), retry_s = passed(v[4]),
-    stall_s = passed(v[5]), timeout_s = passed(v[6]), client = client, enqueued_at = v[9],
-    attempts = v[10],
+    id = id, run_at_s = passed(v[1]), retry_s = passed(v[2]), stall_s = passed(v[3]),
+    timeout_s = passed(v[4]), client = client, enqueued_at = v[5],
+    attempts = legacy and v[6] or int(field_int(v[6], MAX_MS) + 1), held = held,
+    legacy = legacy,
   }
+end
+
+-- When the lease of `job` (from leased()) was taken (ms, as written).
+local function leased_at(B, job)
+  if job.legacy then
+    return call('HGET', B .. ':active:' .. job.id, 'leased_at') or ''
+  end
+  return string.match(job.held, ' (%S*)$')
 end
 
 -- The numbers of a job from leased(), to count or compare (its strings go: stale after that).
@@ -631,11 +665,16 @@ end
 -- second time (its active record may be deleted only at the end of the call). Returns one
 -- code per job: 0 ok, 1 stale.
 local function each_leased(B, client, args, from, width, act, usable)
-  local codes, taken, seen = {}, {}, {}
+  local codes, taken, seen, ids = {}, {}, {}, {}
+  local lkey = B .. ':lease:' .. client
+  for i = from, #args, width do
+    ids[#ids + 1] = args[i]
+  end
+  local held = #ids > 0 and call('HMGET', lkey, unpack(ids)) or {}
   for i = from, #args, width do
     local job = nil
     if (usable == nil or usable(i)) and not seen[args[i]] then
-      job = leased(B, client, args[i], args[i + 1])
+      job = leased(B, client, args[i], args[i + 1], held[(i - from) / width + 1])
     end
     if job == nil then
       codes[#codes + 1] = 1
@@ -647,7 +686,7 @@ local function each_leased(B, client, args, from, width, act, usable)
     end
   end
   if #taken > 0 then
-    call('HDEL', B .. ':lease:' .. client, unpack(taken))
+    call('HDEL', lkey, unpack(taken))
   end
   return codes
 end
@@ -697,13 +736,14 @@ local function sweep_one(B, now, self, maxlen)
   for _, client in ipairs(dead) do
     if client ~= self then
       local lkey = B .. ':lease:' .. client
-      local leases = call('HKEYS', lkey)
-      for _, id in ipairs(leases) do
-        local job = read_job(B .. ':active:' .. id)
+      local leases = call('HGETALL', lkey)
+      for k = 1, #leases, 2 do
+        local id, held = leases[k], leases[k + 1]
+        local token = string.match(held, '^%S*')
+        local job = leased(B, client, id, token, held)
         if job ~= nil then
+          numbers(job)
           job.stall_count = job.stall_count + 1
-          job.client = client
-          job.enqueued_at = call('HGET', B .. ':active:' .. id, 'enqueued_at')
           local err = {name = 'StallError', kind = 'stall', traceback = '',
             message = 'its supervisor (client ' .. client .. ') was swept as dead: no heartbeat '
               .. 'for its expiry'}
@@ -734,20 +774,11 @@ local function keep_alive(B, now, client, expiry_ms)
   return true
 end
 
--- The lease fields of an active record `akey` just moved from B:job:<id> (`attempts` the
--- field as stored): checked out to `client` under `token` at `now` (ms, a string), one more
--- attempt.
-local function leased_now(akey, now, attempts, client, token)
-  call('HSET', akey, 'client', client, 'token', token, 'leased_at', now,
-    'attempts', int(field_int(attempts, MAX_MS) + 1))
-end
-
 -- Check out the job `id` (its record in B:job:<id>, with no active record; the caller
--- removes it from B:waiting): see leased_now.
-local function lease(B, now, id, attempts, client, token)
-  local akey = B .. ':active:' .. id
-  call('RENAME', B .. ':job:' .. id, akey)
-  leased_now(akey, now, attempts, client, token)
+-- removes it from B:waiting and writes its lease into B:lease:<client>): its record moves
+-- as it is (its attempts count the leases before this one).
+local function lease(B, id)
+  call('RENAME', B .. ':job:' .. id, B .. ':active:' .. id)
 end
 
 -- The fresh clients parked on B, as a list of {client, slots}: a client is fresh while at
@@ -791,9 +822,9 @@ local function push(B, now, id, parked)
       call('PUBLISH', channel, table.concat({job.id, token, int(job.run_at),
         int(job.retry_count), int(job.stall_count), int(job.timeout_count), job.trace,
         job.data}, '\n'))
-      lease(B, int(now), id, job.attempts, client, token)
+      lease(B, id)
       call('ZREM', B .. ':waiting', id)
-      call('HSET', B .. ':lease:' .. client, id, token)
+      call('HSET', B .. ':lease:' .. client, id, token .. ' ' .. int(now))
       best[2] = best[2] - 1
       if best[2] > 0 then
         call('HSET', B .. ':parked', client, int(best[2]))
@@ -1256,9 +1287,8 @@ local function dequeue(keys, args)
         call('SADD', B .. ':blocked', id) -- its record waits for the active one
       else
         local token = nonce .. '.' .. (#leases / 2 + 1)
-        leased_now(akey, now_s, v[7], client, token)
         leases[#leases + 1] = id
-        leases[#leases + 1] = token
+        leases[#leases + 1] = token .. ' ' .. now_s
         out[#out + 1] = id
         out[#out + 1] = token
         out[#out + 1] = v[2] or ''
@@ -1326,8 +1356,14 @@ local function finish(keys, args)
     local at, counts = outcome_event(B, maxlen, ended, 'finished', job, args[i + 2], args[i + 3])
     local result = args[i + 4]
     local failed_before = job.retry_s ~= '0' or job.stall_s ~= '0' or job.timeout_s ~= '0'
-    end_record(B, B .. ':active:' .. job.id, job.id, keep, result ~= '' or failed_before,
-      result ~= '' and {'result', result} or nil, gone)
+    local extra = nil -- a record kept whole: its lease's fields, and the result if any
+    if result ~= '' or failed_before then
+      extra = {'leased_at', leased_at(B, job), 'attempts', job.attempts}
+      if result ~= '' then
+        extra[5], extra[6] = 'result', result
+      end
+    end
+    end_record(B, B .. ':active:' .. job.id, job.id, keep, extra ~= nil, extra, gone)
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
@@ -1446,7 +1482,7 @@ local function fail(keys, args)
     local at, counts = outcome_event(B, maxlen, ended, 'failed', job, args[i + 4], args[i + 5], err)
     end_record(B, B .. ':active:' .. job.id, job.id, keep, true, {'error_name', err.name,
       'error_kind', err.kind, 'error_message', err.message, 'traceback', err.traceback,
-      'error_at', ended})
+      'error_at', ended, 'leased_at', leased_at(B, job), 'attempts', job.attempts})
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
@@ -1711,6 +1747,39 @@ local function lookup(fields, name)
   return nil
 end
 
+-- The fields of the active record of `id` (as describe) with its lease (library 4.0.0
+-- keeps it in B:lease:<client> only): client, leased_at, and attempts counting this lease.
+-- `client` and `held` (its value in B:lease:<client>) when the caller knows them, else the
+-- live clients' leases are looked up. A record of 3.x holds its lease fields itself.
+local function describe_active(B, id, with_data, client, held)
+  local rec = describe(B .. ':active:' .. id, with_data)
+  if rec == nil or lookup(rec, 'client') ~= nil then
+    return rec
+  end
+  if client == nil then
+    for _, c in ipairs(call('ZRANGE', B .. ':expiry', 0, -1)) do
+      held = call('HGET', B .. ':lease:' .. c, id)
+      if held then
+        client = c
+        break
+      end
+    end
+    if client == nil then
+      return rec -- no client holds it (written around the library)
+    end
+  end
+  for i = 1, #rec, 2 do
+    if rec[i] == 'attempts' then
+      rec[i + 1] = int(field_int(rec[i + 1], MAX_MS) + 1)
+    end
+  end
+  rec[#rec + 1] = 'client'
+  rec[#rec + 1] = client
+  rec[#rec + 1] = 'leased_at'
+  rec[#rec + 1] = int(field_int(string.match(held, ' (%S*)$'), MAX_MS))
+  return rec
+end
+
 -- {state, fields} of the waiting, delayed or blocked record of `id`, or nil.
 local function queued(B, id, now, with_data)
   local rec = describe(B .. ':job:' .. id, with_data)
@@ -1748,7 +1817,7 @@ local function get_job(keys, args)
   local B = keys[1]
   local now = clock(args[1])
   local id = args[2]
-  local rec = describe(B .. ':active:' .. id, true)
+  local rec = describe_active(B, id, true)
   if rec ~= nil then
     return {'active', rec}
   end
@@ -1792,7 +1861,7 @@ local function jobs(keys, args)
       calls = calls + 1
       local scan = call('HSCAN', B .. ':lease:' .. clients[i], c, 'COUNT', limit)
       for k = 1, #scan[2], 2 do
-        local rec = describe(B .. ':active:' .. scan[2][k], with_data)
+        local rec = describe_active(B, scan[2][k], with_data, clients[i], scan[2][k + 1])
         if rec ~= nil then
           out[#out + 1] = {'active', rec}
         end
@@ -1911,7 +1980,11 @@ ARGV[2]  client id
 Returns: {id, token, id, token, ...}
 ]]
 local function leases(keys, args)
-  return call('HGETALL', keys[1] .. ':lease:' .. args[2])
+  local out = call('HGETALL', keys[1] .. ':lease:' .. args[2])
+  for i = 2, #out, 2 do
+    out[i] = string.match(out[i], '^%S*') -- the token of "<token> <leased_at>"
+  end
+  return out
 end
 
 --[[ queasy_schedule_info: a queue's schedule (read-only), for status.

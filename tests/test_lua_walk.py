@@ -321,18 +321,24 @@ def check_queue(B: str, raw: dict) -> None:
             assert is_int(record["u_lo"], True) and is_int(record["u_hi"], True), record
         else:
             assert "u_run_at" not in record, record
+    # library 4.0.0: an active record is the waiting one renamed as it is (attempts: the
+    # leases before this one); its lease, "<token> <leased_at>", is in B:lease:<client> only
+    holders = {id: client for client, held in leases.items() for id in held}
     for id, record in actives.items():
-        for field in ("run_at", "retry_count", "stall_count", "timeout_count", "leased_at", *LIFE):
+        for field in ("run_at", "retry_count", "stall_count", "timeout_count", *LIFE):
             assert is_int(record[field]), (id, field, record[field])
-        assert int(record["attempts"]) >= 1, f"an active {id!r} was leased"
-        assert leases.get(record["client"], {}).get(id) == record["token"], f"lease of {id!r}"
+        assert not {"client", "token", "leased_at"} & set(record), f"lease fields in {id!r}"
+        assert id in holders, f"an active {id!r} is held by a client"
+        assert sum(id in held for held in leases.values()) == 1, f"{id!r} held once"
         check_error(id, record)
         check_trace(id, record)
     check_ended(B, raw)
     for client, held in leases.items():
         assert client in expiry, f"lease holder {client!r} has an expiry"
-        for id, token in held.items():
-            assert actives.get(id, {}).get("token") == token, f"{client!r} holds {id!r}"
+        for id, value in held.items():
+            assert id in actives, f"{client!r} holds {id!r}: it is active"
+            token, _, leased_at = value.partition(" ")
+            assert token and is_int(leased_at), f"the lease of {id!r}: {value!r}"
     for key, (_, value) in raw.items():
         if key.startswith(B + ":once:"):
             # (None: it expired between the TYPE and the GET of `read`)
