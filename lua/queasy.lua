@@ -17,7 +17,8 @@ derive the keys below from it (same slot, so cluster routing holds).
                                id, data, run_at, retry_count, stall_count, timeout_count,
                                enqueued_at (ms of the dispatch that made it), attempts (times
                                leased before: an active job's lease is not counted in it,
-                               readers add it), trace (the W3C traceparent current at its dispatch,
+                               readers add it; the counts and attempts are absent while 0,
+                               read as 0: 4.0.0), trace (the W3C traceparent current at its dispatch,
                                when there was one: OpenTelemetry), and after a failed attempt its last error: error_name,
                                error_kind, error_message, traceback, error_at (ms)
                                (+ u_data, u_reset, u_run_at 'replace'|'clamp', u_lo, u_hi:
@@ -284,7 +285,7 @@ local function read_job(key)
   return {
     id = v[1], data = v[2] or '', run_at = field_int(v[3], MAX_MS),
     retry_count = field_int(v[4], MAX_MS), stall_count = field_int(v[5], MAX_MS),
-    timeout_count = field_int(v[6], MAX_MS), attempts = v[7], trace = v[8] or '',
+    timeout_count = field_int(v[6], MAX_MS), attempts = v[7] or '0', trace = v[8] or '',
   }
 end
 
@@ -304,6 +305,8 @@ end
 local function passed(v)
   if v == '0' or (v and #v <= 15 and find(v, '^%d+$')) then
     return v
+  elseif not v then
+    return '0'
   end
   return int(field_int(v, MAX_MS))
 end
@@ -317,11 +320,11 @@ end
 
 -- A new waiting/blocked record of a job dispatched at `now` (ms, a number or an integer
 -- string: a batch formats it once), never leased yet, with the trace context of its
--- dispatch when `trace` is a non-empty string.
+-- dispatch when `trace` is a non-empty string. Its counts and attempts are 0: absent (a
+-- count field absent reads as 0 everywhere, describe fills it in; library 4.0.0).
 local function new_record(key, id, data, run_at, now, trace)
-  call('HSET', key, 'id', id, 'data', data, 'run_at', int(run_at), 'retry_count', 0,
-    'stall_count', 0, 'timeout_count', 0, 'enqueued_at', type(now) == 'string' and now
-    or int(now), 'attempts', 0)
+  call('HSET', key, 'id', id, 'data', data, 'run_at', int(run_at), 'enqueued_at',
+    type(now) == 'string' and now or int(now))
   if trace ~= nil and trace ~= '' then
     call('HSET', key, 'trace', trace)
   end
@@ -1689,6 +1692,7 @@ end
 
 -- ---------------------------------------------------------------- reads: no writes
 
+local ZERO_FIELDS = {'retry_count', 'stall_count', 'timeout_count', 'attempts'}
 local HIDDEN = {token = true, u_data = true, u_run_at = true, u_reset = true, u_lo = true,
   u_hi = true}
 -- number fields, read as the library reads them (field_int: garbage is 0); those marked
@@ -1725,6 +1729,13 @@ local function describe(key, with_data, ending_, id)
     if not HIDDEN[name] and not seen[name] and (with_data or name ~= 'data') then
       out[#out + 1] = name
       out[#out + 1] = value
+      seen[name] = true
+    end
+  end
+  for _, name in ipairs(ZERO_FIELDS) do -- absent: 0 (library 4.0.0 writes no zero count)
+    if not seen[name] then
+      out[#out + 1] = name
+      out[#out + 1] = '0'
     end
   end
   for i = 1, #out, 2 do

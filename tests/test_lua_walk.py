@@ -311,8 +311,9 @@ def check_queue(B: str, raw: dict) -> None:
     for id, record in records.items():
         assert id in waiting or id in blocked, f"orphan record {id!r}"
         assert record["id"] == id
-        for field in ("run_at", "retry_count", "stall_count", "timeout_count", *LIFE):
+        for field in ("run_at", *LIFE):
             assert is_int(record[field]), (id, field, record[field])
+        check_counts(id, record)
         check_error(id, record)
         check_trace(id, record)
         assert int(record["run_at"]) <= MAX_MS
@@ -325,8 +326,9 @@ def check_queue(B: str, raw: dict) -> None:
     # leases before this one); its lease, "<token> <leased_at>", is in B:lease:<client> only
     holders = {id: client for client, held in leases.items() for id in held}
     for id, record in actives.items():
-        for field in ("run_at", "retry_count", "stall_count", "timeout_count", *LIFE):
+        for field in ("run_at", *LIFE):
             assert is_int(record[field]), (id, field, record[field])
+        check_counts(id, record)
         assert not {"client", "token", "leased_at"} & set(record), f"lease fields in {id!r}"
         assert id in holders, f"an active {id!r} is held by a client"
         assert sum(id in held for held in leases.values()) == 1, f"{id!r} held once"
@@ -365,8 +367,15 @@ def check_queue(B: str, raw: dict) -> None:
         assert re.fullmatch(r"(finished|failed)(:\d+)?", field) and is_int(value), (field, value)
 
 
-#: fields every waiting, active and ended record has (dispatch writes them, lease counts)
-LIFE = ("enqueued_at", "attempts")
+#: fields every waiting, active and ended record has (dispatch writes them)
+LIFE = ("enqueued_at",)
+#: fields a record holds once they are not 0 (library 4.0.0: absent reads as 0)
+COUNTED = ("retry_count", "stall_count", "timeout_count", "attempts")
+
+
+def check_counts(id: str, record: dict) -> None:
+    for field in COUNTED:
+        assert is_int(record.get(field, "0")), (id, field, record[field])
 
 
 def check_error(id: str, record: dict) -> None:
@@ -416,8 +425,9 @@ def check_ended(B: str, raw: dict) -> None:
         if record is None:
             continue
         assert record["id"] == id
-        for field in ("run_at", "retry_count", "stall_count", "timeout_count", *LIFE):
+        for field in ("run_at", *LIFE):
             assert is_int(record[field]), (id, field, record[field])
+        check_counts(id, record)
         check_error(id, record)
         assert "result" not in record or state == "finished", record
         if state == "finished":

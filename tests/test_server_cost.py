@@ -172,3 +172,20 @@ def test_events_of_library_3_are_read_as_before(lua: Lua) -> None:
     assert set(first) == set(second)
     rows = [row for chunk in events.entries(lua.r, key, "0-0", "+", 10) for row in chunk]
     assert [fields for _, fields in rows][0] == old
+
+
+def test_a_new_record_holds_no_zero_count(lua: Lua) -> None:
+    """Library 4.0.0: a dispatch writes id, data, run_at and enqueued_at only (its counts and
+    attempts are 0: absent, read as 0), and every reader still shows them."""
+    ran = inner(lua.r, lambda: lua.dispatch(("a", '{"n": 1}', "")))
+    assert ran["hset"] == 1
+    assert set(lua.r.hgetall(lua.B + ":job:a")) == {"id", "data", "run_at", "enqueued_at"}
+    rec = lua.record("a")
+    assert rec is not None
+    counts = {k: rec[k] for k in ("retry_count", "stall_count", "timeout_count", "attempts")}
+    assert counts == {"retry_count": "0", "stall_count": "0", "timeout_count": "0", "attempts": "0"}
+    job = lua.dequeue("c1", limit=1).jobs[0]
+    assert (job.retry_count, job.stall_count, job.timeout_count) == (0, 0, 0)
+    assert lua.record("a")["attempts"] == "1"  # the lease it holds now
+    assert lua.retry("c1", job, run_at=NOW) == 0
+    assert lua.r.hmget(lua.B + ":job:a", "retry_count", "attempts") == ["1", "1"]
