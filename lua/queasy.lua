@@ -117,6 +117,9 @@ local EVENT_TRACEBACK = 1024 -- bytes of a traceback an event keeps (its end)
 local MAX_PAGE = 1000 -- jobs per call of queasy_jobs, queasy_requeue, queasy_purge
 local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
   'attempts', 'trace'}
+-- what a dequeue hands out (JOB_FIELDS without attempts, which the lease leaves as it is)
+local LEASE_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
+  'trace'}
 local MAX_TRACE = 256 -- bytes of a job's trace context (a W3C traceparent is 55)
 local ERROR_FIELDS = {'error_name', 'error_kind', 'error_message', 'traceback', 'error_at'}
 local END_STATES = {finished = true, failed = true, cancelled = true}
@@ -884,10 +887,18 @@ local function dispatch_triples(args, from, now, name)
   groups(args, from, 3, name)
   local run_ats = {}
   strict_json(function()
+    local decode = cjson.decode
+    local valid = pcall(function() -- the usual batch: all JSON, one protected call for all
+      for i = from + 1, #args, 3 do
+        decode(args[i])
+      end
+    end)
     for i = from, #args, 3 do
       local n = (i - from) / 3 + 1
       check_id(args[i], 'id', n)
-      check_json(args[i + 1], 'data', n)
+      if not valid then
+        check_json(args[i + 1], 'data', n) -- which one is not
+      end
       run_ats[n] = args[i + 2] == '' and now or ms(args[i + 2], 'run_at', n)
     end
   end)
@@ -1283,7 +1294,7 @@ local function dequeue(keys, args)
     local now_s = int(now)
     for _, id in ipairs(ids) do
       local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
-      local v = call('HMGET', jkey, unpack(JOB_FIELDS))
+      local v = call('HMGET', jkey, unpack(LEASE_FIELDS))
       if v[1] == false then
         -- a stray id without a record: only dropped from B:waiting (below)
       elseif call('RENAMENX', jkey, akey) == 0 then -- one call: the move, unless active
@@ -1299,7 +1310,7 @@ local function dequeue(keys, args)
         out[#out + 1] = passed(v[4])
         out[#out + 1] = passed(v[5])
         out[#out + 1] = passed(v[6])
-        out[#out + 1] = v[8] or ''
+        out[#out + 1] = v[7] or ''
       end
     end
     if #ids > 0 then -- every record selected has moved: they leave B:waiting together
