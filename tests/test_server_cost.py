@@ -189,3 +189,28 @@ def test_a_new_record_holds_no_zero_count(lua: Lua) -> None:
     assert lua.record("a")["attempts"] == "1"  # the lease it holds now
     assert lua.retry("c1", job, run_at=NOW) == 0
     assert lua.r.hmget(lua.B + ":job:a", "retry_count", "attempts") == ["1", "1"]
+
+
+def test_a_lease_lives_in_the_clients_lease_hash_only(lua: Lua) -> None:
+    """Library 4.0.0: dequeue renames the record and writes nothing into it; the lease,
+    "<token> <leased_at>", is in B:lease:<client>, and every reader shows it as before."""
+    lua.dispatch(("a", '"x"', ""), ("b", '"y"', ""))
+    ran = inner(lua.r, lambda: lua.dequeue("c1", limit=2, now=NOW + 3))
+    assert ran["hset"] == 1  # the call's leases, in one HSET; none into a record
+    a, b = lua.call("queasy_leases", [lua.B], NOW, "c1")[1::2]
+    assert lua.r.hgetall(lua.B + ":lease:c1") == {"a": f"{a} {NOW + 3}", "b": f"{b} {NOW + 3}"}
+    assert set(lua.r.hgetall(lua.B + ":active:a")) == {"id", "data", "run_at", "enqueued_at"}
+    rec = lua.record("a")
+    assert (rec["state"], rec["client"], rec["leased_at"], rec["attempts"]) == (
+        "active", "c1", str(NOW + 3), "1",
+    )  # fmt: skip
+    assert "token" not in rec
+    _, page = lua.jobs("active")
+    assert sorted((f["id"], f["client"], f["leased_at"], f["attempts"]) for _, f in page) == [
+        ("a", "c1", str(NOW + 3), "1"), ("b", "c1", str(NOW + 3), "1"),
+    ]  # fmt: skip
+    # a token that is only a prefix of the lease's is stale
+    job = lua.dequeue("c1", limit=0).jobs  # (nothing more to lease)
+    assert job == []
+    assert finish_all(lua, [("a", a[:-1]), ("b", b)]) == [1, 0]
+    assert lua.r.hgetall(lua.B + ":lease:c1") == {"a": f"{a} {NOW + 3}"}
