@@ -18,8 +18,9 @@ derive the keys below from it (same slot, so cluster routing holds).
                                enqueued_at (ms of the dispatch that made it), attempts (times
                                leased before: an active job's lease is not counted in it,
                                readers add it; the counts and attempts are absent while 0,
-                               read as 0: 4.0.0), trace (the W3C traceparent current at its dispatch,
-                               when there was one: OpenTelemetry), and after a failed attempt its last error: error_name,
+                               read as 0: 4.0.0), trace (the W3C traceparent current at its
+                               dispatch, when there was one: OpenTelemetry), and after a
+                               failed attempt its last error: error_name,
                                error_kind, error_message, traceback, error_at (ms)
                                (+ u_data, u_reset, u_run_at 'replace'|'clamp', u_lo, u_hi:
                                the composed updates of a blocked job, see run_at_update)
@@ -497,11 +498,11 @@ local function end_state(v)
 end
 
 -- An end in `state`, as B:ends holds it, from the parts of its event line (outcome_event:
--- `at`, `counts`) and the job's `attempts` (as stored): "<state> <ended_at> <started_at>
+-- `at`, `counts`) and the job's `attempts` (an integer string): "<state> <ended_at> <started_at>
 -- <pid> <attempts> <run_at> <enqueued_at> <retry_count> <stall_count> <timeout_count>
 -- <client> <host>" (a value unknown: '-'; the host last: it may hold spaces).
 local function ending(state, at, counts, attempts, host)
-  return state .. ' ' .. at .. ' ' .. known(digits(attempts)) .. ' ' .. counts .. ' ' .. host
+  return state .. ' ' .. at .. ' ' .. attempts .. ' ' .. counts .. ' ' .. host
 end
 local END_FIELDS = {'state', 'ended_at', 'started_at', 'pid', 'attempts', 'run_at',
   'enqueued_at', 'retry_count', 'stall_count', 'timeout_count', 'client', 'host'}
@@ -618,15 +619,19 @@ local function promote(B, id, any_blocked)
 end
 
 -- Whether `held`, a value of B:lease:<client> ("<token> <leased_at>"; a lease taken by
--- library 3.x: "<token>"), or false, is the lease `token`.
+-- library 3.x: "<token>"), or false, is the lease `token` (a token holds no space).
 local function holds(held, token)
-  return held == token or (held and find(held, token, 1, true) == 1
-    and string.byte(held, #token + 1) == 32)
+  if not held then
+    return false
+  elseif #held == #token then -- a lease of 3.x
+    return held == token and find(token, ' ', 1, true) == nil
+  end
+  return find(held, token, 1, true) == 1 and string.byte(held, #token + 1) == 32
 end
 
 -- Check the lease of `client` on `id`: `held` is its value in B:lease:<client> (or false; a
--- swept client's leases are gone). Returns the active record (its numbers as strings,
--- passed on as they are; `attempts` counting this lease) or nil when stale. The caller
+-- swept client's leases are gone). Returns the active record (its numbers as integer
+-- strings, passed on as they are; `attempts` counting this lease) or nil when stale. The caller
 -- drops the lease from B:lease:<client> (each_leased: one HDEL per call). A lease taken by
 -- 3.x (`legacy`: its value is the token alone) has an active record that holds client,
 -- token and leased_at and counts the lease in attempts: read as such.
@@ -639,11 +644,11 @@ local function leased(B, client, id, token, held)
   if v[1] == false then -- no active record (written around the library): stale
     return nil
   end
-  local legacy = held == token
+  local legacy = #held == #token
   return {
     id = id, run_at_s = passed(v[1]), retry_s = passed(v[2]), stall_s = passed(v[3]),
     timeout_s = passed(v[4]), client = client, enqueued_at = v[5],
-    attempts = legacy and v[6] or int(field_int(v[6], MAX_MS) + 1), held = held,
+    attempts = legacy and passed(v[6]) or int(field_int(v[6], MAX_MS) + 1), held = held,
     legacy = legacy,
   }
 end
@@ -1131,7 +1136,7 @@ local function cancel(keys, args)
   local at, counts = outcome_event(B, maxlen, int(now), 'cancelled', job, '', '', nil)
   end_record(B, jkey, id, keep_count > 0 and keep_ms > 0, true, nil)
   retain(B, 'cancelled', now, keep_count, keep_ms, {int(now), id},
-    {id, ending('cancelled', at, counts, job.attempts, '')})
+    {id, ending('cancelled', at, counts, passed(job.attempts), '')})
   call('PUBLISH', B .. ':done:' .. id, 'cancelled')
   schedule_ended(B, id, now, 'cancelled')
   return 1

@@ -214,3 +214,16 @@ def test_a_lease_lives_in_the_clients_lease_hash_only(lua: Lua) -> None:
     assert job == []
     assert finish_all(lua, [("a", a[:-1]), ("b", b)]) == [1, 0]
     assert lua.r.hgetall(lua.B + ":lease:c1") == {"a": f"{a} {NOW + 3}"}
+
+
+def test_the_whole_lease_value_is_no_token(lua: Lua) -> None:
+    """A lease's value is "<token> <leased_at>": an ack that presents all of it as its token
+    is stale (a token holds no space), and changes nothing."""
+    lua.dispatch(("a", '"x"', ""))
+    job = lua.dequeue("c1", limit=1).jobs[0]
+    held = lua.r.hget(lua.B + ":lease:c1", "a")
+    assert held == f"{job.token} {NOW}"
+    assert finish_all(lua, [("a", held)]) == [1]
+    assert lua.r.hget(lua.B + ":lease:c1", "a") == held and lua.r.xlen(lua.B + ":events") == 0
+    assert finish_all(lua, [("a", job.token)]) == [0]
+    assert lua.r.hget(lua.B + ":ends", "a").split(" ")[4] == "1"  # attempts: this lease
