@@ -41,6 +41,8 @@ sys.path.insert(0, str(REPO))
 from queasy_py import Client  # noqa: E402
 from queasy_py.store.embedded import EmbeddedServer, find_server_binary, free_port  # noqa: E402
 
+#: values per job in a dequeue reply (id, token, data, run_at, 3 counts, trace)
+JOB_WIDTH = 8
 #: what this script sends itself (not run inside an FCALL)
 OUTSIDE = {"fcall", "fcall_ro", "info", "ping", "hello", "client|setinfo", "function|load"}
 
@@ -171,7 +173,7 @@ def main() -> int:
                 jobs = reply[2:]
                 if not jobs:
                     return
-                leases.extend((jobs[j], jobs[j + 1]) for j in range(0, len(jobs), 7))
+                leases.extend((jobs[j], jobs[j + 1]) for j in range(0, len(jobs), JOB_WIDTH))
 
         def finish() -> None:
             started = int(time.time() * 1000)
@@ -181,7 +183,9 @@ def main() -> int:
                 flat: list = []
                 for j in range(0, len(acks), 3):
                     flat += [*acks[j : j + 3], started, ""]
-                r.execute_command("FCALL", "queasy_finish", 1, base, *head, *flat)
+                codes = r.execute_command("FCALL", "queasy_finish", 1, base, *head, *flat)
+                if any(codes):  # a stale ack costs less than a finish: it would skew the count
+                    raise SystemExit(f"finish answered stale: {codes}")
 
         # a first round so the retention trims and the event stream are in their steady state
         dispatch(), dequeue(), finish(), leases.clear()

@@ -16,12 +16,18 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:job:<id>           hash    the waiting/delayed/blocked record of <id>:
                                id, data, run_at, retry_count, stall_count, timeout_count,
                                enqueued_at (ms of the dispatch that made it), attempts (times
-                               leased), trace (the W3C traceparent current at its dispatch,
-                               when there was one: OpenTelemetry), and after a failed attempt its last error: error_name,
+                               leased before: an active job's lease is not counted in it,
+                               readers add it; the counts and attempts are absent while 0,
+                               read as 0: 4.0.0), trace (the W3C traceparent current at its
+                               dispatch, when there was one: OpenTelemetry), and after a
+                               failed attempt its last error: error_name,
                                error_kind, error_message, traceback, error_at (ms)
                                (+ u_data, u_reset, u_run_at 'replace'|'clamp', u_lo, u_hi:
                                the composed updates of a blocked job, see run_at_update)
-  B:active:<id>        hash    the active record of <id>: same fields + client, token, leased_at
+  B:active:<id>        hash    the active record of <id>: the same hash, renamed as it is (its
+                               lease is in B:lease:<client>; a record leased by library 3.x
+                               also holds client, token, leased_at, and attempts counts that
+                               lease: read as such)
   B:ends               hash    id -> the end of each job kept after its end, one line:
                                "<state> <ended_at> <started_at> <pid> <attempts> <run_at>
                                <enqueued_at> <retry_count> <stall_count> <timeout_count>
@@ -45,7 +51,8 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:expiry             zset    client id -> expiry (ms) of each client holding leases here
   B:fresh              zset    client id -> until when (ms) it is fresh: half its expiry window
                                after its last dequeue or bump; pushes go to fresh clients only
-  B:lease:<client>     hash    id -> lease token of each job this client has checked out
+  B:lease:<client>     hash    id -> "<token> <leased_at>" of each job this client has checked
+                               out: its lease (3.x wrote the token alone; read as such)
   B:swept              zset    client id -> time it was swept (tombstones, kept 24 h)
   B:parked             hash    client id -> free slots it has parked here: an idle client's
                                dequeue leaves them, and dispatch leases a ready job straight
@@ -53,12 +60,15 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:seq                string  counter of push lease tokens ('p<n>')
   B:once:<id>          string  end (ms) of the window in which queasy_dispatch_once does not
                                dispatch <id> again (its run_at + window); expires then
-  B:events             stream  one entry per job outcome (capped, MAXLEN ~): id, queue, outcome,
-                               run_at, started_at, ended_at, client, pid, retry_count,
-                               stall_count, timeout_count, error_name, error_kind,
-                               error_message, traceback (its last EVENT_TRACEBACK bytes),
-                               enqueued_at (README "Outcome events": the schema, versioned
-                               with this library)
+  B:events             stream  one entry per job outcome (capped, MAXLEN ~): field `event`, one
+                               line "<outcome> <id> <ended_at> <started_at> <pid> <run_at>
+                               <enqueued_at> <retry_count> <stall_count> <timeout_count>
+                               <client>" ('-' for a value unknown), and with an error only:
+                               error_name, error_kind, error_message, traceback (its last
+                               EVENT_TRACEBACK bytes). The queue is the stream's. (3.x wrote
+                               16 fields per entry: id, queue, outcome, ...; readers take
+                               both.) README "Outcome events": the schema, versioned with
+                               this library
   B:schedule           hash    the queue's schedule (queasy_schedule): spec (its text), fire_at
                                (ms: fire time of the current occurrence, job id SCHEDULE_ID),
                                skipped (fire times catch-up passed over), and of the last
@@ -115,6 +125,9 @@ local EVENT_TRACEBACK = 1024 -- bytes of a traceback an event keeps (its end)
 local MAX_PAGE = 1000 -- jobs per call of queasy_jobs, queasy_requeue, queasy_purge
 local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
   'attempts', 'trace'}
+-- what a dequeue hands out (JOB_FIELDS without attempts, which the lease leaves as it is)
+local LEASE_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
+  'trace'}
 local MAX_TRACE = 256 -- bytes of a job's trace context (a W3C traceparent is 55)
 local ERROR_FIELDS = {'error_name', 'error_kind', 'error_message', 'traceback', 'error_at'}
 local END_STATES = {finished = true, failed = true, cancelled = true}
@@ -283,7 +296,7 @@ local function read_job(key)
   return {
     id = v[1], data = v[2] or '', run_at = field_int(v[3], MAX_MS),
     retry_count = field_int(v[4], MAX_MS), stall_count = field_int(v[5], MAX_MS),
-    timeout_count = field_int(v[6], MAX_MS), attempts = v[7], trace = v[8] or '',
+    timeout_count = field_int(v[6], MAX_MS), attempts = v[7] or '0', trace = v[8] or '',
   }
 end
 
@@ -303,6 +316,8 @@ end
 local function passed(v)
   if v == '0' or (v and #v <= 15 and find(v, '^%d+$')) then
     return v
+  elseif not v then
+    return '0'
   end
   return int(field_int(v, MAX_MS))
 end
@@ -316,11 +331,11 @@ end
 
 -- A new waiting/blocked record of a job dispatched at `now` (ms, a number or an integer
 -- string: a batch formats it once), never leased yet, with the trace context of its
--- dispatch when `trace` is a non-empty string.
+-- dispatch when `trace` is a non-empty string. Its counts and attempts are 0: absent (a
+-- count field absent reads as 0 everywhere, describe fills it in; library 4.0.0).
 local function new_record(key, id, data, run_at, now, trace)
-  call('HSET', key, 'id', id, 'data', data, 'run_at', int(run_at), 'retry_count', 0,
-    'stall_count', 0, 'timeout_count', 0, 'enqueued_at', type(now) == 'string' and now
-    or int(now), 'attempts', 0)
+  call('HSET', key, 'id', id, 'data', data, 'run_at', int(run_at), 'enqueued_at',
+    type(now) == 'string' and now or int(now))
   if trace ~= nil and trace ~= '' then
     call('HSET', key, 'trace', trace)
   end
@@ -391,12 +406,6 @@ local function apply_update(kind, lo, hi, record_run_at, requeue_at)
   return requeue_at
 end
 
-local function emit(B, maxlen, fields)
-  if maxlen > 0 then
-    call('XADD', B .. ':events', 'MAXLEN', '~', maxlen, '*', unpack(fields))
-  end
-end
-
 -- The last `limit` bytes of `s`, not starting inside a UTF-8 sequence.
 local function tail(s, limit)
   if #s <= limit then
@@ -409,43 +418,51 @@ local function tail(s, limit)
   return string.sub(s, from)
 end
 
-local NO_ERROR = {name = '', kind = '', message = '', traceback = ''}
-local QUEUE_NAMES = {} -- B -> its queue's name (the events' `queue` field)
-
--- The event of an outcome of `job` at `now` (ms, a string), appended to B:events unless
--- `maxlen` is 0; returns its fields (END_OF reads them). `job.client` is the client that held
--- it ('' for a job that was not active); `job.enqueued_at` its field as stored (passed on
--- through digits). `pid` and `started_at` are strings ('' or checked digits); `err` as in
--- write_error, or nil.
-local function outcome_event(B, maxlen, now, outcome, job, pid, started_at, err)
-  err = err or NO_ERROR
-  local queue = QUEUE_NAMES[B]
-  if queue == nil then
-    queue = string.match(B, '}:(.*)$')
-    QUEUE_NAMES[B] = queue
+-- A value of an event line or an end line: '-' for '' (unknown).
+local function known(v)
+  if v == '' then
+    return '-'
   end
-  local trace = err.traceback
-  if #trace > EVENT_TRACEBACK then
-    trace = tail(trace, EVENT_TRACEBACK)
-  end
-  local fields = {
-    'id', job.id, 'queue', queue, 'outcome', outcome,
-    'run_at', job.run_at_s or int(job.run_at), 'started_at', started_at, 'ended_at', now,
-    'client', job.client or '', 'pid', pid,
-    'retry_count', job.retry_s or int(job.retry_count),
-    'stall_count', job.stall_s or int(job.stall_count),
-    'timeout_count', job.timeout_s or int(job.timeout_count),
-    'error_name', err.name, 'error_kind', err.kind, 'error_message', err.message,
-    'traceback', trace, 'enqueued_at', digits(job.enqueued_at),
-  }
-  emit(B, maxlen, fields)
-  return fields
+  return v
 end
 
--- Put `job` (leaving the active state) back in waiting at run_at, merging the update of a
--- blocked job with its id, if any, so one job with that id remains. Its record moves (the
--- fields it gathered stay: enqueued_at, attempts, the last error); `err` (or nil) becomes its
--- last error, at `now`.
+-- The event of an outcome of `job` at `now` (ms, a string), appended to B:events unless
+-- `maxlen` is 0: one field `event`, the line "<outcome> <id> <ended_at> <started_at> <pid>
+-- <run_at> <enqueued_at> <retry_count> <stall_count> <timeout_count> <client>" ('-' for a
+-- value unknown), and with an error (any of its texts not ''): error_name, error_kind,
+-- error_message, traceback (its last EVENT_TRACEBACK bytes). Returns the parts of the line
+-- that the job's end repeats (ending): "<ended_at> <started_at> <pid>" and "<run_at> ...
+-- <client>". `job.client` is the client that held it ('' for a job that was not active);
+-- `job.enqueued_at` its field as stored (passed on through digits). `pid` and `started_at`
+-- are strings ('' or checked digits); `err` as in write_error, or nil.
+local function outcome_event(B, maxlen, now, outcome, job, pid, started_at, err)
+  local at = now .. ' ' .. known(started_at) .. ' ' .. known(pid)
+  local counts = (job.run_at_s or int(job.run_at)) .. ' ' .. known(digits(job.enqueued_at))
+    .. ' ' .. (job.retry_s or int(job.retry_count)) .. ' ' .. (job.stall_s
+    or int(job.stall_count)) .. ' ' .. (job.timeout_s or int(job.timeout_count)) .. ' '
+    .. known(job.client or '')
+  if maxlen > 0 then
+    local line = outcome .. ' ' .. job.id .. ' ' .. at .. ' ' .. counts
+    if err == nil or (err.name == '' and err.kind == '' and err.message == ''
+        and err.traceback == '') then
+      call('XADD', B .. ':events', 'MAXLEN', '~', maxlen, '*', 'event', line)
+    else
+      local trace = err.traceback
+      if #trace > EVENT_TRACEBACK then
+        trace = tail(trace, EVENT_TRACEBACK)
+      end
+      call('XADD', B .. ':events', 'MAXLEN', '~', maxlen, '*', 'event', line,
+        'error_name', err.name, 'error_kind', err.kind, 'error_message', err.message,
+        'traceback', trace)
+    end
+  end
+  return at, counts
+end
+
+-- Put `job` (leaving the active state; from leased()) back in waiting at run_at, merging the
+-- update of a blocked job with its id, if any, so one job with that id remains. Its record
+-- moves (the fields it gathered stay: enqueued_at, the last error), counting this lease in
+-- attempts; `err` (or nil) becomes its last error, at `now`.
 local function requeue(B, job, run_at, err, now)
   local id = job.id
   local bkey = B .. ':job:' .. id
@@ -453,7 +470,7 @@ local function requeue(B, job, run_at, err, now)
     'u_lo', 'u_hi')
   if blocked[1] ~= false then
     if blocked[3] == '1' then
-      job.data = blocked[1]
+      job.data = blocked[1] -- else its data stays as it is in the record
     end
     local record_run_at = field_int(blocked[2], MAX_MS)
     local kind, lo, hi = run_at_update(blocked[4], blocked[6], blocked[7], record_run_at)
@@ -466,8 +483,15 @@ local function requeue(B, job, run_at, err, now)
   end
   job.run_at = run_at
   call('RENAME', B .. ':active:' .. id, bkey)
-  call('HDEL', bkey, 'client', 'token', 'leased_at')
-  write_job(bkey, job)
+  if job.legacy then
+    call('HDEL', bkey, 'client', 'token', 'leased_at') -- a record leased by 3.x
+  end
+  call('HSET', bkey, 'run_at', int(run_at), 'retry_count', int(job.retry_count),
+    'stall_count', int(job.stall_count), 'timeout_count', int(job.timeout_count),
+    'attempts', job.attempts)
+  if job.data ~= nil then
+    call('HSET', bkey, 'data', job.data)
+  end
   if err ~= nil then
     write_error(bkey, err, now)
   end
@@ -480,16 +504,12 @@ local function end_state(v)
   return END_STATES[state] and state or nil
 end
 
--- An end in `state`, as B:ends holds it, from the fields of its event (outcome_event) and
--- the job's `attempts` (as stored): "<state> <ended_at> <started_at> <pid> <attempts>
--- <run_at> <enqueued_at> <retry_count> <stall_count> <timeout_count> <client> <host>" (a
--- value unknown: '-'; the host last: it may hold spaces).
-local function ending(state, e, attempts, host)
-  attempts = digits(attempts)
-  return state .. ' ' .. e[12] .. ' ' .. (e[10] == '' and '-' or e[10]) .. ' '
-    .. (e[16] == '' and '-' or e[16]) .. ' ' .. (attempts == '' and '-' or attempts) .. ' '
-    .. e[8] .. ' ' .. (e[32] == '' and '-' or e[32]) .. ' ' .. e[18] .. ' ' .. e[20] .. ' '
-    .. e[22] .. ' ' .. (e[14] == '' and '-' or e[14]) .. ' ' .. host
+-- An end in `state`, as B:ends holds it, from the parts of its event line (outcome_event:
+-- `at`, `counts`) and the job's `attempts` (an integer string): "<state> <ended_at> <started_at>
+-- <pid> <attempts> <run_at> <enqueued_at> <retry_count> <stall_count> <timeout_count>
+-- <client> <host>" (a value unknown: '-'; the host last: it may hold spaces).
+local function ending(state, at, counts, attempts, host)
+  return state .. ' ' .. at .. ' ' .. attempts .. ' ' .. counts .. ' ' .. host
 end
 local END_FIELDS = {'state', 'ended_at', 'started_at', 'pid', 'attempts', 'run_at',
   'enqueued_at', 'retry_count', 'stall_count', 'timeout_count', 'client', 'host'}
@@ -605,21 +625,47 @@ local function promote(B, id, any_blocked)
   end
 end
 
--- Check the lease of `client` on `id` (the active record names its client and token; a
--- swept client's record is gone or re-leased). Returns the active record or nil when stale.
--- The caller drops the lease from B:lease:<client> (each_leased: one HDEL per call).
-local function leased(B, client, id, token)
-  local v = call('HMGET', B .. ':active:' .. id, 'id', 'data', 'run_at', 'retry_count',
-    'stall_count', 'timeout_count', 'client', 'token', 'enqueued_at', 'attempts')
-  if v[7] ~= client or v[8] ~= token then
+-- Whether `held`, a value of B:lease:<client> ("<token> <leased_at>"; a lease taken by
+-- library 3.x: "<token>"), or false, is the lease `token` (a token holds no space).
+local function holds(held, token)
+  if not held then
+    return false
+  elseif #held == #token then -- a lease of 3.x
+    return held == token and find(token, ' ', 1, true) == nil
+  end
+  return find(held, token, 1, true) == 1 and string.byte(held, #token + 1) == 32
+end
+
+-- Check the lease of `client` on `id`: `held` is its value in B:lease:<client> (or false; a
+-- swept client's leases are gone). Returns the active record (its numbers as integer
+-- strings, passed on as they are; `attempts` counting this lease) or nil when stale. The caller
+-- drops the lease from B:lease:<client> (each_leased: one HDEL per call). A lease taken by
+-- 3.x (`legacy`: its value is the token alone) has an active record that holds client,
+-- token and leased_at and counts the lease in attempts: read as such.
+local function leased(B, client, id, token, held)
+  if not holds(held, token) then
     return nil
   end
-  -- the numbers as strings, passed on as they are (numbers() makes them numbers)
+  local v = call('HMGET', B .. ':active:' .. id, 'run_at', 'retry_count', 'stall_count',
+    'timeout_count', 'enqueued_at', 'attempts')
+  if v[1] == false then -- no active record (written around the library): stale
+    return nil
+  end
+  local legacy = #held == #token
   return {
-    id = v[1], data = v[2] or '', run_at_s = passed(v[3]), retry_s = passed(v[4]),
-    stall_s = passed(v[5]), timeout_s = passed(v[6]), client = client, enqueued_at = v[9],
-    attempts = v[10],
+    id = id, run_at_s = passed(v[1]), retry_s = passed(v[2]), stall_s = passed(v[3]),
+    timeout_s = passed(v[4]), client = client, enqueued_at = v[5],
+    attempts = legacy and passed(v[6]) or int(field_int(v[6], MAX_MS) + 1), held = held,
+    legacy = legacy,
   }
+end
+
+-- When the lease of `job` (from leased()) was taken (ms, as written).
+local function leased_at(B, job)
+  if job.legacy then
+    return call('HGET', B .. ':active:' .. job.id, 'leased_at') or ''
+  end
+  return string.match(job.held, ' (%S*)$')
 end
 
 -- The numbers of a job from leased(), to count or compare (its strings go: stale after that).
@@ -637,11 +683,16 @@ end
 -- second time (its active record may be deleted only at the end of the call). Returns one
 -- code per job: 0 ok, 1 stale.
 local function each_leased(B, client, args, from, width, act, usable)
-  local codes, taken, seen = {}, {}, {}
+  local codes, taken, seen, ids = {}, {}, {}, {}
+  local lkey = B .. ':lease:' .. client
+  for i = from, #args, width do
+    ids[#ids + 1] = args[i]
+  end
+  local held = #ids > 0 and call('HMGET', lkey, unpack(ids)) or {}
   for i = from, #args, width do
     local job = nil
     if (usable == nil or usable(i)) and not seen[args[i]] then
-      job = leased(B, client, args[i], args[i + 1])
+      job = leased(B, client, args[i], args[i + 1], held[(i - from) / width + 1])
     end
     if job == nil then
       codes[#codes + 1] = 1
@@ -653,7 +704,7 @@ local function each_leased(B, client, args, from, width, act, usable)
     end
   end
   if #taken > 0 then
-    call('HDEL', B .. ':lease:' .. client, unpack(taken))
+    call('HDEL', lkey, unpack(taken))
   end
   return codes
 end
@@ -703,13 +754,14 @@ local function sweep_one(B, now, self, maxlen)
   for _, client in ipairs(dead) do
     if client ~= self then
       local lkey = B .. ':lease:' .. client
-      local leases = call('HKEYS', lkey)
-      for _, id in ipairs(leases) do
-        local job = read_job(B .. ':active:' .. id)
+      local leases = call('HGETALL', lkey)
+      for k = 1, #leases, 2 do
+        local id, held = leases[k], leases[k + 1]
+        local token = string.match(held, '^%S*')
+        local job = leased(B, client, id, token, held)
         if job ~= nil then
+          numbers(job)
           job.stall_count = job.stall_count + 1
-          job.client = client
-          job.enqueued_at = call('HGET', B .. ':active:' .. id, 'enqueued_at')
           local err = {name = 'StallError', kind = 'stall', traceback = '',
             message = 'its supervisor (client ' .. client .. ') was swept as dead: no heartbeat '
               .. 'for its expiry'}
@@ -740,20 +792,11 @@ local function keep_alive(B, now, client, expiry_ms)
   return true
 end
 
--- The lease fields of an active record `akey` just moved from B:job:<id> (`attempts` the
--- field as stored): checked out to `client` under `token` at `now` (ms, a string), one more
--- attempt.
-local function leased_now(akey, now, attempts, client, token)
-  call('HSET', akey, 'client', client, 'token', token, 'leased_at', now,
-    'attempts', int(field_int(attempts, MAX_MS) + 1))
-end
-
 -- Check out the job `id` (its record in B:job:<id>, with no active record; the caller
--- removes it from B:waiting): see leased_now.
-local function lease(B, now, id, attempts, client, token)
-  local akey = B .. ':active:' .. id
-  call('RENAME', B .. ':job:' .. id, akey)
-  leased_now(akey, now, attempts, client, token)
+-- removes it from B:waiting and writes its lease into B:lease:<client>): its record moves
+-- as it is (its attempts count the leases before this one).
+local function lease(B, id)
+  call('RENAME', B .. ':job:' .. id, B .. ':active:' .. id)
 end
 
 -- The fresh clients parked on B, as a list of {client, slots}: a client is fresh while at
@@ -797,9 +840,9 @@ local function push(B, now, id, parked)
       call('SPUBLISH', channel, table.concat({job.id, token, int(job.run_at),
         int(job.retry_count), int(job.stall_count), int(job.timeout_count), job.trace,
         job.data}, '\n'))
-      lease(B, int(now), id, job.attempts, client, token)
+      lease(B, id)
       call('ZREM', B .. ':waiting', id)
-      call('HSET', B .. ':lease:' .. client, id, token)
+      call('HSET', B .. ':lease:' .. client, id, token .. ' ' .. int(now))
       best[2] = best[2] - 1
       if best[2] > 0 then
         call('HSET', B .. ':parked', client, int(best[2]))
@@ -856,10 +899,18 @@ local function dispatch_triples(args, from, now, name)
   groups(args, from, 3, name)
   local run_ats = {}
   strict_json(function()
+    local decode = cjson.decode
+    local valid = pcall(function() -- the usual batch: all JSON, one protected call for all
+      for i = from + 1, #args, 3 do
+        decode(args[i])
+      end
+    end)
     for i = from, #args, 3 do
       local n = (i - from) / 3 + 1
       check_id(args[i], 'id', n)
-      check_json(args[i + 1], 'data', n)
+      if not valid then
+        check_json(args[i + 1], 'data', n) -- which one is not
+      end
       run_ats[n] = args[i + 2] == '' and now or ms(args[i + 2], 'run_at', n)
     end
   end)
@@ -1089,10 +1140,10 @@ local function cancel(keys, args)
   if call('SREM', B .. ':blocked', id) == 1 then
     call('HDEL', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
   end
-  local event = outcome_event(B, maxlen, int(now), 'cancelled', job, '', '', nil)
+  local at, counts = outcome_event(B, maxlen, int(now), 'cancelled', job, '', '', nil)
   end_record(B, jkey, id, keep_count > 0 and keep_ms > 0, true, nil)
   retain(B, 'cancelled', now, keep_count, keep_ms, {int(now), id},
-    {id, ending('cancelled', event, job.attempts, '')})
+    {id, ending('cancelled', at, counts, job.attempts, '')})
   call('SPUBLISH', B .. ':done:' .. id, 'cancelled')
   schedule_ended(B, id, now, 'cancelled')
   return 1
@@ -1255,16 +1306,15 @@ local function dequeue(keys, args)
     local now_s = int(now)
     for _, id in ipairs(ids) do
       local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
-      local v = call('HMGET', jkey, unpack(JOB_FIELDS))
+      local v = call('HMGET', jkey, unpack(LEASE_FIELDS))
       if v[1] == false then
         -- a stray id without a record: only dropped from B:waiting (below)
       elseif call('RENAMENX', jkey, akey) == 0 then -- one call: the move, unless active
         call('SADD', B .. ':blocked', id) -- its record waits for the active one
       else
         local token = nonce .. '.' .. (#leases / 2 + 1)
-        leased_now(akey, now_s, v[7], client, token)
         leases[#leases + 1] = id
-        leases[#leases + 1] = token
+        leases[#leases + 1] = token .. ' ' .. now_s
         out[#out + 1] = id
         out[#out + 1] = token
         out[#out + 1] = v[2] or ''
@@ -1272,7 +1322,7 @@ local function dequeue(keys, args)
         out[#out + 1] = passed(v[4])
         out[#out + 1] = passed(v[5])
         out[#out + 1] = passed(v[6])
-        out[#out + 1] = v[8] or ''
+        out[#out + 1] = v[7] or ''
       end
     end
     if #ids > 0 then -- every record selected has moved: they leave B:waiting together
@@ -1329,15 +1379,21 @@ local function finish(keys, args)
   local ended = int(now)
   local scored, done, gone = {}, {}, {}
   local codes = each_leased(B, client, args, 8, 5, function(job, i)
-    local event = outcome_event(B, maxlen, ended, 'finished', job, args[i + 2], args[i + 3], nil)
+    local at, counts = outcome_event(B, maxlen, ended, 'finished', job, args[i + 2], args[i + 3])
     local result = args[i + 4]
     local failed_before = job.retry_s ~= '0' or job.stall_s ~= '0' or job.timeout_s ~= '0'
-    end_record(B, B .. ':active:' .. job.id, job.id, keep, result ~= '' or failed_before,
-      result ~= '' and {'result', result} or nil, gone)
+    local extra = nil -- a record kept whole: its lease's fields, and the result if any
+    if result ~= '' or failed_before then
+      extra = {'leased_at', leased_at(B, job), 'attempts', job.attempts}
+      if result ~= '' then
+        extra[5], extra[6] = 'result', result
+      end
+    end
+    end_record(B, B .. ':active:' .. job.id, job.id, keep, extra ~= nil, extra, gone)
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
-    done[#done + 1] = ending('finished', event, job.attempts, ends.host)
+    done[#done + 1] = ending('finished', at, counts, job.attempts, ends.host)
     promote(B, job.id, any_blocked)
     schedule_ended(B, job.id, now, 'finished', true)
     if ends.notify then
@@ -1449,14 +1505,14 @@ local function fail(keys, args)
   local codes = each_leased(B, client, args, 8, 10, function(job, i)
     local err = {name = args[i + 6], kind = args[i + 7], message = args[i + 8],
       traceback = args[i + 9]}
-    local event = outcome_event(B, maxlen, ended, 'failed', job, args[i + 4], args[i + 5], err)
+    local at, counts = outcome_event(B, maxlen, ended, 'failed', job, args[i + 4], args[i + 5], err)
     end_record(B, B .. ':active:' .. job.id, job.id, keep, true, {'error_name', err.name,
       'error_kind', err.kind, 'error_message', err.message, 'traceback', err.traceback,
-      'error_at', ended})
+      'error_at', ended, 'leased_at', leased_at(B, job), 'attempts', job.attempts})
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
-    done[#done + 1] = ending('failed', event, job.attempts, ends.host)
+    done[#done + 1] = ending('failed', at, counts, job.attempts, ends.host)
     promote(B, job.id, any_blocked)
     schedule_ended(B, job.id, now, 'failed', true)
     if ends.notify then
@@ -1659,6 +1715,7 @@ end
 
 -- ---------------------------------------------------------------- reads: no writes
 
+local ZERO_FIELDS = {'retry_count', 'stall_count', 'timeout_count', 'attempts'}
 local HIDDEN = {token = true, u_data = true, u_run_at = true, u_reset = true, u_lo = true,
   u_hi = true}
 -- number fields, read as the library reads them (field_int: garbage is 0); those marked
@@ -1695,6 +1752,13 @@ local function describe(key, with_data, ending_, id)
     if not HIDDEN[name] and not seen[name] and (with_data or name ~= 'data') then
       out[#out + 1] = name
       out[#out + 1] = value
+      seen[name] = true
+    end
+  end
+  for _, name in ipairs(ZERO_FIELDS) do -- absent: 0 (library 4.0.0 writes no zero count)
+    if not seen[name] then
+      out[#out + 1] = name
+      out[#out + 1] = '0'
     end
   end
   for i = 1, #out, 2 do
@@ -1715,6 +1779,39 @@ local function lookup(fields, name)
     end
   end
   return nil
+end
+
+-- The fields of the active record of `id` (as describe) with its lease (library 4.0.0
+-- keeps it in B:lease:<client> only): client, leased_at, and attempts counting this lease.
+-- `client` and `held` (its value in B:lease:<client>) when the caller knows them, else the
+-- live clients' leases are looked up. A record of 3.x holds its lease fields itself.
+local function describe_active(B, id, with_data, client, held)
+  local rec = describe(B .. ':active:' .. id, with_data)
+  if rec == nil or lookup(rec, 'client') ~= nil then
+    return rec
+  end
+  if client == nil then
+    for _, c in ipairs(call('ZRANGE', B .. ':expiry', 0, -1)) do
+      held = call('HGET', B .. ':lease:' .. c, id)
+      if held then
+        client = c
+        break
+      end
+    end
+    if client == nil then
+      return rec -- no client holds it (written around the library)
+    end
+  end
+  for i = 1, #rec, 2 do
+    if rec[i] == 'attempts' then
+      rec[i + 1] = int(field_int(rec[i + 1], MAX_MS) + 1)
+    end
+  end
+  rec[#rec + 1] = 'client'
+  rec[#rec + 1] = client
+  rec[#rec + 1] = 'leased_at'
+  rec[#rec + 1] = int(field_int(string.match(held, ' (%S*)$'), MAX_MS))
+  return rec
 end
 
 -- {state, fields} of the waiting, delayed or blocked record of `id`, or nil.
@@ -1754,7 +1851,7 @@ local function get_job(keys, args)
   local B = keys[1]
   local now = clock(args[1])
   local id = args[2]
-  local rec = describe(B .. ':active:' .. id, true)
+  local rec = describe_active(B, id, true)
   if rec ~= nil then
     return {'active', rec}
   end
@@ -1798,7 +1895,7 @@ local function jobs(keys, args)
       calls = calls + 1
       local scan = call('HSCAN', B .. ':lease:' .. clients[i], c, 'COUNT', limit)
       for k = 1, #scan[2], 2 do
-        local rec = describe(B .. ':active:' .. scan[2][k], with_data)
+        local rec = describe_active(B, scan[2][k], with_data, clients[i], scan[2][k + 1])
         if rec ~= nil then
           out[#out + 1] = {'active', rec}
         end
@@ -1917,7 +2014,11 @@ ARGV[2]  client id
 Returns: {id, token, id, token, ...}
 ]]
 local function leases(keys, args)
-  return call('HGETALL', keys[1] .. ':lease:' .. args[2])
+  local out = call('HGETALL', keys[1] .. ':lease:' .. args[2])
+  for i = 2, #out, 2 do
+    out[i] = string.match(out[i], '^%S*') -- the token of "<token> <leased_at>"
+  end
+  return out
 end
 
 --[[ queasy_schedule_info: a queue's schedule (read-only), for status.

@@ -252,7 +252,7 @@ class AsyncQueue(QueueBase):
     async def _result_by_events(self, job_id: str, deadline: float | None, timeout: Any) -> Any:
         r, key = self.client.redis, self.keys.events
         newest = await r.xrevrange(key, "+", "-", count=1)
-        after = events.parse_entries(newest)[0]["event_id"] if newest else "0-0"
+        after = events.parse_entries(newest, key)[0]["event_id"] if newest else "0-0"
         while True:
             done, value = records.outcome(await self.get_job(job_id), job_id, self.name)
             if done:
@@ -261,7 +261,7 @@ class AsyncQueue(QueueBase):
             while (block := until - time.monotonic()) > 0:  # until an event of this job
                 wait = max(1, int(min(block, events.EVENT_BLOCK) * 1000))
                 reply = await r.xread({key: after}, count=PAGE, block=wait)
-                new = events.parse_entries(reply[0][1]) if reply else []
+                new = events.parse_entries(reply[0][1], key) if reply else []
                 if new:
                     after = new[-1]["event_id"]
                     if any(event.get("id") == job_id for event in new):
@@ -271,4 +271,4 @@ class AsyncQueue(QueueBase):
         low, high, count = events.range_args(self.keys.events, after, count)
         await self.client.ready()
         entries = await self.client.redis.xrange(self.keys.events, low, high, count=count)
-        return events.parse_entries(entries)
+        return events.parse_entries(entries, self.keys.events)

@@ -13,6 +13,7 @@ from typing import Any
 import redis
 
 from queasy_py.records import COUNTS
+from queasy_py.store import events
 from queasy_py.store.keys import QueueKeys
 
 NOW = 1_700_000_000_000  # ms: the tests' clock
@@ -243,7 +244,8 @@ class Lua:
     # ---------------------------------------------------------------- inspection
 
     def events(self) -> list[dict[str, str]]:
-        return [fields for _, fields in self.r.xrange(self.B + ":events")]
+        key = self.B + ":events"
+        return [events.fields_of(raw, events.queue_of(key)) for _, raw in self.r.xrange(key)]
 
 
 def snapshot(r: redis.Redis, prefix: str) -> dict[str, Any]:

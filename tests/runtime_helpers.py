@@ -32,6 +32,7 @@ import redis
 from lua_calls import EVENT_FIELDS  # noqa: F401 - re-exported for the runtime tests
 
 from queasy_py import Client, Queue
+from queasy_py.store import events
 from queasy_py.store.keys import QueueKeys
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -302,7 +303,7 @@ class Runtime:
     def events(self, queue: str, tag: str | None = None) -> list[dict[str, str]]:
         """The outcome events of `queue` (tag: the hash tag, for a fail queue its owner's)."""
         stream = QueueKeys(self.prefix, queue, tag or queue).events
-        return [fields for _, fields in self.r.xrange(stream)]
+        return [events.fields_of(raw, queue) for _, raw in self.r.xrange(stream)]
 
     def wait_events(
         self, queue: str, n: int, tag: str | None = None, timeout: float = 15.0

@@ -121,6 +121,13 @@ def test_status_shows_each_queue_the_supervisors_and_schedules_and_purge_asks_fi
     rt.wait_records(2, "end")
     wait_for(lambda: work.counts()["active"] == 1, 15, "the gated job to run")
     entry = served(client, sup.pid)
+    # the supervisor publishes the jobs it runs with its next heartbeat (0.5 s here): until
+    # then its entry may be one from before the gated job started
+    wait_for(
+        lambda: [j["id"] for j in served(client, sup.pid)["jobs"]] == ["busy"],
+        15,
+        "the supervisor's entry to list the gated job",
+    )
     # read through the config a `queasy run` in this directory would use
     (queasy.cwd / "pyproject.toml").write_text(
         f'[tool.queasy]\nredis = "{redis_url}"\nprefix = "{prefix}"\n'

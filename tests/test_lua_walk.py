@@ -17,6 +17,7 @@ import pytest
 import redis
 from lua_calls import EVENT_FIELDS, NOW, Lua
 
+from queasy_py.store import events
 from queasy_py.store.library import ensure_loaded
 
 STEPS = int(os.environ.get("QUEASY_WALK_STEPS", "2500"))
@@ -243,9 +244,10 @@ class Walk:
                 pipe.type(key)
             kinds = pipe.execute()
         # a B:once:<id> key may expire (PX, the server's clock) between SCAN and TYPE
-        keys, kinds = [k for k, t in zip(keys, kinds, strict=True) if t != "none"], [
-            t for t in kinds if t != "none"
-        ]
+        keys, kinds = (
+            [k for k, t in zip(keys, kinds, strict=True) if t != "none"],
+            [t for t in kinds if t != "none"],
+        )
         readers = {
             "hash": lambda p, k: p.hgetall(k),
             "zset": lambda p, k: p.zrange(k, 0, -1, withscores=True),
@@ -309,8 +311,9 @@ def check_queue(B: str, raw: dict) -> None:
     for id, record in records.items():
         assert id in waiting or id in blocked, f"orphan record {id!r}"
         assert record["id"] == id
-        for field in ("run_at", "retry_count", "stall_count", "timeout_count", *LIFE):
+        for field in ("run_at", *LIFE):
             assert is_int(record[field]), (id, field, record[field])
+        check_counts(id, record)
         check_error(id, record)
         check_trace(id, record)
         assert int(record["run_at"]) <= MAX_MS
@@ -319,18 +322,25 @@ def check_queue(B: str, raw: dict) -> None:
             assert is_int(record["u_lo"], True) and is_int(record["u_hi"], True), record
         else:
             assert "u_run_at" not in record, record
+    # library 4.0.0: an active record is the waiting one renamed as it is (attempts: the
+    # leases before this one); its lease, "<token> <leased_at>", is in B:lease:<client> only
+    holders = {id: client for client, held in leases.items() for id in held}
     for id, record in actives.items():
-        for field in ("run_at", "retry_count", "stall_count", "timeout_count", "leased_at", *LIFE):
+        for field in ("run_at", *LIFE):
             assert is_int(record[field]), (id, field, record[field])
-        assert int(record["attempts"]) >= 1, f"an active {id!r} was leased"
-        assert leases.get(record["client"], {}).get(id) == record["token"], f"lease of {id!r}"
+        check_counts(id, record)
+        assert not {"client", "token", "leased_at"} & set(record), f"lease fields in {id!r}"
+        assert id in holders, f"an active {id!r} is held by a client"
+        assert sum(id in held for held in leases.values()) == 1, f"{id!r} held once"
         check_error(id, record)
         check_trace(id, record)
     check_ended(B, raw)
     for client, held in leases.items():
         assert client in expiry, f"lease holder {client!r} has an expiry"
-        for id, token in held.items():
-            assert actives.get(id, {}).get("token") == token, f"{client!r} holds {id!r}"
+        for id, value in held.items():
+            assert id in actives, f"{client!r} holds {id!r}: it is active"
+            token, _, leased_at = value.partition(" ")
+            assert token and is_int(leased_at), f"the lease of {id!r}: {value!r}"
     for key, (_, value) in raw.items():
         if key.startswith(B + ":once:"):
             # (None: it expired between the TYPE and the GET of `read`)
@@ -342,7 +352,11 @@ def check_queue(B: str, raw: dict) -> None:
         assert is_int(sched.get(field, ""), True), (field, sched)
     if sched.get("fire_at") and sched.get("last_fire_at"):
         assert int(sched["last_fire_at"]) <= int(sched["fire_at"]), sched
-    for _, event in get(":events", []):
+    for _, entry in get(":events", []):
+        # library 4.0.0: one line, and the error fields only with an error
+        assert set(entry) in ({"event"}, {"event", *events.ERROR_FIELDS}), entry
+        assert len(entry["event"].split(" ")) == len(events.LINE_FIELDS), entry
+        event = events.fields_of(entry, B.rsplit(":", 1)[1])
         assert set(event) == EVENT_FIELDS, event
         for field in ("run_at", "ended_at", "retry_count", "stall_count", "timeout_count"):
             assert is_int(event[field]), (field, event)
@@ -353,8 +367,15 @@ def check_queue(B: str, raw: dict) -> None:
         assert re.fullmatch(r"(finished|failed)(:\d+)?", field) and is_int(value), (field, value)
 
 
-#: fields every waiting, active and ended record has (dispatch writes them, lease counts)
-LIFE = ("enqueued_at", "attempts")
+#: fields every waiting, active and ended record has (dispatch writes them)
+LIFE = ("enqueued_at",)
+#: fields a record holds once they are not 0 (library 4.0.0: absent reads as 0)
+COUNTED = ("retry_count", "stall_count", "timeout_count", "attempts")
+
+
+def check_counts(id: str, record: dict) -> None:
+    for field in COUNTED:
+        assert is_int(record.get(field, "0")), (id, field, record[field])
 
 
 def check_error(id: str, record: dict) -> None:
@@ -404,8 +425,9 @@ def check_ended(B: str, raw: dict) -> None:
         if record is None:
             continue
         assert record["id"] == id
-        for field in ("run_at", "retry_count", "stall_count", "timeout_count", *LIFE):
+        for field in ("run_at", *LIFE):
             assert is_int(record[field]), (id, field, record[field])
+        check_counts(id, record)
         check_error(id, record)
         assert "result" not in record or state == "finished", record
         if state == "finished":

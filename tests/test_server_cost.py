@@ -120,3 +120,112 @@ def test_finish_drops_leases_and_records_once_per_call(lua: Lua) -> None:
     assert lua.r.xlen(lua.B + ":events") == 1
     assert lua.counts_all()["finished"] == 1
     assert lua.r.exists(lua.B + ":active:a") == 0
+
+
+def test_an_outcome_event_is_one_line_and_its_error(lua: Lua) -> None:
+    """Library 4.0.0: an event is one XADD field (`event`, a line) plus the four error fields
+    only with an error, instead of 16 fields; the reader turns it into the same schema."""
+    lua.dispatch(("a", "1", ""), ("b", "1", ""), ("c", "1", NOW + 1000))
+    a, b = lua.dequeue("c1", limit=2).jobs
+    assert finish_all(lua, [(a.id, a.token)]) == [0]
+    assert lua.fail("c1", b, now=NOW + 7, message="it broke") == 0
+    assert lua.cancel("c", now=NOW + 8) == 1
+    raw = [fields for _, fields in lua.r.xrange(lua.B + ":events")]
+    assert raw[0] == {"event": f"finished a {NOW + 5} {NOW + 1} 4242 {NOW} {NOW} 0 0 0 c1"}
+    assert set(raw[1]) == {"event", "error_name", "error_kind", "error_message", "traceback"}
+    assert raw[2] == {"event": f"cancelled c {NOW + 8} - - {NOW + 1000} {NOW} 0 0 0 -"}
+    finished, failed, cancelled = lua.events()
+    assert finished == {
+        "id": "a", "queue": "q", "outcome": "finished", "run_at": str(NOW),
+        "started_at": str(NOW + 1), "ended_at": str(NOW + 5), "client": "c1", "pid": "4242",
+        "retry_count": "0", "stall_count": "0", "timeout_count": "0", "error_name": "",
+        "error_kind": "", "error_message": "", "traceback": "", "enqueued_at": str(NOW),
+    }  # fmt: skip
+    assert (failed["outcome"], failed["error_name"], failed["error_message"]) == (
+        "failed", "KeyError", "it broke",
+    )  # fmt: skip
+    assert failed["pid"] == "42" and failed["traceback"].startswith("Traceback")
+    # '-' in the line: unknown, '' as in the schema
+    assert (cancelled["pid"], cancelled["started_at"], cancelled["client"]) == ("", "", "")
+
+
+def test_events_of_library_3_are_read_as_before(lua: Lua) -> None:
+    """An entry written by 3.x (16 fields) left in a stream after the upgrade reads as it
+    did, next to the 4.0.0 entries, through the one reader (and Queue.events above it)."""
+    from queasy_py.store import events
+
+    key = lua.B + ":events"
+    old = {
+        "id": "x", "queue": "q", "outcome": "failed", "run_at": "5", "started_at": "",
+        "ended_at": "9", "client": "c0", "pid": "", "retry_count": "2", "stall_count": "0",
+        "timeout_count": "1", "error_name": "E", "error_kind": "permanent",
+        "error_message": "m", "traceback": "t", "enqueued_at": "3",
+    }  # fmt: skip
+    lua.r.xadd(key, old)
+    lua.dispatch(("a", "1", ""))
+    job = lua.dequeue("c1", limit=1).jobs[0]
+    assert finish_all(lua, [(job.id, job.token)]) == [0]
+    first, second = events.page(lua.r, key)
+    assert {k: v for k, v in first.items() if k != "event_id"} == {
+        **old, "run_at": 5, "started_at": None, "ended_at": 9, "pid": None, "retry_count": 2,
+        "stall_count": 0, "timeout_count": 1, "enqueued_at": 3,
+    }  # fmt: skip
+    assert second["id"] == "a" and second["outcome"] == "finished" and second["pid"] == 4242
+    assert set(first) == set(second)
+    rows = [row for chunk in events.entries(lua.r, key, "0-0", "+", 10) for row in chunk]
+    assert [fields for _, fields in rows][0] == old
+
+
+def test_a_new_record_holds_no_zero_count(lua: Lua) -> None:
+    """Library 4.0.0: a dispatch writes id, data, run_at and enqueued_at only (its counts and
+    attempts are 0: absent, read as 0), and every reader still shows them."""
+    ran = inner(lua.r, lambda: lua.dispatch(("a", '{"n": 1}', "")))
+    assert ran["hset"] == 1
+    assert set(lua.r.hgetall(lua.B + ":job:a")) == {"id", "data", "run_at", "enqueued_at"}
+    rec = lua.record("a")
+    assert rec is not None
+    counts = {k: rec[k] for k in ("retry_count", "stall_count", "timeout_count", "attempts")}
+    assert counts == {"retry_count": "0", "stall_count": "0", "timeout_count": "0", "attempts": "0"}
+    job = lua.dequeue("c1", limit=1).jobs[0]
+    assert (job.retry_count, job.stall_count, job.timeout_count) == (0, 0, 0)
+    assert lua.record("a")["attempts"] == "1"  # the lease it holds now
+    assert lua.retry("c1", job, run_at=NOW) == 0
+    assert lua.r.hmget(lua.B + ":job:a", "retry_count", "attempts") == ["1", "1"]
+
+
+def test_a_lease_lives_in_the_clients_lease_hash_only(lua: Lua) -> None:
+    """Library 4.0.0: dequeue renames the record and writes nothing into it; the lease,
+    "<token> <leased_at>", is in B:lease:<client>, and every reader shows it as before."""
+    lua.dispatch(("a", '"x"', ""), ("b", '"y"', ""))
+    ran = inner(lua.r, lambda: lua.dequeue("c1", limit=2, now=NOW + 3))
+    assert ran["hset"] == 1  # the call's leases, in one HSET; none into a record
+    a, b = lua.call("queasy_leases", [lua.B], NOW, "c1")[1::2]
+    assert lua.r.hgetall(lua.B + ":lease:c1") == {"a": f"{a} {NOW + 3}", "b": f"{b} {NOW + 3}"}
+    assert set(lua.r.hgetall(lua.B + ":active:a")) == {"id", "data", "run_at", "enqueued_at"}
+    rec = lua.record("a")
+    assert (rec["state"], rec["client"], rec["leased_at"], rec["attempts"]) == (
+        "active", "c1", str(NOW + 3), "1",
+    )  # fmt: skip
+    assert "token" not in rec
+    _, page = lua.jobs("active")
+    assert sorted((f["id"], f["client"], f["leased_at"], f["attempts"]) for _, f in page) == [
+        ("a", "c1", str(NOW + 3), "1"), ("b", "c1", str(NOW + 3), "1"),
+    ]  # fmt: skip
+    # a token that is only a prefix of the lease's is stale
+    job = lua.dequeue("c1", limit=0).jobs  # (nothing more to lease)
+    assert job == []
+    assert finish_all(lua, [("a", a[:-1]), ("b", b)]) == [1, 0]
+    assert lua.r.hgetall(lua.B + ":lease:c1") == {"a": f"{a} {NOW + 3}"}
+
+
+def test_the_whole_lease_value_is_no_token(lua: Lua) -> None:
+    """A lease's value is "<token> <leased_at>": an ack that presents all of it as its token
+    is stale (a token holds no space), and changes nothing."""
+    lua.dispatch(("a", '"x"', ""))
+    job = lua.dequeue("c1", limit=1).jobs[0]
+    held = lua.r.hget(lua.B + ":lease:c1", "a")
+    assert held == f"{job.token} {NOW}"
+    assert finish_all(lua, [("a", held)]) == [1]
+    assert lua.r.hget(lua.B + ":lease:c1", "a") == held and lua.r.xlen(lua.B + ":events") == 0
+    assert finish_all(lua, [("a", job.token)]) == [0]
+    assert lua.r.hget(lua.B + ":ends", "a").split(" ")[4] == "1"  # attempts: this lease

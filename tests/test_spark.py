@@ -32,6 +32,7 @@ from queasy_py.cli.main import main
 from queasy_py.spark.archive import archive
 from queasy_py.spark.plots import figure_png
 from queasy_py.spark.report import compute, html, summary
+from queasy_py.store import events
 
 #: a Spark job takes seconds on a loaded 2-core machine (a JVM and Python workers start)
 pytestmark = pytest.mark.timeout(300)
@@ -319,7 +320,8 @@ def history(lua: Lua, n: int, t0: int = T0) -> None:
 def xrange_rows(r: redis.Redis, lua: Lua) -> list[tuple]:
     out = []
     for key in (lua.B, lua.F):
-        for entry_id, f in r.xrange(key + ":events"):
+        for entry_id, raw in r.xrange(key + ":events"):
+            f = events.fields_of(raw, events.queue_of(key + ":events"))
             out.append((entry_id, f["queue"], f["id"], f["outcome"], int(f["ended_at"]),
                         f["error_name"] or None))  # fmt: skip
     return sorted(out)
@@ -422,7 +424,7 @@ def test_trimmed_events_are_detected(
     )  # ... of which 7 are trimmed before the next read
     with pytest.raises(AssertionError, match=r"7 outcome events of queue 't' were trimmed"):
         run(True)
-    kept = [fields["id"] for _, fields in r.xrange(lua.B + ":events")]
+    kept = [event["id"] for event in lua.events()]
     assert sorted(row["id"] for row in run(False)) == sorted(kept)
 
 

@@ -7,7 +7,11 @@ started_at, ended_at, enqueued_at` (ms since the epoch), `pid, retry_count, stal
 timeout_count` (None where the library wrote '': unknown). README "Outcome events": the
 schema, versioned with the library.
 
-Each queue has a capped stream `<base>:events` (lua/queasy.lua, outcome_event): the library
+Each queue has a capped stream `<base>:events` (lua/queasy.lua, outcome_event). Since library
+4.0.0 an entry holds one line (field `event`: outcome, id, the times, pid, counts and client,
+'-' for unknown) and, for an outcome with an error, the four error fields; the queue is the
+stream's. Entries written by 3.x hold the 16 fields of the schema each. `fields_of` turns
+either into the schema's fields, so every reader returns what it did before. The library
 only appends to it (XADD ... MAXLEN ~) and trimming only removes its oldest entries; nothing
 deletes an entry in the middle. So the entries of a stream are numbered: the n-th entry ever
 added has ordinal n, the stream holds ordinals `added - length + 1 ..= added`, and a reader
@@ -85,16 +89,15 @@ def head(r: redis.Redis, key: str, after: str, count: int) -> tuple[StreamEnd, l
 def entries(
     r: redis.Redis, key: str, after: str, until: str, chunk: int
 ) -> Iterator[list[tuple[str, dict[str, str]]]]:
-    """The entries with ids in (after, until], `chunk` at a time, fields decoded (UTF-8)."""
+    """The entries with ids in (after, until], `chunk` at a time, as the schema's fields
+    (decoded, UTF-8: fields_of)."""
     start = f"({after}"
+    queue = queue_of(key)
     while True:
         rows = r.xrange(key, start, until, count=chunk)
         if not rows:
             return
-        yield [
-            (_text(entry_id), {_text(k): _text(v) for k, v in fields.items()})
-            for entry_id, fields in rows
-        ]
+        yield [(_text(entry_id), fields_of(raw, queue)) for entry_id, raw in rows]
         if len(rows) < chunk:
             return
         start = f"({_text(rows[-1][0])}"
@@ -125,6 +128,49 @@ INT_FIELDS = frozenset(
         "timeout_count",
     }
 )
+#: the words of an entry's `event` line (library 4.0.0), in order
+LINE_FIELDS = (
+    "outcome",
+    "id",
+    "ended_at",
+    "started_at",
+    "pid",
+    "run_at",
+    "enqueued_at",
+    "retry_count",
+    "stall_count",
+    "timeout_count",
+    "client",
+)
+#: the fields an entry holds only for an outcome with an error ('' when absent)
+ERROR_FIELDS = ("error_name", "error_kind", "error_message", "traceback")
+
+
+def queue_of(key: str) -> str:
+    """The queue name of the stream `key` (<prefix>:{<tag>}:<name>:events); '' for another."""
+    match = STREAM_KEY.match(key)
+    return match["name"] if match is not None else ""
+
+
+def fields_of(raw: dict[Any, Any], queue: str) -> dict[str, str]:
+    """The schema's fields (README "Outcome events") of one stream entry as text: an entry of
+    library 4.0.0 (an `event` line, error fields when any; `queue` is the stream's queue) or
+    of 3.x (the fields themselves). Never raises on an entry written by hand."""
+    out = {_text(k): _text(v) for k, v in raw.items()}
+    line = out.pop("event", None)
+    if line is None:
+        return out  # an entry of library 3.x (or one written by hand): as it is
+    words = line.split(" ")
+    event = {"id": "", "queue": queue}
+    for name, word in zip(LINE_FIELDS, words, strict=False):
+        event[name] = "" if word == "-" else word
+    for name in LINE_FIELDS:
+        event.setdefault(name, "")
+    for name in ERROR_FIELDS:
+        event[name] = out.get(name, "")
+    return event
+
+
 #: the largest count of events one read returns
 MAX_COUNT = 10_000
 #: the longest XREAD BLOCK of a reader that waits for events, in seconds: below the 5 s
@@ -132,21 +178,23 @@ MAX_COUNT = 10_000
 EVENT_BLOCK = 2.0
 
 
-def typed(entry_id: Any, raw: dict[Any, Any]) -> dict[str, Any]:
-    """One stream entry as an event dict (never raises on a field written by hand)."""
+def typed(entry_id: Any, raw: dict[Any, Any], queue: str) -> dict[str, Any]:
+    """One stream entry of the stream of `queue` as an event dict (never raises on a field
+    written by hand)."""
     event: dict[str, Any] = {"event_id": fields.text(entry_id)}
-    for key, value in raw.items():
-        name = fields.text(key)
+    for name, value in fields_of(raw, queue).items():
         if name in INT_FIELDS:
-            event[name] = fields.to_int(value, None) if value not in (b"", "") else None
+            event[name] = fields.to_int(value, None) if value != "" else None
         else:
-            event[name] = fields.text(value)
+            event[name] = value
     return event
 
 
-def parse_entries(entries: list | None) -> list[dict[str, Any]]:
-    """The events of an XRANGE reply, or of one stream of an XREAD reply."""
-    return [typed(entry_id, raw) for entry_id, raw in entries or []]
+def parse_entries(entries: list | None, key: str) -> list[dict[str, Any]]:
+    """The events of an XRANGE reply, or of one stream of an XREAD reply, of the stream
+    `key`."""
+    queue = queue_of(key)
+    return [typed(entry_id, raw, queue) for entry_id, raw in entries or []]
 
 
 def range_args(key: str, after: str, count: int) -> tuple[str, str, int]:
@@ -160,7 +208,7 @@ def range_args(key: str, after: str, count: int) -> tuple[str, str, int]:
 def page(r: Any, key: str, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
     """Up to `count` events of the stream `key` after `after`, oldest first (no wait)."""
     low, high, count = range_args(key, after, count)
-    return parse_entries(r.xrange(key, low, high, count=count))
+    return parse_entries(r.xrange(key, low, high, count=count), key)
 
 
 def recent(r: Any, key: str, since_ms: int = 0, count: int = 100) -> list[dict[str, Any]]:
@@ -171,7 +219,7 @@ def recent(r: Any, key: str, since_ms: int = 0, count: int = 100) -> list[dict[s
     range_args(key, "0", count)  # checks count
     if isinstance(since_ms, bool) or not isinstance(since_ms, int) or since_ms < 0:
         raise InvalidInput(f"since_ms must be an int >= 0, not {since_ms!r}")
-    return parse_entries(r.xrevrange(key, "+", f"{since_ms}-0", count=count))[::-1]
+    return parse_entries(r.xrevrange(key, "+", f"{since_ms}-0", count=count), key)[::-1]
 
 
 def follow(
@@ -181,4 +229,4 @@ def follow(
     (XREAD BLOCK on a connection of `r`: give it a socket timeout above `block`)."""
     range_args(key, "0", count)  # checks count
     reply = r.xread({key: after}, count=count, block=max(1, int(block * 1000)))
-    return parse_entries(reply[0][1]) if reply else []
+    return parse_entries(reply[0][1], key) if reply else []

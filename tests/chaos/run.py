@@ -20,6 +20,7 @@ import redis
 from queasy_py import Client, Queue
 from queasy_py.job import LIVE_STATES
 from queasy_py.queue import DISPATCH_CHUNK
+from queasy_py.store import events
 
 from .cluster import Cluster, Slot
 from .connect import open_redis
@@ -130,7 +131,7 @@ class Chaos:
                     if key == records_key(self.prefix):
                         self.records.add_record(row)
                     else:
-                        self.records.add_event(row)
+                        self.records.add_event(events.fields_of(row, events.queue_of(key)))
                     last = entry_id
                 self.streams[key] = last
 

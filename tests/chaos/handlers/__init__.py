@@ -99,9 +99,15 @@ def record(ev: str, **fields: Any) -> None:
 def record_start(job: Job, serial: str, act: str, nb: Any = None, **extra: Any) -> None:
     """The start record, with the lease holder of the job's active record at this moment."""
     t = time.time()
-    client = current_client()
-    holder, leased_at = client.redis.hmget(
-        queue_named(job.queue).keys.active(job.id), "client", "leased_at"
+    # the active record's lease (library 4.0.0 keeps it in the holder's lease hash: read
+    # through get_job, the library's reader of it)
+    info = queue_named(job.queue).get_job(job.id)
+    active = info is not None and info.state == "active"
+    holder = info.client if active and info is not None else None
+    leased_at = (
+        str(round(info.started_at * 1000))
+        if active and info is not None and info.started_at is not None
+        else None
     )
     record(
         "start",
@@ -115,8 +121,8 @@ def record_start(job: Job, serial: str, act: str, nb: Any = None, **extra: Any) 
         tc=job.timeout_count,
         nb=nb,
         act=act,
-        lc=holder.decode() if holder else "",
-        lt=leased_at.decode() if leased_at else "",
+        lc=holder or "",
+        lt=leased_at or "",
         **extra,
     )
 
