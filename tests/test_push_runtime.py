@@ -52,15 +52,14 @@ def outcomes(rt: Runtime, queue: str) -> list[str]:
 def test_an_idle_supervisor_parks_its_slots_and_runs_a_pushed_job(rt: Runtime) -> None:
     # poll_interval 30 s: no polling dequeue; one worker of 100 units, size 10: 10 slots
     rt.start({"q": queue_spec()}, poll_interval=30.0)
-    wait_parked(rt, "q", "10")
+    client = wait_parked(rt, "q", "10")
 
     job_id = rt.queue("q").dispatch({"tag": "p", "gate": "p"})
     rt.wait_records(1, "start", tag="p")
     keys = QueueKeys(rt.prefix, "q", "q")
     assert rt.r.exists(keys.active(job_id))
     # leased by the dispatch, not a dequeue (library 4.0.0: the lease is in the client's hash)
-    (held,) = [rt.r.hget(key, job_id) for key in rt.r.keys(keys.base + ":lease:*")]
-    assert held.startswith("p")
+    assert rt.r.hget(keys.lease(client), job_id).startswith("p")
     rt.open_gate("p")
     rt.wait_events("q", 1)
     assert outcomes(rt, "q") == ["finished"]

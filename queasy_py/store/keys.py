@@ -25,6 +25,10 @@ class QueueKeys:
     def wake(self) -> str:
         return f"{self.base}:wake"
 
+    def lease(self, client_id: str) -> str:
+        """The hash of the jobs leased to client `client_id`: id -> '<token> <leased_at>'."""
+        return f"{self.base}:lease:{client_id}"
+
     def push(self, client_id: str) -> str:
         """The channel of jobs pushed to client `client_id` (already leased to it)."""
         return f"{self.base}:push:{client_id}"
