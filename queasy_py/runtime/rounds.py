@@ -119,20 +119,25 @@ class Rounds:
             except (redis.RedisError, OSError, QueasyError) as exc:
                 self._redis_down(exc)
                 return
-        accepting = self.workers.accepting()
+        wanting = [s for s in self.states.values() if s.wants(now)]
         asks: Asks = []
-        if not self.stopping and accepting:
-            for state, slots in plan(list(self.states.values()), [w.free for w in accepting], now):
-                procs = [accepting[i] for i in slots]
-                for proc in procs:
-                    proc.free -= state.spec.size
-                state.inflight += 1
-                state.woken = float("inf")
-                asks.append((state, procs))
+        if wanting and not self.stopping:
+            accepting = self.workers.accepting()
+            free = [w.free for w in accepting]
+            # plan only when a job of a wanting queue fits somewhere (most steps, a worker's
+            # result or a reply, leave no room: planning them gave nothing)
+            if free and max(free) >= min(s.spec.size for s in wanting):
+                for state, slots in plan(wanting, free, now):
+                    procs = [accepting[i] for i in slots]
+                    for proc in procs:
+                        proc.free -= state.spec.size
+                    state.inflight += 1
+                    state.woken = float("inf")
+                    asks.append((state, procs))
         asked = {state for state, _ in asks}
         # ready, but no units for them now (or a reserved worker drains): a worker's result
         # or exit wakes the loop to plan again, so it does not spin on them meanwhile
-        self.unserved = {s for s in self.states.values() if s.wants(now) and s not in asked}
+        self.unserved = {s for s in wanting if s not in asked}
         checks = self.schedules.take(self.acks, self.stopping)  # after the acks they follow
         if not self.acks and not asks and not checks:
             return

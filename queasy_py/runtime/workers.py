@@ -129,10 +129,7 @@ class Workers:
     def next_deadline(self) -> float:
         """The monotonic time of the earliest timeout of a running job or a start-up, or of
         the next worker start after a backoff (inf: none)."""
-        deadline = min(
-            (j.deadline for w in self.procs for j in w.jobs.values() if not j.timed_out),
-            default=float("inf"),
-        )
+        deadline = min((w.next_timeout for w in self.procs), default=float("inf"))
         if self.started:
             deadline = min(deadline, min(self.started.values()) + defaults.WORKER_START_TIMEOUT)
         if self.next_spawn:  # a start held back by a backoff
@@ -184,32 +181,27 @@ class Workers:
                 self.import_error = text
             return
         now = time.time()
-        metrics = self.metrics
+        metrics, states, acks, take, pid = self.metrics, self.states, self.acks, proc.take, proc.pid
         for item in message:  # [seq, started, error] or [seq, started, None, result]
-            seq, started, error = item[0], item[1], item[2]
-            job = proc.take(seq)
+            job = take(item[0])
             if job is None:
                 continue
+            started, error = item[1], item[2]
             if metrics is not None:
                 metrics.ran(job, started, now)
-            state = self.states[job.queue]
+            state = states[job.queue]
             if job.pushed:  # park its slot again: a dequeue goes with the ack
                 state.ready_at = 0.0
             if job.timed_out:  # a result that raced its timeout: the timeout wins
-                self.acks.append(self.retry_ack(job, "timeout", proc.pid, started))
+                acks.append(self.retry_ack(job, "timeout", pid, started))
                 continue
             result = item[3] if len(item) > 3 and isinstance(item[3], str) else ""
-            self.acks.append(
+            if error is None:  # the common case, without on_result's decisions
+                acks.append(outcomes.finish(job, state.base, pid, started, result))
+                continue
+            acks.append(
                 outcomes.on_result(
-                    job,
-                    state.spec,
-                    state.base,
-                    state.fail_base,
-                    error,
-                    proc.pid,
-                    started,
-                    now,
-                    result,
+                    job, state.spec, state.base, state.fail_base, error, pid, started, now, result
                 )
             )
         if self.max_jobs_per_worker and proc.done >= self.max_jobs_per_worker and proc.healthy:
@@ -325,8 +317,13 @@ class Workers:
 
     def check_timeouts(self, now: float) -> None:
         for proc in list(self.procs):
+            if now < proc.next_timeout and proc.healthy:
+                continue  # no job of it can have passed its timeout yet
+            next_timeout = float("inf")
             for job in proc.jobs.values():
-                if not job.timed_out and now >= job.deadline:
+                if not job.timed_out and now < job.deadline:
+                    next_timeout = min(next_timeout, job.deadline)
+                elif not job.timed_out:
                     job.timed_out = True
                     log.warning(
                         "job %s of %s passed its timeout of %.3gs on worker %d",
@@ -339,6 +336,7 @@ class Workers:
                         proc.healthy = False
                         self.replaced["timeout"] += 1
                         self.ensure()
+            proc.next_timeout = next_timeout
             if not proc.healthy and all(j.timed_out for j in proc.jobs.values()):
                 log.warning("killing worker %d (only timed-out jobs left)", proc.pid)
                 self.kill(proc)
