@@ -107,18 +107,21 @@ def plan(
         members = list(group)
         usable = [0 if i in reserved else units for i, units in enumerate(free)]
         slots: dict[QueueState, list[int]] = {s: [] for s in members}
-        progress = True
-        while progress:
-            progress = False
-            for state in members:
-                if len(slots[state]) >= MAX_BATCH:
+        placing = members  # round-robin, one job each per pass, while some still fit
+        while placing:
+            still = []
+            for state in placing:
+                size = state.spec.size
+                index = place(usable, size)
+                if index is None:  # usable units only shrink: it fits no more this plan
                     continue
-                index = place(usable, state.spec.size)
-                if index is not None:
-                    usable[index] -= state.spec.size
-                    free[index] -= state.spec.size
-                    slots[state].append(index)
-                    progress = True
+                usable[index] -= size
+                free[index] -= size
+                got = slots[state]
+                got.append(index)
+                if len(got) < MAX_BATCH:
+                    still.append(state)
+            placing = still
         out.extend((s, indexes) for s, indexes in slots.items() if indexes)
         for state in members:
             if not slots[state] and state.known_ready(now):
