@@ -49,12 +49,14 @@ def first_job(url: str, workers: int, tmp: Path, n: int) -> float:
     )
     with Client(url, prefix=prefix) as client:
         client.queue("start").dispatch({"path": str(out)})
-    queasy = Path(sys.executable).with_name("queasy")
-    cmd = [str(queasy)] if queasy.exists() else [sys.executable, "-m", "queasy_py.cli"]
+    # this checkout's queasy_py (not an installed one): `python -m queasy_py.cli`, as the
+    # `queasy` console script runs it
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     started = time.time()
     proc = subprocess.Popen(
-        [*cmd, "run", str(config), "--log-level", "WARNING"],
+        [sys.executable, "-m", "queasy_py.cli", "run", str(config), "--log-level", "WARNING"],
         cwd=tmp,
+        env=env,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
