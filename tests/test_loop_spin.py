@@ -1,10 +1,12 @@
-"""The scheduling loop does not spin: while the dequeues of a busy queue are on their way, the
-loop sleeps in select() until their replies come (it used to wait for the queue's ready time,
-already past: a select(0) after another, a core burnt for every round trip).
+"""Several busy queues cost the loop no more per job than one: while the dequeues of a busy
+queue are on their way, the loop sleeps in select() until their replies come (it used to wait
+for the queue's ready time, already past: a select(0) after another, a core burnt for every
+round trip); and a round's jobs go to each worker in one frame, whatever queues they are of
+(it was one frame per queue).
 
 A real supervisor runs in this process (a thread: no signal handlers) against the test
-server, with real worker subprocesses; its selector is wrapped only to count the select()
-calls that waited for nothing (timeout 0, no event).
+server, with real worker subprocesses; its selector, the round pipe's send and the workers'
+send are wrapped only to count calls.
 """
 
 from __future__ import annotations
@@ -13,17 +15,34 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from queasy_py import Client
+from queasy_py.runtime.pool import WorkerProc
 from queasy_py.runtime.supervisor import Supervisor
+from queasy_py.store.pipe import RedisPipe
 
 HANDLER = "tests.runtime_handlers.quiet"
 QUEUES = 4
 JOBS = 2000
 
 
-def test_busy_queues_do_not_spin_the_loop_while_their_dequeues_are_in_flight(
-    redis_url: str, prefix: str
+def test_busy_queues_do_not_spin_the_loop_and_a_round_is_one_frame_per_worker(
+    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    sends = {"rounds": 0, "frames": 0}
+    pipe_send, worker_send = RedisPipe.send, WorkerProc.send
+
+    def count_round(self: RedisPipe, *args: Any) -> None:
+        sends["rounds"] += 1
+        pipe_send(self, *args)
+
+    def count_frame(self: WorkerProc, jobs: list[Any]) -> None:
+        sends["frames"] += 1
+        worker_send(self, jobs)
+
+    monkeypatch.setattr(RedisPipe, "send", count_round)
+    monkeypatch.setattr(WorkerProc, "send", count_frame)
     client = Client(redis_url, prefix=prefix, workers=2)
     try:
         names = [f"spin-{i}" for i in range(QUEUES)]
@@ -63,5 +82,8 @@ def test_busy_queues_do_not_spin_the_loop_while_their_dequeues_are_in_flight(
         # back by its dequeues in flight: hundreds for these 2,000 jobs (about 0.5 a job);
         # a few may come from a ready time that passed between two steps
         assert selects["idle"] <= JOBS // 100, selects
+        # each round's jobs, from up to 4 queues, in one frame per worker (there are 2); with
+        # a frame per queue it was about 3.5 frames a round
+        assert sends["frames"] <= 2 * sends["rounds"], sends
     finally:
         client.close()
