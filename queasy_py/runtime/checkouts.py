@@ -67,7 +67,8 @@ class Checkouts:
     ) -> None:
         """The jobs of one dequeue reply, each on the worker reserved for it, added to
         `batches` (sent once per worker for the whole round: send()). ValueError (nothing
-        taken) for a reply that is not the library's."""
+        taken, no units released) for a reply that is not the library's; a job whose fields
+        do not parse is dropped alone (logged, throttled; its units released)."""
         status, next_run_at = int(reply[0]), reply[1]
         if status == Status.SWEPT:
             self.workers.release(state.spec.size, procs)
@@ -109,6 +110,8 @@ class Checkouts:
                     size,
                     deadline,
                 )
+                if trace:
+                    job.trace = trace.decode(errors="replace")  # as a pushed one's
             except (ValueError, TypeError, AttributeError) as exc:
                 seq -= 1
                 self.malformed(
@@ -116,8 +119,6 @@ class Checkouts:
                 )
                 self.workers.release(size, [proc])  # its lease goes back with a reconcile
                 continue
-            if trace:
-                job.trace = trace.decode()
             if job.stall_count >= max_stalls or job.timeout_count >= max_timeouts:
                 self.acks.append(outcomes.on_dequeue(job, spec, state.base, state.fail_base))
                 self.workers.release(size, [proc])
