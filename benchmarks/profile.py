@@ -5,7 +5,8 @@
 Prints the throughput and the CPU seconds each process used (supervisor, each worker, the
 server), and the server's own time in the queasy functions (INFO commandstats: usec of
 FCALL), which shows where a job's cost goes; with --cprofile the supervisor runs under
-cProfile and its top functions are printed; with --metrics the supervisor serves Prometheus
+cProfile and its top functions are printed (by wall time; with PROFILE_CLOCK=cpu by
+the supervisor's CPU time, so waits are left out); with --metrics the supervisor serves Prometheus
 /metrics (metrics_port), scraped once a second during the run. It starts its own valkey-server.
 """
 
@@ -31,14 +32,38 @@ from queasy_py.store.embedded import EmbeddedServer, free_port  # noqa: E402
 
 SUPERVISOR = textwrap.dedent(
     """
-    import cProfile, os, pstats, sys
+    import cProfile, os, pstats, sys, time
     from queasy_py import Client
     url, size, profile = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
     port = int(sys.argv[4]) if len(sys.argv) > 4 else None
     client = Client(url, workers=2, prefix="prof", metrics_port=port)
     client.queue("bench").listen("benchmarks.peers.tasks.queasy_pass", size=size)
+    if os.environ.get("PROFILE_SAMPLE"):  # CPU-time samples of the loop's function and line
+        import collections, signal
+        samples = collections.Counter()
+        def sample(signum, frame):
+            samples[(frame.f_code.co_filename.rsplit("/", 2)[-1], frame.f_code.co_name,
+                     frame.f_lineno)] += 1
+            seen, f = set(), frame
+            while f is not None:  # every function on the stack: inclusive counts
+                seen.add(("in", f.f_code.co_filename.rsplit("/", 1)[-1], f.f_code.co_name))
+                f = f.f_back
+            for k in seen:
+                samples[k] += 1
+        signal.signal(signal.SIGPROF, sample)
+        signal.setitimer(signal.ITIMER_PROF, 0.0005, 0.0005)
+        def report():
+            total = sum(v for k, v in samples.items() if k[0] != "in")
+            print(f"{total} samples", file=sys.stderr)
+            for k, v in samples.most_common(int(os.environ.get("PROFILE_TOP", "40"))):
+                print(f"{v:6d} {100 * v / total:5.1f}% {k}", file=sys.stderr)
+        import atexit
+        atexit.register(report)
     if profile:
-        prof = cProfile.Profile()
+        # PROFILE_CLOCK=cpu: the supervisor's CPU time (time.process_time), not wall time,
+        # so time spent waiting in select() or on a loaded machine is left out
+        cpu_clock = os.environ.get("PROFILE_CLOCK") == "cpu"
+        prof = cProfile.Profile(time.process_time) if cpu_clock else cProfile.Profile()
         prof.enable()
     try:
         client.run()

@@ -75,6 +75,24 @@ def test_job_data_that_is_not_json_fails_that_job_alone(rt: Runtime, raw: bytes)
     assert sup.workers() == {ends[0]["pid"]}
 
 
+def test_a_trace_that_is_not_utf8_does_not_stop_the_jobs_dequeued_with_it(rt: Runtime) -> None:
+    """Raw Redis access can write a waiting job's trace field: the job still runs (its trace
+    decoded with replacement characters, as a pushed job's is), and so do the jobs dequeued
+    in the same reply (one bad field used to drop the whole reply, until a reconcile)."""
+    q = rt.queue("q")
+    q.dispatch_many({"data": {"tag": "innocent"}, "id": f"i{n}"} for n in (1, 2, 3))
+    q.dispatch({"tag": "odd trace"}, id="odd")
+    key = QueueKeys(rt.prefix, "q", "q").job("odd")
+    assert rt.r.exists(key)
+    rt.r.hset(key, "trace", b"\xff\xfe-not-utf8")
+    rt.start({"q": queue_spec()}, workers=1)  # room for all four in one dequeue
+
+    events = by_id(rt.wait_events("q", 4, timeout=20))
+    assert {(e["outcome"], e["stall_count"]) for e in events.values()} == {("finished", "0")}
+    assert len(rt.records("end", tag="innocent")) == 3
+    assert len(rt.records("end", tag="odd trace")) == 1
+
+
 def test_job_data_cannot_close_the_job_array_and_run_another_queues_handler(
     rt: Runtime,
 ) -> None:

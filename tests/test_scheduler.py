@@ -1,4 +1,5 @@
-"""plan() alone (a pure function): which queues are dequeued, and on which workers' units.
+"""plan() alone (a pure function): which queues are dequeued, and on which workers' units;
+and next_ready(): when the loop plans again.
 
 Priority holds across sizes: a queue known to have a ready job that fits on no worker
 reserves the worker with the most free units, which lower priorities may not refill.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from queasy_py.options import ListenOptions
-from queasy_py.runtime.scheduler import MAX_BATCH, QueueState, plan
+from queasy_py.runtime.scheduler import MAX_BATCH, MAX_INFLIGHT, QueueState, next_ready, plan
 from queasy_py.store.keys import QueueKeys
 
 NOW = 1_000_000.0
@@ -157,3 +158,29 @@ def test_every_size_fits_a_drained_worker(size: int) -> None:
     states = [state("big", size=size, priority=200), state("small", size=1, priority=100)]
     assert asks(states, [size - 1]) == {}
     assert asks(states, [size]) == {"big": [0]}
+
+
+# ---------------------------------------------------------------- when the loop plans again
+
+
+def test_next_ready_is_the_earliest_ready_time_of_the_queues() -> None:
+    queues = [state("later", ready_at=NOW + 5), state("sooner", ready_at=NOW + 1)]
+    assert next_ready(queues, set(), NOW) == NOW + 1
+    assert next_ready([], set(), NOW) == float("inf")
+
+
+def test_a_queue_held_back_by_its_dequeues_in_flight_is_not_waited_for() -> None:
+    """Its replies wake the loop. Its ready time is past, so waiting for it was a select(0):
+    the loop spun while the dequeues were on their way (every round with several busy
+    queues, or with a worker's results coming back a few at a time)."""
+    full = state("full, asked twice", inflight=MAX_INFLIGHT)  # ready_at 0: its last came full
+    short = state("polled, asked", ready_at=POLLED, inflight=1)
+    assert not full.wants(NOW) and not short.wants(NOW)
+    assert next_ready([full, short], set(), NOW) == float("inf")
+    assert next_ready([full, short, state("later", ready_at=NOW + 2)], set(), NOW) == NOW + 2
+
+
+def test_a_ready_queue_the_last_plan_gave_no_units_waits_for_a_worker() -> None:
+    ready = state("ready")
+    assert next_ready([ready], set(), NOW) == 0.0  # plan it now
+    assert next_ready([ready], {ready}, NOW) == float("inf")

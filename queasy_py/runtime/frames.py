@@ -23,6 +23,8 @@ from typing import Any
 import orjson
 
 HEAD = struct.Struct("!i")
+#: the most bytes one recv of read_frames takes
+RECV_SIZE = 1 << 18
 
 
 def pack_jobs(heads: list[list[Any]], datas: Sequence[bytes]) -> bytes:
@@ -85,7 +87,7 @@ class Pipe:
         """Every complete frame that has arrived; sets `eof` when the worker closed its end."""
         while True:
             try:
-                chunk = self.sock.recv(1 << 18, socket.MSG_DONTWAIT)
+                chunk = self.sock.recv(RECV_SIZE, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
@@ -94,6 +96,11 @@ class Pipe:
                 self.eof = True
                 break
             self.buf += chunk
+            if len(chunk) < RECV_SIZE:
+                # the socket had no more (a stream gives all it holds, up to the size
+                # asked): no second recv and its BlockingIOError. What arrives later, or
+                # its end, makes the socket readable again for the loop's selector.
+                break
         frames = []
         start, end = 0, len(self.buf)
         while end - start >= 4:

@@ -81,6 +81,9 @@ class WorkerProc:
     retiring: bool = False  # recycled: no new jobs, stopped once drained
     stop_sent: bool = False  # told to exit (it had drained)
     done: int = 0
+    #: monotonic: no job of it passes its timeout before (a lower bound: lowered as jobs are
+    #: sent, made exact by Workers.check_timeouts once reached)
+    next_timeout: float = float("inf")
 
     @property
     def pid(self) -> int:
@@ -110,6 +113,8 @@ class WorkerProc:
         payload = pack_jobs(heads, [j.data for j in jobs])
         for j in jobs:  # their units were reserved when the dequeue was planned
             self.jobs[j.seq] = j
+            if j.deadline < self.next_timeout:
+                self.next_timeout = j.deadline
         self.pipe.send_frame(payload)
 
     def take(self, seq: int) -> Running | None:

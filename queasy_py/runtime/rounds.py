@@ -1,15 +1,15 @@
 """The Redis rounds of the scheduling loop: acks and dequeues sent without waiting (pipelined,
-several in flight), their replies turned into jobs on workers; jobs pushed to this client;
-the unpark marks; and the reconcile that hands back leases this client does not know of.
+several in flight, every queue's calls in one write), their replies handed to the checkouts
+(runtime/checkouts.py: jobs onto workers), outages and refused acks, when the loop next needs
+to send (`wait`), and the reconcile that hands back leases this client does not know of.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
-import uuid
-from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -17,21 +17,21 @@ import redis
 
 from ..errors import QueasyError
 from ..store.library import Ack as AckCode
-from ..store.library import Status, ensure_loaded
-from ..tracing import MAX_TRACE
+from ..store.library import ensure_loaded
 from . import outcomes
+from .checkouts import Batches, Checkouts
 from .events import Events
 from .handback import hand_back_unknown, unpark_all
-from .outage import Outage, Throttled, transient
-from .pool import Running, WorkerProc
-from .scheduler import QueueState, plan
+from .outage import Outage, transient
+from .pool import WorkerProc
+from .scheduler import QueueState, next_ready, plan
 from .schedules import Schedules
 from .workers import Workers
 
 if TYPE_CHECKING:
     from ..client import Client
     from ..store.pipe import RedisPipe
-    from ..store.pubsub import Message, Wakeup
+    from ..store.pubsub import Wakeup
     from .heartbeat import ServerClock
     from .metrics import Tally
 
@@ -40,11 +40,6 @@ log = logging.getLogger("queasy_py")
 #: rounds (acks and dequeues) sent to Redis whose replies have not come back yet, at most
 MAX_ROUNDS = 4
 Asks = list[tuple[QueueState, list[WorkerProc]]]
-
-
-def _digits(raw: bytes) -> bool:
-    """A field of a push message as the library writes it: 1-15 decimal digits."""
-    return 0 < len(raw) <= 15 and raw.isdigit()
 
 
 class Rounds:
@@ -78,16 +73,26 @@ class Rounds:
         self.poll_interval = poll_interval
         self.on_swept = on_swept
         self.clock = clock  # the server's clock: its times are compared with this host's
-        self.stopping = False
+        self.checkouts = Checkouts(states, workers, acks, poll_interval, on_swept, clock)
+        self.on_messages = self.checkouts.on_messages
         self.reconcile = False
-        self.marks: set[bytes] = set()  # unpark marks seen on the push channels
         self.outage = Outage()
         self.reload = False  # the library is gone (FUNCTION FLUSH, a restart): load it again
         self.unserved: set[QueueState] = set()  # ready queues the last plan gave no units
-        self.malformed = Throttled()
-        self.seq = 0
+        # lease tokens are <nonce>.<n>: a nonce per round, unique for this process (a random
+        # part, then a count: no uuid per round)
+        self.nonce_prefix = os.urandom(6).hex()
+        self.rounds_sent = 0
         self.schedules = Schedules(list(states.values()), poll_interval, clock)
         self.metrics: Tally | None = None  # counts for /metrics (runtime/metrics.py): on
+
+    @property
+    def stopping(self) -> bool:
+        return self.checkouts.stopping
+
+    @stopping.setter
+    def stopping(self, value: bool) -> None:
+        self.checkouts.stopping = value
 
     # ------------------------------------------------------------------ sending
 
@@ -114,20 +119,25 @@ class Rounds:
             except (redis.RedisError, OSError, QueasyError) as exc:
                 self._redis_down(exc)
                 return
-        accepting = self.workers.accepting()
+        wanting = [s for s in self.states.values() if s.wants(now)]
         asks: Asks = []
-        if not self.stopping and accepting:
-            for state, slots in plan(list(self.states.values()), [w.free for w in accepting], now):
-                procs = [accepting[i] for i in slots]
-                for proc in procs:
-                    proc.free -= state.spec.size
-                state.inflight += 1
-                state.woken = float("inf")
-                asks.append((state, procs))
+        if wanting and not self.stopping:
+            accepting = self.workers.accepting()
+            free = [w.free for w in accepting]
+            # plan only when a job of a wanting queue fits somewhere (most steps, a worker's
+            # result or a reply, leave no room: planning them gave nothing)
+            if free and max(free) >= min(s.spec.size for s in wanting):
+                for state, slots in plan(wanting, free, now):
+                    procs = [accepting[i] for i in slots]
+                    for proc in procs:
+                        proc.free -= state.spec.size
+                    state.inflight += 1
+                    state.woken = float("inf")
+                    asks.append((state, procs))
         asked = {state for state, _ in asks}
         # ready, but no units for them now (or a reserved worker drains): a worker's result
         # or exit wakes the loop to plan again, so it does not spin on them meanwhile
-        self.unserved = {s for s in self.states.values() if s.wants(now) and s not in asked}
+        self.unserved = {s for s in wanting if s not in asked}
         checks = self.schedules.take(self.acks, self.stopping)  # after the acks they follow
         if not self.acks and not asks and not checks:
             return
@@ -135,7 +145,8 @@ class Rounds:
         self.acks.clear()
         commands, ack_groups = outcomes.ack_commands(client_id, acks, self.headers)
         commands += self.schedules.commands(checks)
-        nonce = uuid.uuid4().hex[:12]
+        self.rounds_sent += 1
+        nonce = f"{self.nonce_prefix}{self.rounds_sent:x}"
         for state, procs in asks:
             commands.append(
                 (
@@ -167,6 +178,26 @@ class Rounds:
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             on_error(exc)
         self.events.watch("redis", self.pipe.socket())
+
+    def wait(self, now: float, now_mono: float, room: bool) -> float:
+        """Seconds until the loop may have a round to send (inf: only an event brings one):
+        acks waiting, a queue's ready time (with `room`: a worker has free units), a
+        schedule's check; none before Redis may be tried again after an outage. While the
+        round cannot go out until a reply comes back (MAX_ROUNDS in flight, or a reload or
+        reconcile waiting for them), that reply wakes the loop: it does not spin meanwhile."""
+        inflight = len(self.pipe.inflight)
+        if inflight >= MAX_ROUNDS or (inflight and (self.reload or self.reconcile)):
+            return float("inf")
+        retry_at = self.outage.retry_at
+        wait = float("inf")
+        if self.acks:
+            wait = retry_at - now
+        if not self.stopping:
+            if room:
+                at = next_ready(self.states.values(), self.unserved, now)
+                wait = min(wait, max(at, retry_at) - now)
+            wait = min(wait, max(self.schedules.next_due() - now_mono, retry_at - now))
+        return wait
 
     def read(self) -> None:
         """The round pipe is readable: run the callbacks of the replies that arrived."""
@@ -221,6 +252,7 @@ class Rounds:
             if self.metrics is not None:
                 self.metrics.acked(group, codes)
         mono = time.monotonic()
+        batches: Batches = {}  # the round's jobs by worker, every queue's: one frame each
         for (state, procs), reply in zip(asks, replies[len(replies) - len(asks) :], strict=True):
             state.inflight -= 1
             state.last_served = mono
@@ -235,10 +267,11 @@ class Rounds:
                     log.error("dequeue of %s failed: %s", state.name, reply)
                 continue
             try:
-                self._take(state, procs, reply, now)
+                self.checkouts.take(state, procs, reply, now, batches)
             except (ValueError, TypeError, IndexError, AttributeError):
-                self.malformed("dequeue reply", reply)
+                self.checkouts.malformed("dequeue reply", reply)
                 self.workers.release(state.spec.size, procs)
+        self.checkouts.send(batches)
         if refused is not None:
             self._redis_down(refused)
         else:
@@ -261,156 +294,12 @@ class Rounds:
         self.acks[:0] = group
         return None
 
-    def _take(self, state: QueueState, procs: list[WorkerProc], reply: list, now: float) -> None:
-        status, next_run_at = int(reply[0]), reply[1]
-        if status == Status.SWEPT:
-            self.workers.release(state.spec.size, procs)
-            self.on_swept()
-            return
-        jobs = [reply[i : i + 8] for i in range(2, len(reply), 8)]
-        if len(jobs) < len(procs):
-            state.ready_at = self.clock.local(int(next_run_at)) if next_run_at else float("inf")
-            # a wake-up that came while the dequeue was on its way is not in its reply
-            state.ready_at = min(state.ready_at, now + self.poll_interval, state.woken)
-        else:
-            state.ready_at = 0.0
-        spec = state.spec
-        self.workers.release(spec.size, procs[len(jobs) :])
-        by_worker: dict[WorkerProc, list[Running]] = defaultdict(list)
-        deadline = time.monotonic() + spec.timeout
-        for (job_id, token, data, run_at, retries, stalls, timeouts, trace), proc in zip(
-            jobs, procs, strict=False
-        ):
-            job = self._running(
-                state, job_id, token, run_at, retries, stalls, timeouts, data, deadline
-            )
-            if job is None:  # its lease goes back with the next reconcile
-                self.workers.release(spec.size, [proc])
-                continue
-            if trace:
-                job.trace = trace.decode()
-            early = outcomes.on_dequeue(job, spec, state.base, state.fail_base)
-            if early is not None:
-                self.acks.append(early)
-                self.workers.release(spec.size, [proc])
-                continue
-            if proc not in self.workers or not proc.accepts:
-                # its worker went away or stopped accepting since planning: place it again
-                self.workers.release(spec.size, [proc])
-                placed = self.workers.reserve(spec.size)
-                if placed is None:
-                    ack = outcomes.retry(job, state.base, outcomes.NOW, "release", "", "")
-                    self.acks.append(ack)
-                    continue
-                proc = placed
-            by_worker[proc].append(job)
-        for proc, batch in by_worker.items():
-            try:
-                proc.send(batch)
-            except OSError:
-                pass  # it died; its exit sentinel requeues what it held
-
-    def _running(
-        self,
-        state: QueueState,
-        job_id: bytes,
-        token: bytes,
-        run_at: bytes,
-        retries: bytes,
-        stalls: bytes,
-        timeouts: bytes,
-        data: bytes,
-        deadline: float,
-    ) -> Running | None:
-        """A checked-out job, from the fields of a dequeue reply or a push message; None
-        (logged, throttled) when a field does not parse (the library writes integers, and
-        reads a count written around it as 0: only a fake push gets here)."""
-        try:
-            job = Running(
-                self.seq + 1,
-                state.name,
-                job_id.decode(),
-                token.decode(),
-                data,
-                int(run_at),  # ValueError for b'1e+20', b'x' (the library writes %d)
-                int(retries),
-                int(stalls),
-                int(timeouts),
-                state.spec.size,
-                deadline,
-            )
-        except (ValueError, TypeError, AttributeError) as exc:
-            self.malformed("job record", (job_id, token, run_at, retries, stalls, timeouts, exc))
-            return None
-        self.seq += 1
-        return job
-
-    # ------------------------------------------------------------------ pub/sub
-
-    def on_messages(self, messages: list[Message]) -> None:
-        """Wake-ups (a job may be ready at the time they carry) and pushed jobs."""
-        for kind, name, data in messages:
-            state = self.states.get(name)
-            if state is None:
-                continue
-            if kind == "push":
-                self._pushed(state, data)
-                continue
-            if not _digits(data):
-                self.malformed("wake-up", data)
-                continue
-            at = self.clock.local(int(data))
-            state.ready_at = min(state.ready_at, at)
-            state.woken = min(state.woken, at)
-
-    def _pushed(self, state: QueueState, message: bytes) -> None:
-        """A job dispatch leased straight to this client (or an unpark mark: no newline;
-        something else with fewer fields is dropped, logged).
-        It starts on the worker with the most free units; with no room it is returned."""
-        fields = message.split(b"\n", 7)
-        if len(fields) == 1:
-            self.marks.add(message)
-            return
-        if len(fields) < 8:
-            self.malformed("job record", fields[:7])  # anyone may PUBLISH
-            return
-        job_id, token, run_at, retries, stalls, timeouts, trace, data = fields
-        if not all(_digits(f) for f in (run_at, retries, stalls, timeouts)):
-            self.malformed("job record", fields[:6])  # anyone may PUBLISH: digits only
-            return
-        job = self._running(
-            state,
-            job_id,
-            token,
-            run_at,
-            retries,
-            stalls,
-            timeouts,
-            data,
-            time.monotonic() + state.spec.timeout,
-        )
-        if job is None:  # a real push's lease goes back with the next reconcile
-            return
-        job.pushed = True
-        if 0 < len(trace) <= MAX_TRACE:  # anyone may PUBLISH: a trace of its length only
-            job.trace = trace.decode(errors="replace")
-        early = outcomes.on_dequeue(job, state.spec, state.base, state.fail_base)
-        if early is not None:
-            self.acks.append(early)
-            state.ready_at = 0.0  # park its slot again, with the ack
-            return
-        proc = None if self.stopping else self.workers.reserve(state.spec.size)
-        if proc is None:  # parked slots another queue or a lost worker took meanwhile
-            self.acks.append(outcomes.retry(job, state.base, job.run_at, "return", "", ""))
-            return
-        try:
-            proc.send([job])
-        except OSError:
-            pass  # it died; its exit sentinel requeues what it held
+    # ------------------------------------------------------------------ reconcile
 
     def unpark_all(self, client_id: str) -> None:
         """Stop pushes to this client and take in every job pushed before (runtime/handback)."""
-        unpark_all(self.r, self.states, client_id, self.wakeup, self.marks, self.on_messages)
+        marks = self.checkouts.marks
+        unpark_all(self.r, self.states, client_id, self.wakeup, marks, self.on_messages)
 
     def _reconcile(self, client_id: str) -> None:
         """After a lost reply or pub/sub connection, and every RECONCILE_INTERVAL: hand back

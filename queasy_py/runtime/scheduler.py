@@ -8,7 +8,7 @@ drains to that queue's size.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 
@@ -48,6 +48,21 @@ class QueueState:
         dispatch, a pushed job returned, a blocked job promoted) came since its last dequeue
         was sent. The polling fallback alone (ready_at reached) is no such evidence."""
         return self.wants(now) and (self.ready_at == 0.0 or self.woken <= now)
+
+
+def next_ready(states: Iterable[QueueState], unserved: Collection[QueueState], now: float) -> float:
+    """When the loop should next plan a dequeue (epoch seconds; inf: only an event brings
+    one): the earliest ready time of the queues, leaving out those the last plan found
+    ready but gave no units (`unserved`: a worker's result or exit wakes the loop for them)
+    and those ready but held back by their own dequeues in flight (their replies wake the
+    loop; waiting for their ready time, already past, would spin it)."""
+    out = float("inf")
+    for state in states:
+        if state in unserved or (state.ready_at <= now and not state.wants(now)):
+            continue
+        if state.ready_at < out:
+            out = state.ready_at
+    return out
 
 
 def place(free: list[int], size: int) -> int | None:
@@ -92,18 +107,21 @@ def plan(
         members = list(group)
         usable = [0 if i in reserved else units for i, units in enumerate(free)]
         slots: dict[QueueState, list[int]] = {s: [] for s in members}
-        progress = True
-        while progress:
-            progress = False
-            for state in members:
-                if len(slots[state]) >= MAX_BATCH:
+        placing = members  # round-robin, one job each per pass, while some still fit
+        while placing:
+            still = []
+            for state in placing:
+                size = state.spec.size
+                index = place(usable, size)
+                if index is None:  # usable units only shrink: it fits no more this plan
                     continue
-                index = place(usable, state.spec.size)
-                if index is not None:
-                    usable[index] -= state.spec.size
-                    free[index] -= state.spec.size
-                    slots[state].append(index)
-                    progress = True
+                usable[index] -= size
+                free[index] -= size
+                got = slots[state]
+                got.append(index)
+                if len(got) < MAX_BATCH:
+                    still.append(state)
+            placing = still
         out.extend((s, indexes) for s, indexes in slots.items() if indexes)
         for state in members:
             if not slots[state] and state.known_ready(now):

@@ -229,22 +229,14 @@ class Supervisor:
     # ------------------------------------------------------------------ main loop
 
     def _timeout(self, now_mono: float, now: float) -> float:
-        """How long select() may wait: until a job's timeout, a queue's next ready time (when
-        a worker has room; never before Redis may be retried), a schedule's check, or the
-        poll interval."""
+        """How long select() may wait: until a job's timeout, the next round to send (acks, a
+        queue's next ready time when a worker has room, a schedule's check: Rounds.wait), or
+        the poll interval."""
         wait = min(self.poll_interval, self.workers.next_deadline() - now_mono)
         if not self._alive():  # the heartbeat wakes the loop when it has an answer
             return max(0.0, min(wait, self.next_kick - now_mono))
-        retry_at = self.rounds.outage.retry_at
-        if not self.stopping and any(w.accepts and w.free for w in self.workers):
-            for state in self.states.values():
-                if state not in self.rounds.unserved:  # those wait for a worker's event
-                    wait = min(wait, max(state.ready_at, retry_at) - now)
-        if self.acks:
-            wait = min(wait, max(0.0, retry_at - now))
-        if not self.stopping:  # a schedule's check (runtime/schedules.py)
-            wait = min(wait, max(self.rounds.schedules.next_due() - now_mono, retry_at - now))
-        return max(0.0, wait)
+        room = any(w.free and w.accepts for w in self.workers.procs)
+        return max(0.0, min(wait, self.rounds.wait(now, now_mono, room)))
 
     def _step(self) -> None:
         self.workers.watch_writes()
