@@ -103,10 +103,19 @@ def run_at_ms(run_at: object, delay: object, now: float) -> int | None:
                 f"delay must be at most {int(MAX_RUN_AT - now)} seconds (now + delay within "
                 f"year 9999, epoch {MAX_RUN_AT}), got {shown(delay)}"
             )
-        return int((now + delay) * 1000)
+        return ms_not_before(now + delay)
     if run_at is None:
         return None
-    return int(epoch_seconds(run_at, "run_at") * 1000)
+    return ms_not_before(epoch_seconds(run_at, "run_at"))
+
+
+def ms_not_before(seconds: float) -> int:
+    """The first whole millisecond not before `seconds`: the library keeps times in ms, and a
+    job must never become due before the time asked (1.0005 s -> 1001 ms, not 1000). A float a
+    microsecond or less above a whole ms (1.001 * 1000 = 1001.0000000000001) is that ms."""
+    ms = seconds * 1000
+    whole = int(ms)
+    return whole if ms - whole <= 1e-3 else whole + 1
 
 
 def shown(value: object) -> str:

@@ -141,6 +141,16 @@ def test_run_at_as_epoch_seconds(q: Queue) -> None:
     assert (job.state, job.run_at) == ("delayed", 2_000_000_000.5)
 
 
+def test_a_run_at_between_two_milliseconds_is_never_due_early(q: Queue) -> None:
+    # the library keeps whole ms: the next one, never the one before the time asked
+    assert stored(q, q.dispatch("x", run_at=2_000_000_000.0005)).run_at == 2_000_000_000.001
+    assert stored(q, q.dispatch("x", run_at=2_000_000_000.001)).run_at == 2_000_000_000.001
+    assert stored(q, q.dispatch("x", run_at=1_999_999_999.9999)).run_at == 2_000_000_000.0
+    due = 2_000_000_000 + 0.0005
+    many = q.dispatch_many([{"data": i, "run_at": due} for i in range(3)])
+    assert {stored(q, job_id).run_at for job_id in many} == {2_000_000_000.001}
+
+
 def test_run_at_in_the_past_is_ready(q: Queue, lua: Lua) -> None:
     job_id = q.dispatch("x", run_at=1_000_000_000)
     assert stored(q, job_id).state == "waiting"

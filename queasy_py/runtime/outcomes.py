@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from ..options import ListenOptions
+from ..validate import ms_not_before
 from .pool import Running
 
 log = logging.getLogger("queasy_py")
@@ -54,7 +55,7 @@ NOW = "+0"
 def after(seconds: float) -> str:
     """A retry's run_at `seconds` from now on the server's clock (the library adds it to its
     own TIME, so a supervisor whose clock is off does not shift its retries)."""
-    return f"+{max(0, int(seconds * 1000))}"
+    return f"+{max(0, ms_not_before(seconds))}"
 
 
 def ready_at(run_at: int | str, now: float, local: Callable[[int], float]) -> float:
@@ -189,7 +190,7 @@ def on_result(
     if isinstance(retry_at, int | float) and not isinstance(retry_at, bool):
         # a wall-clock time the handler chose (like dispatch's run_at): kept as it is;
         # one already past is "now" on the server's clock
-        run_at = int(retry_at * 1000) if retry_at > now else NOW
+        run_at = ms_not_before(retry_at) if retry_at > now else NOW
         delay = float(retry_at) - now
     else:
         delay = backoff_seconds(spec, job.retry_count)
