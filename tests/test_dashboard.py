@@ -78,6 +78,16 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
+def loaded(browser: Any, element_id: str, timeout: float = 15.0) -> Any:
+    """The element `element_id` of the page a click leads to: a click returns before the next
+    page has loaded when the machine is busy, so wait (bounded) for the element to appear."""
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    located = expected_conditions.presence_of_element_located(("id", element_id))
+    return WebDriverWait(browser, timeout).until(located, f"no #{element_id} after {timeout}s")
+
+
 # --- the dashboard as a subprocess --------------------------------------------------------------
 
 
@@ -221,7 +231,7 @@ def test_the_main_page_shows_the_store_and_requeue_works(
 
         # a failure's job page: every field, its error and traceback
         failures.find_element("link text", "bad-1").click()
-        assert browser.find_element("id", "job-state").text == "failed"
+        assert loaded(browser, "job-state").text == "failed"
         error = browser.find_element("id", "last-error").text
         assert "card declined 1" in error and "Traceback" in error
         assert '"card declined 1"' in browser.find_element("id", "job-data").text
@@ -236,10 +246,10 @@ def test_the_main_page_shows_the_store_and_requeue_works(
         }
         row = browser.find_element("xpath", "//table[@id='jobs']//tr[td/a[text()='bad-0']]")
         row.find_element("link text", "Requeue…").click()
-        assert "bad-0" in browser.find_element("id", "confirm-text").text
+        assert "bad-0" in loaded(browser, "confirm-text").text
         assert work.get_job("bad-0").state == "failed"  # nothing happens before the confirmation
         browser.find_element("id", "confirm").click()
-        assert browser.find_element("id", "done").text == "requeued 1 job"
+        assert loaded(browser, "done").text == "requeued 1 job"
         assert browser.find_element("id", "job-state").text == "waiting"
         assert work.get_job("bad-0").state == "waiting"
         assert work.get_job("bad-1").state == "failed"
