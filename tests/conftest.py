@@ -42,6 +42,17 @@ def server() -> Iterator[Any]:
         embedded.stop()
 
 
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[EmbeddedServer]:
+    """An embedded server of the test module alone, for tests that flush the whole server or
+    load another version of the library (the server cost counts, the upgrade from 3.x)."""
+    server = EmbeddedServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[Any]:
     """A real local Redis Cluster of 3 primaries (tests/cluster_servers.py), started on first

@@ -52,13 +52,7 @@ def test_chaos_short(
         server_pid=queue_server.pid,
         planned_faults=PLANNED_FAULTS,
     )
-    print(" ".join(f"{k}={v}" for k, v in summary.details.items()))
-    print(summary.line)
-    if summary.violations:
-        for path in summary.logs:
-            print(f"----- {path.name} -----")
-            print(path.read_text(errors="replace")[-4000:])
-    assert not summary.violations, "\n".join(summary.violations[:50])
+    no_violations(summary)
     details = summary.details
     assert summary.jobs >= 2000, summary.line
     assert summary.kills >= 10, summary.line
@@ -69,6 +63,18 @@ def test_chaos_short(
     assert details["hostile_schedule_refused"] >= 5, details
     for queue in ("sched-once", "sched-skip"):  # the scheduled queues ran all along
         assert details[f"{queue}_fires"] >= 10, (queue, details)
+
+
+def no_violations(summary: Any) -> None:
+    """Print the run's figures (and the processes' logs when it broke an invariant), then
+    assert that it broke none."""
+    print(" ".join(f"{k}={v}" for k, v in summary.details.items()))
+    print(summary.line)
+    if summary.violations:
+        for path in summary.logs:
+            print(f"----- {path.name} -----")
+            print(path.read_text(errors="replace")[-4000:])
+    assert not summary.violations, "\n".join(summary.violations[:50])
 
 
 @pytest.mark.timeout(300)
@@ -89,13 +95,7 @@ def test_chaos_short_on_a_cluster(
         records_url=redis_url,
         fault_weight=0.0,
     )
-    print(" ".join(f"{k}={v}" for k, v in summary.details.items()))
-    print(summary.line)
-    if summary.violations:
-        for path in summary.logs:
-            print(f"----- {path.name} -----")
-            print(path.read_text(errors="replace")[-4000:])
-    assert not summary.violations, "\n".join(summary.violations[:50])
+    no_violations(summary)
     assert summary.jobs >= 500, summary.line
     assert summary.kills >= 3, summary.line
     for hostile in ("wake", "push"):  # garbage on the sharded channels, on every primary

@@ -23,15 +23,6 @@ from tests.lua_calls import HOST, KEEP, MAXLEN, NOW, Lua
 OUTSIDE = {"fcall", "fcall_ro", "info", "function|load", "function|list", "hello", "ping"}
 
 
-@pytest.fixture(scope="module")
-def own_server() -> Iterator[EmbeddedServer]:
-    server = EmbeddedServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def lua(own_server: EmbeddedServer) -> Iterator[Lua]:
     conn = redis.Redis.from_url(own_server.url, decode_responses=True)

@@ -23,15 +23,6 @@ from tests.lua_calls import NOW, Lua
 OLD = Path(__file__).parent / "fixtures" / "queasy-3.0.0.lua"
 
 
-@pytest.fixture(scope="module")
-def own_server() -> Iterator[EmbeddedServer]:
-    server = EmbeddedServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def r(own_server: EmbeddedServer) -> Iterator[redis.Redis]:
     conn = redis.Redis.from_url(own_server.url, decode_responses=True)
