@@ -1,12 +1,11 @@
 """The producer API on a real local Redis Cluster (3 primaries, tests/cluster_servers.py):
 `redis+cluster://` URLs, FCALL routed by the queue's key without COMMAND GETKEYS, the library
-on every primary, `queasy run` on a cluster URL, and clear errors for what does not work on a
-cluster (AsyncClient). The runtime on a cluster: tests marked ON_CLUSTER (runtime_helpers)
+on every primary, `queasy run` on a cluster URL, clear errors for bad cluster URLs (AsyncClient:
+tests/test_cluster_aio.py). The runtime on a cluster: tests marked ON_CLUSTER (runtime_helpers)
 and tests/test_cluster_ops.py (resharding, failover)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import signal
@@ -96,18 +95,6 @@ def test_the_library_is_loaded_on_every_primary(local_cluster: Any, cluster_clie
     for port in local_cluster.ports:
         reply = local_cluster.node(port).fcall_ro("queasy_library", 0)
         assert reply.decode().endswith(bundled_version())
-
-
-def test_async_client_refuses_a_cluster_url_clearly(local_cluster: Any):
-    from queasy_py.aio import AsyncClient
-
-    async def connect() -> None:
-        async with AsyncClient(local_cluster.url):
-            pass
-
-    with pytest.raises(ConfigError, match="not AsyncClient") as err:
-        asyncio.run(connect())
-    assert local_cluster.password not in str(err.value)
 
 
 def test_a_cluster_url_to_a_single_server_is_a_config_error():
