@@ -133,6 +133,9 @@ def busy_queue_while(rt: Runtime, disturb: Callable[[str], None]) -> None:
     assert sup.proc.poll() is None, "the supervisor exited"
     assert sup.stop() == 0
     assert "Traceback" not in sup.log_without_job_tracebacks()
+    # MOVED, ASK, TRYAGAIN are followed, not an outage: at most a throttled WARNING
+    assert " ERROR " not in sup.log(), sup.log()
+    assert sup.log().count("slot moving") <= 1, sup.log()
 
 
 def test_a_busy_queues_slot_moves_to_another_primary_while_its_jobs_run(
@@ -279,6 +282,8 @@ def test_a_busy_queues_primary_is_killed_and_the_cluster_promotes_its_replica(
         assert sup.proc.poll() is None, "the supervisor exited"
         assert sup.stop() == 0
         assert "Traceback" not in sup.log_without_job_tracebacks()
+        # a lost primary is an outage of its rounds (an ERROR), not a redirection
+        assert "ERROR Redis unreachable or refusing (ConnectionError)" in sup.log()
     finally:
         producer.join(timeout=120)
         if killed is not None:
