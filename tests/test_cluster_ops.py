@@ -197,6 +197,48 @@ def test_a_producer_waits_out_a_slot_that_stays_migrating(ha_cluster: LocalClust
         }
 
 
+def test_an_async_producer_waits_out_a_slot_that_stays_migrating(ha_cluster: LocalCluster) -> None:
+    """AsyncClient as Client above: a dispatch and a pipelined dispatch_many during a slot
+    held migrating for 1.5 s wait, then land once, on the new owner."""
+    import asyncio
+
+    from queasy_py.aio import AsyncClient
+
+    prefix = f"ops-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> tuple[float, dict[str, int], set[str]]:
+        async with AsyncClient(ha_cluster.url, prefix=prefix) as client:
+            q = client.queue("moving-aio")
+            await q.dispatch({"n": 0}, id="before")
+            slot = ha_cluster.slot(q.keys.base)
+            source = ha_cluster.owner_of_slot(slot)
+            target = next(p for p in ha_cluster.primary_ports() if p != source)
+            mover = threading.Thread(target=ha_cluster.move_slot, args=(slot, target, 5, 0.0, 1.5))
+            mover.start()
+            try:
+                await asyncio.to_thread(
+                    wait_for,
+                    lambda: ha_cluster.node(source).execute_command("CLUSTER", "NODES")
+                    .decode().count(f"[{slot}->-"),
+                    5.0,
+                    "the slot to be migrating",
+                )  # fmt: skip
+                began = time.monotonic()
+                await q.dispatch({"n": 1}, id="during")
+                await q.dispatch_many([{"data": {"n": i}, "id": f"many{i}"} for i in range(5)])
+                waited = time.monotonic() - began
+            finally:
+                await asyncio.to_thread(mover.join, 30)
+            assert ha_cluster.owner_of_slot(slot) == target
+            ids = {j.id for j in (await q.jobs("waiting", limit=10))[0]}
+            return waited, await q.counts(), ids
+
+    waited, counts, ids = asyncio.run(scenario())
+    assert waited >= 0.5, waited  # it met the moving slot, and waited it out
+    assert counts["waiting"] == 7
+    assert ids == {"before", "during", *(f"many{i}" for i in range(5))}
+
+
 def test_a_busy_queues_primary_is_killed_and_the_cluster_promotes_its_replica(
     ha_cluster: LocalCluster, rt: Runtime
 ) -> None:
