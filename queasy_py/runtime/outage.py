@@ -1,6 +1,7 @@
 """Redis outages as the scheduling loop sees them: which errors are "not now" (sent again
-after a backoff, never dropped), one log line per kind of outage, and malformed messages or
-records logged once in a while and dropped."""
+after a backoff, never dropped), one log line per kind of outage (a cluster's redirections:
+a WARNING once in a while), and malformed messages or records logged once in a while and
+dropped."""
 
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ TRANSIENT_CLASSES = (
     redis.exceptions.MasterDownError,
 )
 TRANSIENT_CODES = ("BUSY", "MISCONF", "NOREPLICAS", "LOADING", "READONLY", "OOM", "MASTERDOWN")
+#: replies of a cluster whose slot moves or just moved (MOVED, ASK, the migration guard's
+#: TRYAGAIN): expected and followed (the slot map read again, the call sent again after a
+#: backoff), so a WARNING once per REDIRECT_LOG_INTERVAL, not an outage's ERROR; so is
+#: redis-py's "TTL exhausted" (a ClusterError: it followed them and gave up). A part lost
+#: with its node's connection (clusterpipe.NodeLost, a TRYAGAIN too) is an outage.
+REDIRECTS = (redis.exceptions.AskError, redis.exceptions.TryAgainError)  # MOVED is an ASK
+#: seconds between two log lines about redirections
+REDIRECT_LOG_INTERVAL = 60.0
 
 
 #: seconds between two log lines about malformed messages or records of one kind
@@ -45,6 +54,36 @@ class Throttled:
         if now - self.last.get(kind, -MALFORMED_LOG_INTERVAL) >= MALFORMED_LOG_INTERVAL:
             self.last[kind] = now
             log.error("dropped a malformed %s: %.200r (more are dropped silently)", kind, what)
+
+
+def redirected(exc: BaseException) -> bool:
+    """Whether `exc` says a cluster's slot moves or moved (not that a node is lost)."""
+    from ..store.clusterpipe import NodeLost
+
+    if isinstance(exc, redis.exceptions.ClusterError):  # redis-py followed them, then gave up
+        return "TTL exhausted" in str(exc)
+    return isinstance(exc, REDIRECTS) and not isinstance(exc, NodeLost)
+
+
+class RedirectLog:
+    """One WARNING line per REDIRECT_LOG_INTERVAL about a cluster's redirections (a reshard
+    or a failover answers many calls with MOVED, ASK or TRYAGAIN: each is followed)."""
+
+    def __init__(self) -> None:
+        self.last = -REDIRECT_LOG_INTERVAL
+
+    def __call__(self, who: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self.last >= REDIRECT_LOG_INTERVAL:
+            self.last = now
+            log.warning(
+                "%s: Redis Cluster slot moving (%s): %s; following it (logged once per %.0fs)",
+                who, type(exc).__name__, exc, REDIRECT_LOG_INTERVAL,
+            )  # fmt: skip
+
+
+#: the supervisor's one redirection log (its rounds and its heartbeat thread share it)
+redirect_log = RedirectLog()
 
 
 def _text(exc: BaseException) -> str:
@@ -77,13 +116,17 @@ class Outage:
         self.backoff = 0.1
         self.kind: str | None = None  # the kind of the current outage, logged once
         self.errors = 0  # failed round trips (/metrics: queasy_redis_errors_total)
+        self.redirects = redirect_log
 
     def down(self, exc: BaseException) -> None:
         self.errors += 1
         if time.time() < self.retry_at:
             return  # several calls in flight failed together: one step of backoff
         name = outage_name(exc)
-        if name != self.kind:
+        if redirected(exc):  # a slot moving: no outage begins (nor ends, during one)
+            if self.kind is None:
+                self.redirects("rounds", exc)
+        elif name != self.kind:
             log.error("Redis unreachable or refusing (%s): %s; retrying with backoff", name, exc)
             self.kind = name
         self.retry_at = time.time() + self.backoff

@@ -46,6 +46,19 @@ class NodePipe(RedisPipe):
         self._conn = None
         self.inflight = deque()
 
+    def read(self, block: bool = False) -> None:
+        """RedisPipe.read, but an idle connection (nothing in flight) is dropped only when
+        its socket is readable (the server closed it): the loop reads every primary's pipe
+        when one of them is readable, and a primary the last rounds did not need must keep
+        its connection (it was reconnected, AUTH and all, for most rounds otherwise)."""
+        if not self.inflight and self._conn is not None:
+            try:
+                if not self._conn.can_read(timeout=0):
+                    return
+            except (redis.RedisError, OSError):
+                pass  # closed: RedisPipe.read resets it
+        super().read(block)
+
 
 @dataclass(eq=False)
 class Round:

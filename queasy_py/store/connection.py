@@ -161,8 +161,8 @@ def from_url(cls: type[R], url: str, **kwargs: Any) -> R:
     check_url(url)
     if "+cluster://" in url[:16].lower():
         raise ConfigError(
-            f"{mask_url(url)}: a Redis Cluster URL serves Client (its producer API and run()) "
-            "and `queasy run`, not AsyncClient or a single-server connection; use a "
+            f"{mask_url(url)}: a Redis Cluster URL serves Client (its producer API and run()), "
+            "AsyncClient and `queasy run`, not a single-server connection; use a "
             "standalone Redis or Valkey there"
         )
     if url[:7].lower() == "unix://":

@@ -1,0 +1,107 @@
+"""Redis Cluster for AsyncClient: the asyncio twin of store/cluster.py's ClusterClient.
+
+redis-py's asyncio RedisCluster, FCALL routed by its first key (read from the call itself:
+no COMMAND GETKEYS round trip), a call refused because its slot is moving or unserved sent
+again with backoff for up to `slot_wait` seconds, the function library loaded on every
+primary. The URL is the sync client's (`redis+cluster://...`, parse_cluster_url).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.backoff import NoBackoff
+from redis.exceptions import ClusterError, RedisClusterException
+from redis.retry import Retry
+
+from ..errors import AuthenticationFailed, ConnectionFailed
+from .cluster import _NUMKEYS_COMMANDS, SLOT_BUSY, SLOT_WAIT, parse_cluster_url
+from .library import handshake, parse_version, run_handshake_async
+
+
+class _AsyncKeysFromCall:
+    """An asyncio commands parser that reads FCALL's keys from the call itself and asks the
+    wrapped parser (COMMAND GETKEYS when needed) for every other command."""
+
+    def __init__(self, parser: Any) -> None:
+        self._parser = parser
+
+    async def get_keys(self, *args: Any) -> Any:
+        if len(args) > 2 and str(args[0]).lower() in _NUMKEYS_COMMANDS:
+            count = int(args[2])
+            return tuple(args[3 : 3 + count]) if count else None
+        return await self._parser.get_keys(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parser, name)
+
+
+class AsyncClusterClient(RedisCluster):
+    """asyncio RedisCluster routing FCALL by its first key, waiting out a moving or unserved
+    slot for up to `slot_wait` seconds (a producer sees a delay, not an error)."""
+
+    slot_wait = SLOT_WAIT
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands_parser = _AsyncKeysFromCall(self.commands_parser)  # pipelines share it
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + self.slot_wait
+        delay = 0.02
+        while True:
+            try:
+                return await super().execute_command(*args, **kwargs)
+            except (*SLOT_BUSY, ClusterError) as exc:
+                # ClusterError: redis-py's redirections ran out (ASK, then TRYAGAIN, ...)
+                exhausted = "TTL exhausted" in str(exc) or not isinstance(exc, ClusterError)
+                if not exhausted or time.monotonic() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+
+def async_cluster_client(url: str) -> AsyncClusterClient:
+    """An AsyncClusterClient for `url` (ConfigError naming the masked URL when it does not
+    parse); it connects on its first command (ready_cluster). redis-py never sends a command
+    twice (retries off), as for the sync ClusterClient."""
+    nodes, options = parse_cluster_url(url)
+    return AsyncClusterClient(
+        startup_nodes=[ClusterNode(node.host, node.port) for node in nodes],
+        socket_connect_timeout=5.0,
+        socket_keepalive=True,
+        retry=Retry(NoBackoff(), 0),
+        **options,
+    )
+
+
+async def ready_cluster(rc: AsyncClusterClient, url: str) -> str:
+    """Read the slot map and run the version handshake on every primary; the newest version
+    in use. ConnectionFailed when no node answers, AuthenticationFailed for refused
+    credentials (both naming the masked URL)."""
+    from .connection import mask_url
+
+    try:
+        await rc.initialize()
+    except redis.AuthenticationError as exc:
+        raise AuthenticationFailed(
+            f"Redis Cluster at {mask_url(url)} refused the credentials: {exc}"
+        ) from None
+    except (RedisClusterException, redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        raise ConnectionFailed(
+            f"cannot connect to Redis Cluster at {mask_url(url)}: {exc}"
+        ) from None
+    _, options = parse_cluster_url(url)
+    versions = []
+    for node in rc.get_primaries():  # a plain connection per primary: the handshake's calls
+        r = aioredis.Redis(host=node.host, port=node.port, socket_connect_timeout=5.0, **options)
+        try:
+            versions.append(await run_handshake_async(r, handshake()))
+        finally:
+            await r.aclose()
+    return max(versions, key=parse_version)
