@@ -14,6 +14,7 @@ import redis
 from lua_calls import HOST, KEEP, MAXLEN, NOW, Lua
 
 from queasy_py.records import job_info
+from queasy_py.store import events
 from queasy_py.store.library import ensure_loaded
 
 #: what may follow "<token>" in a garbled lease: a space, then whitespace other than a space
@@ -99,3 +100,26 @@ def test_a_garbled_end_does_not_shift_the_fields_after_it(
     assert rec["state"] == "finished" and rec["client"] == "c1", rec
     assert rec["host"].startswith("h"), rec
     assert rec["data"] == '"x"', rec
+
+
+@pytest.mark.parametrize("spaced", ["a b", "x 5 6 -", " lead", "trail "], ids=repr)
+def test_an_event_of_an_id_with_spaces_written_around_the_library_reads_whole(
+    lua: Lua, r: redis.Redis, spaced: str
+) -> None:
+    """The id rules forbid spaces, but a record written with raw ZADD/HSET may hold any id:
+    its event line then has more words than the schema; the id is what lies between the
+    outcome and the line's last 9 words, so no field after it shifts (the pid, the times,
+    the client of the job's event were the words after the id's first)."""
+    lua.add("ok")
+    r.zadd(f"{lua.B}:waiting", {spaced: NOW})
+    r.hset(f"{lua.B}:job:{spaced}", mapping={"id": spaced, "data": '"x"', "run_at": NOW})
+    jobs = {job.id: job for job in lua.dequeue("c1", limit=5).jobs}
+    assert set(jobs) == {"ok", spaced}
+    for job in jobs.values():
+        assert lua.finish("c1", job, now=NOW + 7) == 0
+    read = {e["id"]: e for e in events.page(r, f"{lua.B}:events")}
+    assert set(read) == {"ok", spaced}, read
+    for event in read.values():
+        assert event["outcome"] == "finished" and event["client"] == "c1", event
+        assert (event["ended_at"], event["pid"], event["run_at"]) == (NOW + 7, 42, NOW), event
+        assert event["started_at"] == NOW + 2 and event["retry_count"] == 0, event
