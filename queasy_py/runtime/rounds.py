@@ -203,7 +203,9 @@ class Rounds:
     def expire(self, now_mono: float) -> None:
         """A round with no reply LOOP_REDIS_TIMEOUT after it was sent is lost with its
         connection (RedisPipe.expire): an outage, its acks kept and its dequeues reconciled."""
-        self.pipe.expire(now_mono)
+        if now_mono >= self.pipe.deadline():
+            self.pipe.expire(now_mono)
+            self.events.watch("redis", self.pipe.socket())
 
     def read(self) -> None:
         """The round pipe is readable: run the callbacks of the replies that arrived."""
