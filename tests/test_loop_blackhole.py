@@ -89,8 +89,11 @@ def test_a_round_whose_reply_never_comes_is_an_outage_not_a_stall(
     proxy: SilentProxy, prefix: str, r: redis.Redis, redis_url: str, tmp_path: Path
 ) -> None:
     # the supervisor goes through the proxy; the producer and the handlers' records do not
-    direct = Runtime(redis_url, prefix, r, tmp_path)
-    with Runtime(through(proxy, redis_url), prefix, r, tmp_path, records=(redis_url, r)) as rt:
+    via = through(proxy, redis_url)
+    with (
+        Runtime(redis_url, prefix, r, tmp_path) as direct,
+        Runtime(via, prefix, r, tmp_path, records=(redis_url, r)) as rt,
+    ):
         q = direct.queue("q")
         q.dispatch({"tag": "before"})
         sup = rt.start({"q": queue_spec(timeout=30.0)}, workers=1, poll_interval=0.2)
@@ -110,4 +113,3 @@ def test_a_round_whose_reply_never_comes_is_an_outage_not_a_stall(
         assert sorted(e for e in ended if e in ids) == sorted(ids)
         starts = [rec for rec in rt.records("start") if rec.get("tag") == "after"]
         assert len(starts) == 3, starts  # none ran twice
-    direct.__exit__(None, None, None)
