@@ -665,7 +665,8 @@ local function leased_at(B, job)
   if job.legacy then
     return call('HGET', B .. ':active:' .. job.id, 'leased_at') or ''
   end
-  return string.match(job.held, ' (%S*)$')
+  -- a value garbled around the library ('<token> 1\t2': no match) is '' (reads as 0)
+  return string.match(job.held, ' (%S*)$') or ''
 end
 
 -- The numbers of a job from leased(), to count or compare (its strings go: stale after that).
@@ -1732,17 +1733,17 @@ local function describe(key, with_data, ending_, id)
   if ending_ then -- the end of an ended job (B:ends), as separate fields, first
     out[1], out[2], seen.id = 'id', id, true
     local i = 0
-    for word in string.gmatch(ending_, '%S+') do
+    for at, word in string.gmatch(ending_, '()(%S+)') do
       i = i + 1
-      if i > #END_FIELDS then
-        break
+      if i == #END_FIELDS then -- the host is the rest of the line (it may hold spaces)
+        word = string.sub(ending_, at)
       end
       out[#out + 1] = END_FIELDS[i]
       out[#out + 1] = word
       seen[END_FIELDS[i]] = true
-    end
-    if i == #END_FIELDS then -- the host is the rest of the line (it may hold spaces)
-      out[#out] = string.match(ending_, '^' .. string.rep('%S+ ', #END_FIELDS - 1) .. '(.*)$')
+      if i == #END_FIELDS then
+        break
+      end
     end
   elseif #flat == 0 then
     return nil

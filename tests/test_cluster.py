@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -238,6 +239,38 @@ def test_a_primary_idle_for_some_rounds_keeps_its_round_connection(
 def idle_dropped(pipe: Any, port: int) -> bool:
     """Whether the node pipe to `port` let go of its connection (the server closed it)."""
     return next(p for n, p in pipe.pipes.items() if n[1] == port)._conn is None
+
+
+def test_a_primarys_part_with_no_reply_in_time_is_lost_and_the_round_goes_on(
+    local_cluster: Any, cluster_client: Client
+):
+    """ClusterPipe.expire: a part whose reply does not come within LOOP_REDIS_TIMEOUT (a
+    BLPOP blocking past it, here; a connection dropped silently, on the network) is lost as
+    its broken connection's (NodeLost replies for all of that part); the parts that answered
+    keep their replies."""
+    from queasy_py import defaults
+    from queasy_py.store.clusterpipe import ClusterPipe, NodeLost
+
+    names = spread_queues(local_cluster, cluster_client)
+    bases = [cluster_client.queue(name).keys.base for name in names]
+    commands: list = [("FCALL_RO", "queasy_counts", 1, base, "") for base in bases]
+    blocked = ("WAIT", 99, 30_000)  # no key: the first primary's part; 99 replicas never ack
+    pipe = ClusterPipe(local_cluster.url)
+    got: list[Any] = []
+    try:
+        pipe.send([*commands, blocked], got.extend, got.append)
+        assert pipe.deadline() <= time.monotonic() + defaults.LOOP_REDIS_TIMEOUT
+        wait_for(lambda: (pipe.read(), pipe.inflight[0].answered == 2)[1], what="2 parts")
+        pipe.expire(time.monotonic())  # within the bound: still waiting
+        assert pipe.inflight and not got
+        pipe.expire(pipe.deadline())
+        assert not pipe.inflight and pipe.deadline() == float("inf")
+    finally:
+        pipe.close()
+    assert len(got) == 4, got
+    lost = [i for i, reply in enumerate(got) if isinstance(reply, NodeLost)]
+    assert len(lost) == 2 and 3 in lost, got  # the WAIT and the first primary's queue's
+    assert all(isinstance(got[i], list) for i in range(3) if i not in lost), got
 
 
 @pytest.fixture

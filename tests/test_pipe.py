@@ -6,6 +6,7 @@ their acks and releases their units instead of forgetting them."""
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 import redis
@@ -37,5 +38,38 @@ def test_a_failed_send_gives_the_batches_in_flight_their_error(redis_url: str) -
             pipe.send([("PING",)], pytest.fail, errors.append)
         assert len(errors) == 1 and isinstance(errors[0], redis.ConnectionError)  # the first
         assert not pipe.inflight
+    finally:
+        pipe.close()
+
+
+def test_a_batch_with_no_reply_in_loop_redis_timeout_is_lost_with_its_connection(
+    redis_url: str, prefix: str
+) -> None:
+    """A reply that never comes (here a BLPOP that blocks past the bound; on the network a
+    connection dropped silently) must not hold the loop for ever: past LOOP_REDIS_TIMEOUT
+    after the send, expire() fails the batch as a broken connection's (time is passed in,
+    so the test does not wait for it)."""
+    from queasy_py import defaults
+
+    pipe = RedisPipe(redis_url)
+    got: list = []
+    errors: list[BaseException] = []
+    try:
+        pipe.send([("PING",)], got.extend, errors.append)
+        pipe.read(block=True)
+        assert len(got) == 1 and not errors
+        sent = time.monotonic()
+        pipe.send([("BLPOP", f"{prefix}:never", 30)], got.extend, errors.append)
+        assert sent <= pipe.deadline() - defaults.LOOP_REDIS_TIMEOUT <= time.monotonic()
+        pipe.expire(time.monotonic())  # within the bound: still waiting
+        assert len(pipe.inflight) == 1 and not errors
+        pipe.expire(pipe.deadline())
+        assert not pipe.inflight and pipe.socket() is None
+        assert len(errors) == 1 and isinstance(errors[0], redis.TimeoutError), errors
+        assert pipe.deadline() == float("inf")
+        # the next batch goes out on a new connection
+        pipe.send([("PING",)], got.extend, errors.append)
+        pipe.read(block=True)
+        assert len(got) == 2 and len(errors) == 1
     finally:
         pipe.close()

@@ -18,7 +18,7 @@ import redis
 
 from queasy_py.store.embedded import EmbeddedServer
 from queasy_py.store.library import bundled_version, ensure_loaded
-from tests.lua_calls import NOW, Lua
+from tests.lua_calls import NOW, Leased, Lua, schedule, schedule_info
 
 OLD = Path(__file__).parent / "fixtures" / "queasy-3.0.0.lua"
 
@@ -95,3 +95,55 @@ def test_events_of_3_stay_readable_after_the_upgrade(r: redis.Redis) -> None:
     assert (old["outcome"], old["client"], new["outcome"], new["client"]) == (
         "finished", "c1", "finished", "c1",
     )  # fmt: skip
+
+
+def test_blocked_updates_and_a_schedule_of_3_carry_on_under_4(r: redis.Redis) -> None:
+    """What test_leases_... leaves out: a blocked copy holding pending updates (u_data,
+    u_run_at, u_reset) behind a job leased by 3.x, merged when that job is retried or ends
+    under 4.0.0; a schedule's occurrence leased by 3.x, its end noted under 4.0.0; and the
+    retention of the ends 3.x kept."""
+    lua = Lua(r, "up")
+    lua.dispatch(("a", '"a"', ""), ("b", '"b"', ""), ("done", '"d"', ""))
+    sched = schedule(lua, None, NOW)
+    taken = lua.dequeue("c1", limit=5).jobs
+    assert sorted(j.id for j in taken) == ["a", "b", "done", "schedule"]
+    (done,) = [j for j in taken if j.id == "done"] or [None]
+    a = lua.record("a")
+    assert done is not None and a is not None and a["state"] == "active"
+    leases = dict(zip(*[iter(lua.call("queasy_leases", [lua.B], NOW, "c1"))] * 2, strict=True))
+    assert lua.finish("c1", done, now=NOW + 1) == 0  # an end kept by 3.x (B:ends)
+    ended_by_3 = r.hget(lua.B + ":ends", "done")
+    # pending updates of the active a (data, run_at, a reset of its counts) and b (its
+    # run_at only, if earlier)
+    lua.dispatch(("a", '"a2"', NOW + 50))
+    lua.dispatch(("b", '"b2"', NOW + 70), update_data=False, run_at_mode="if_earlier")
+    assert lua.counts()["blocked"] == 2
+    pending = r.hgetall(lua.B + ":job:a")
+    assert pending.get("u_data") == "1", pending  # the layout of 3.x
+    upgrade(r)
+
+    assert r.hget(lua.B + ":ends", "done") == ended_by_3
+    assert lua.record("done")["state"] == "finished"
+    # a retried under 4.0.0: one record of a, with the blocked copy's data and run_at, its
+    # counts reset by the update
+    ja = Leased("a", leases["a"], '"a"', NOW, 0, 0, 0)
+    assert lua.retry("c1", ja, run_at=NOW + 500, now=NOW + 10) == 0
+    assert lua.get_job("a", now=NOW + 10) == {
+        "state": "delayed", "id": "a", "data": '"a2"', "run_at": NOW + 50,
+        "retry_count": 0, "stall_count": 0, "timeout_count": 0,
+    }  # fmt: skip
+    # b finished under 4.0.0: its blocked copy becomes the job, as 3.0.0 makes it (its own
+    # data and run_at)
+    jb = Leased("b", leases["b"], '"b"', NOW, 0, 0, 0)
+    assert lua.finish("c1", jb, now=NOW + 10) == 0
+    rec_b = lua.get_job("b", now=NOW + 10)
+    assert rec_b is not None and rec_b["state"] in ("waiting", "delayed"), rec_b
+    assert rec_b["data"] == '"b2"' and rec_b["run_at"] == NOW + 70
+    assert lua.counts(now=NOW + 10)["blocked"] == 0
+    assert not {"u_data", "u_run_at", "u_reset"} & set(r.hgetall(lua.B + ":job:a"))
+    # the schedule's occurrence, leased by 3.x, ends under 4.0.0 and is noted
+    assert sched.fire_at == NOW
+    (occ,) = [j for j in taken if j.id == "schedule"]
+    assert lua.finish("c1", occ, now=NOW + 110) == 0
+    info = schedule_info(lua, now=NOW + 110)
+    assert info is not None and info["last_outcome"] == "finished", info

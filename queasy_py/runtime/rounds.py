@@ -184,10 +184,11 @@ class Rounds:
         acks waiting, a queue's ready time (with `room`: a worker has free units), a
         schedule's check; none before Redis may be tried again after an outage. While the
         round cannot go out until a reply comes back (MAX_ROUNDS in flight, or a reload or
-        reconcile waiting for them), that reply wakes the loop: it does not spin meanwhile."""
+        reconcile waiting for them), that reply wakes the loop: it does not spin meanwhile;
+        one that does not come in LOOP_REDIS_TIMEOUT is taken as lost (expire)."""
         inflight = len(self.pipe.inflight)
         if inflight >= MAX_ROUNDS or (inflight and (self.reload or self.reconcile)):
-            return float("inf")
+            return self.pipe.deadline() - now_mono  # then the reply is taken as lost (expire)
         retry_at = self.outage.retry_at
         wait = float("inf")
         if self.acks:
@@ -197,7 +198,14 @@ class Rounds:
                 at = next_ready(self.states.values(), self.unserved, now)
                 wait = min(wait, max(at, retry_at) - now)
             wait = min(wait, max(self.schedules.next_due() - now_mono, retry_at - now))
-        return wait
+        return min(wait, self.pipe.deadline() - now_mono)
+
+    def expire(self, now_mono: float) -> None:
+        """A round with no reply LOOP_REDIS_TIMEOUT after it was sent is lost with its
+        connection (RedisPipe.expire): an outage, its acks kept and its dequeues reconciled."""
+        if now_mono >= self.pipe.deadline():
+            self.pipe.expire(now_mono)
+            self.events.watch("redis", self.pipe.socket())
 
     def read(self) -> None:
         """The round pipe is readable: run the callbacks of the replies that arrived."""

@@ -278,6 +278,7 @@ class Supervisor:
         self.workers.check_timeouts(now_mono)
         self.workers.check_memory(now_mono)
         self.workers.stop_drained()
+        self.rounds.expire(now_mono)
         if alive:
             self.rounds.send()
 

@@ -191,6 +191,16 @@ class ClusterPipe:
         for pipe in list(self.pipes.values()):
             pipe.read(block)
 
+    def deadline(self) -> float:
+        """The earliest deadline of a primary's pipe (RedisPipe.deadline)."""
+        return min((pipe.deadline() for pipe in self.pipes.values()), default=float("inf"))
+
+    def expire(self, now: float) -> None:
+        """A primary's part with no reply in time is lost, as its broken connection's
+        (RedisPipe.expire)."""
+        for pipe in list(self.pipes.values()):
+            pipe.expire(now)
+
     def fail(self, exc: BaseException) -> None:
         for pipe in list(self.pipes.values()):
             pipe.fail(exc)

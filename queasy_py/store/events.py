@@ -142,6 +142,10 @@ LINE_FIELDS = (
     "timeout_count",
     "client",
 )
+#: an event line whose id holds spaces (a record written with raw commands: the library's id
+#: rules forbid them): the outcome, the id (all up to the line's last 9 words), and the 8
+#: numbers ('-': unknown) and client id (no space: the id rules) that end every line
+_SPACED_ID = re.compile(r"^(\S+) (.+) ((?:(?:\d+|-) ){8}\S*)$")
 #: the fields an entry holds only for an outcome with an error ('' when absent)
 ERROR_FIELDS = ("error_name", "error_kind", "error_message", "traceback")
 
@@ -161,6 +165,10 @@ def fields_of(raw: dict[Any, Any], queue: str) -> dict[str, str]:
     if line is None:
         return out  # an entry of library 3.x (or one written by hand): as it is
     words = line.split(" ")
+    if len(words) > len(LINE_FIELDS):  # an id with spaces, written around the library
+        match = _SPACED_ID.match(line)
+        if match is not None:
+            words = [match[1], match[2], *match[3].split(" ")]
     event = {"id": "", "queue": queue}
     for name, word in zip(LINE_FIELDS, words, strict=False):
         event[name] = "" if word == "-" else word

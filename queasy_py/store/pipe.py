@@ -8,6 +8,7 @@ so workers keep running while a round trip is under way.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 import hiredis
 import redis
 
+from .. import defaults
 from .connection import loop_client
 
 log = logging.getLogger("queasy_py")
@@ -29,6 +31,7 @@ class Batch:
     on_reply: Callable[[list[Reply]], None]
     on_error: Callable[[BaseException], None]
     replies: list[Reply] = field(default_factory=list)
+    sent_at: float = 0.0  # time.monotonic() when it was sent
 
 
 class RedisPipe:
@@ -63,7 +66,21 @@ class RedisPipe:
         except BaseException as exc:
             self.fail(exc)
             raise
-        self.inflight.append(Batch(len(commands), on_reply, on_error))
+        self.inflight.append(Batch(len(commands), on_reply, on_error, sent_at=time.monotonic()))
+
+    def deadline(self) -> float:
+        """When (time.monotonic()) the oldest batch in flight is past its wait for a reply
+        (inf when none is in flight)."""
+        if not self.inflight:
+            return float("inf")
+        return self.inflight[0].sent_at + defaults.LOOP_REDIS_TIMEOUT
+
+    def expire(self, now: float) -> None:
+        """A batch with no complete reply LOOP_REDIS_TIMEOUT after it was sent: its connection
+        is taken as broken (a connection dropped silently on the way, with no reset, never
+        answers and never errors: the loop would wait for it for ever), as in `fail`."""
+        if now >= self.deadline():
+            self.fail(redis.TimeoutError(f"no reply within {defaults.LOOP_REDIS_TIMEOUT:g} s"))
 
     def read(self, block: bool = False) -> None:
         """Read every reply that has arrived (with `block`, wait for all in flight)."""

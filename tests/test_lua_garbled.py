@@ -1,0 +1,125 @@
+"""Library 4.0.0's one-line values (a lease "<token> <leased_at>" in B:lease:<client>, an end
+"<state> ... <client> <host>" in B:ends) as a producer with raw Redis access may garble them,
+and as an unusual but valid argument (a host with spaces) writes them.
+
+README "Threat model": a number field garbled around the library reads as 0; it must not fail
+the call that acks it (a Lua error after the first write leaves the call half-done: the job's
+record gone, its lease kept) nor the other jobs of the same call.
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from lua_calls import HOST, KEEP, MAXLEN, NOW, Lua
+
+from queasy_py.records import job_info
+from queasy_py.store import events
+from queasy_py.store.library import ensure_loaded
+
+#: what may follow "<token>" in a garbled lease: a space, then whitespace other than a space
+GARBLED = [" 12\t3", " \n", " 1\r", " 1\x0b2"]
+
+
+@pytest.fixture
+def lua(r: redis.Redis, redis_url: str, prefix: str) -> Lua:
+    with redis.Redis.from_url(redis_url) as conn:
+        ensure_loaded(conn)
+    return Lua(r, prefix)
+
+
+def two_leased(lua: Lua, r: redis.Redis, suffix: str) -> list[tuple[str, str]]:
+    """Jobs a and b leased to c1, each with an earlier retry (so its end is kept whole, with
+    its leased_at); a's lease value garbled after its token."""
+    lua.add("a")
+    lua.add("b")
+    jobs = lua.dequeue("c1", limit=2).jobs
+    assert sorted(job.id for job in jobs) == ["a", "b"]
+    for job in jobs:
+        r.hset(f"{lua.B}:active:{job.id}", "retry_count", "1")
+    tokens = {job.id: job.token for job in jobs}
+    r.hset(f"{lua.B}:lease:c1", "a", tokens["a"] + suffix)
+    return [("a", tokens["a"]), ("b", tokens["b"])]
+
+
+@pytest.mark.parametrize("suffix", GARBLED, ids=repr)
+@pytest.mark.parametrize("ack", ["finish", "fail"])
+def test_a_garbled_leased_at_reads_as_0_and_every_job_of_the_call_ends(
+    lua: Lua, r: redis.Redis, ack: str, suffix: str
+) -> None:
+    leases = two_leased(lua, r, suffix)
+    head = [NOW + 5, "c1", MAXLEN, *KEEP, HOST, 0]
+    args: list = []
+    for job_id, token in leases:
+        if ack == "finish":
+            args += [job_id, token, "42", NOW + 1, ""]
+        else:
+            args += [job_id, token, "", "", "42", NOW + 1, "KeyError", "permanent", "m", "t"]
+    codes = lua.call(f"queasy_{ack}", [lua.B], *head, *args)
+    assert codes == [0, 0]
+    state = "finished" if ack == "finish" else "failed"
+    a, b = lua.record("a"), lua.record("b")
+    assert a is not None and a["state"] == state and a["leased_at"] == "0", a
+    assert b is not None and b["state"] == state and b["leased_at"] == str(NOW), b
+    assert r.hlen(f"{lua.B}:lease:c1") == 0, "no lease left behind"
+    assert lua.counts()["active"] == 0
+
+
+@pytest.mark.parametrize("host", ["my host", "build box 7", "a\tb", "trailing "], ids=repr)
+def test_an_end_keeps_a_host_with_spaces_whole(lua: Lua, r: redis.Redis, host: str) -> None:
+    job = lua.take("a")
+    head = [NOW + 5, "c1", MAXLEN, *KEEP, host, 0]
+    assert lua.call("queasy_finish", [lua.B], *head, job.id, job.token, "42", NOW, "") == [0]
+    assert not r.exists(f"{lua.B}:ended:a"), "the end alone is kept (B:ends)"
+    rec = lua.record("a")
+    assert rec is not None and rec["host"] == host and rec["client"] == "c1", rec
+    row = lua.call("queasy_get_job", [lua.B], NOW, "a")
+    assert job_info("q", row).host == host
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "finished  1 - - 1 2 3 0 0 0 c1 h",  # two spaces
+        "finished\t1 - - 1 2 3 0 0 0 c1 h",  # a tab
+        "finished 1 - - 1 2 3 0 0 0 c1 h\tx",
+    ],
+    ids=repr,
+)
+def test_a_garbled_end_does_not_shift_the_fields_after_it(
+    lua: Lua, r: redis.Redis, line: str
+) -> None:
+    job = lua.take("a")
+    r.hset(f"{lua.B}:active:a", "retry_count", "1")  # kept whole: the record has its data
+    assert lua.finish("c1", job) == 0
+    r.hset(f"{lua.B}:ends", "a", line)
+    row = lua.call("queasy_get_job", [lua.B], NOW, "a")
+    flat = row[1]
+    assert len(flat) % 2 == 0, flat
+    rec = dict(zip(flat[0::2], flat[1::2], strict=True))
+    assert rec["state"] == "finished" and rec["client"] == "c1", rec
+    assert rec["host"].startswith("h"), rec
+    assert rec["data"] == '"x"', rec
+
+
+@pytest.mark.parametrize("spaced", ["a b", "x 5 6 -", " lead", "trail "], ids=repr)
+def test_an_event_of_an_id_with_spaces_written_around_the_library_reads_whole(
+    lua: Lua, r: redis.Redis, spaced: str
+) -> None:
+    """The id rules forbid spaces, but a record written with raw ZADD/HSET may hold any id:
+    its event line then has more words than the schema; the id is what lies between the
+    outcome and the line's last 9 words, so no field after it shifts (the pid, the times,
+    the client of the job's event were the words after the id's first)."""
+    lua.add("ok")
+    r.zadd(f"{lua.B}:waiting", {spaced: NOW})
+    r.hset(f"{lua.B}:job:{spaced}", mapping={"id": spaced, "data": '"x"', "run_at": NOW})
+    jobs = {job.id: job for job in lua.dequeue("c1", limit=5).jobs}
+    assert set(jobs) == {"ok", spaced}
+    for job in jobs.values():
+        assert lua.finish("c1", job, now=NOW + 7) == 0
+    read = {e["id"]: e for e in events.page(r, f"{lua.B}:events")}
+    assert set(read) == {"ok", spaced}, read
+    for event in read.values():
+        assert event["outcome"] == "finished" and event["client"] == "c1", event
+        assert (event["ended_at"], event["pid"], event["run_at"]) == (NOW + 7, 42, NOW), event
+        assert event["started_at"] == NOW + 2 and event["retry_count"] == 0, event
