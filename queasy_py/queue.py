@@ -273,27 +273,6 @@ class Queue(QueueBase, Operate):
         chunks, ids = self._dispatch_many_args(jobs, update_data, update_run_at, reset_counts)
         return self._send_batch(chunks, ids, window)
 
-    def _dispatch_encoded(
-        self,
-        triples: list,
-        update_data: bool = True,
-        update_run_at: bool | str = True,
-        reset_counts: bool | None = None,
-        *,
-        dedup_window: float | None = None,
-    ) -> BatchResult:
-        """dispatch_batch of jobs already checked and encoded (the Spark sink's, whose types
-        the schema fixed on the driver): `triples` is flat, [id, data, run_at, ...], each id
-        within the id rules, each data JSON bytes of at most the client's max_payload, each
-        run_at epoch ms within the library's bounds or '' (now). The library still checks
-        every id, JSON document and run_at (INVALID, nothing written) but the error names
-        the job by its position only."""
-        if len(triples) % 3:
-            raise InvalidInput(f"triples must be id, data, run_at groups, got {len(triples)}")
-        window = None if dedup_window is None else self._window_ms(dedup_window)
-        flags = self._flags(update_data, update_run_at, reset_counts)
-        return self._send_batch(self._chunks(flags, triples), triples[0::3], window)
-
     def _send_batch(self, chunks: list[list], ids: list[str], window: int | None) -> BatchResult:
         """Send dispatch_batch's chunks, pipelined in one round trip."""
         name = "queasy_dispatch"

@@ -21,6 +21,7 @@ import re
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 
 from .. import defaults, validate
 from ..client import Client
+from ..encoded import dispatch_encoded_stream
 from ..errors import InvalidInput
 from ..queue import BatchResult, new_job_ids
 from . import jsonmap
@@ -146,24 +148,37 @@ class SinkPlan:
         schema = T.StructType.fromJson(json.loads(self.schema_json))
         jobs_of = BatchJobs(self, schema)
         counts = DispatchCounts()
+        rows: deque[int] = deque()  # of the batches sent whose replies are not read yet
         with Client(self.url, workers=0, prefix=self.prefix) as client:
-            queue = client.queue(self.queue)
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                try:
-                    result = queue._dispatch_encoded(
-                        jobs_of.triples(batch, client.max_payload),
-                        update_data=self.update_data,
-                        update_run_at=self.update_run_at,
-                        reset_counts=self.reset_counts,
-                        dedup_window=self.dedup_window,
-                    )
-                except InvalidInput as exc:
-                    raise InvalidInput(
-                        f"queasy sink, queue {self.queue!r}: {_row(exc, jobs_of, batch)}"
-                    ) from None
-                counts.add(result, batch.num_rows)
+
+            def encoded() -> Iterator[list[Any]]:
+                for batch in batches:
+                    if batch.num_rows == 0:
+                        continue
+                    try:
+                        triples = jobs_of.triples(batch, client.max_payload)
+                    except InvalidInput as exc:
+                        raise InvalidInput(
+                            f"queasy sink, queue {self.queue!r}: {_row(exc, jobs_of, batch)}"
+                        ) from None
+                    rows.append(batch.num_rows)
+                    yield triples
+
+            try:
+                # one batch in flight while the next is converted (encoded.dispatch_encoded_stream)
+                for result in dispatch_encoded_stream(
+                    client.queue(self.queue),
+                    encoded(),
+                    update_data=self.update_data,
+                    update_run_at=self.update_run_at,
+                    reset_counts=self.reset_counts,
+                    dedup_window=self.dedup_window,
+                ):
+                    counts.add(result, rows.popleft())
+            except InvalidInput as exc:
+                if str(exc).startswith("queasy sink"):
+                    raise
+                raise InvalidInput(f"queasy sink, queue {self.queue!r}: {exc}") from None
         return counts
 
 
@@ -210,7 +225,7 @@ class BatchJobs:
         ]
 
     def triples(self, batch: pa.RecordBatch, max_bytes: int) -> list[Any]:
-        """Queue._dispatch_encoded's triples of `batch`: what dispatch_batch would send for
+        """encoded.dispatch_encoded_stream's triples of `batch`: what dispatch_batch would send for
         self(batch), without its per-value checks of the data, which the column converters
         made on the way (JSON types only, finite floats, text keys). InvalidInput for a row
         (`jobs[i]: `, as dispatch_batch) whose id breaks the id rules, whose data is over
