@@ -4,12 +4,13 @@
     df.write.format("queasy").option("queue", "emails").option("id_column", "user_id") \\
         .mode("append").save()
 
-Each task dispatches its Arrow batches through Queue.dispatch_batch (500 jobs per FCALL, the
-FCALLs of a batch pipelined). With an id column the batches go with a dedup window
-(queasy_dispatch_once), so a retried task, a speculative copy or a re-run of the whole write
-never runs an id twice; without one every row is a new job and a retried task's rows are
-dispatched again. The counts of the tasks that succeeded come back to the driver as commit
-messages and are logged (logger `queasy_py.spark`).
+Each task dispatches its Arrow batches as Queue.dispatch_batch would (500 jobs per FCALL, the
+FCALLs of a batch pipelined), through encoded.dispatch_encoded_stream: a batch's rows encoded
+in one orjson.dumps, one batch in flight while the next is converted. With an id column the
+batches go with a dedup window (queasy_dispatch_once), so a retried task, a speculative copy
+or a re-run of the whole write never runs an id twice; without one every row is a new job and
+a retried task's rows are dispatched again. The counts of the tasks that succeeded come back
+to the driver as commit messages and are logged (logger `queasy_py.spark`).
 """
 
 from __future__ import annotations
