@@ -200,7 +200,9 @@ def test_a_value_json_cannot_hold_is_refused_naming_the_column(
             BatchJobs(plan, schema)(pa.RecordBatch.from_pydict(bad))
 
 
-def test_the_sinks_encoded_triples_are_dispatch_batchs_arguments(redis_url: str) -> None:
+def test_the_sinks_encoded_triples_are_dispatch_batchs_arguments(
+    spark: SparkSession, redis_url: str
+) -> None:
     """BatchJobs.triples (one orjson.dumps per batch, split) sends what dispatch_batch would
     send for the same rows, with strings holding '},{', quotes and backslashes and nested
     objects (where the split falls back to one dumps per row)."""
@@ -239,7 +241,9 @@ def test_the_sinks_encoded_triples_are_dispatch_batchs_arguments(redis_url: str)
     ]
 
 
-def test_the_sink_names_the_row_whose_id_or_data_is_refused(redis_url: str) -> None:
+def test_the_sink_names_the_row_whose_id_or_data_is_refused(
+    spark: SparkSession, redis_url: str
+) -> None:
     import pyarrow as pa
     from pyspark.sql.types import _parse_datatype_string
 
