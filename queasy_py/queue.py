@@ -67,6 +67,12 @@ def new_job_id() -> str:
     return os.urandom(16).hex()
 
 
+def new_job_ids(count: int) -> list[str]:
+    """`count` ids as new_job_id's, from one read of the system's random source."""
+    hexes = os.urandom(16 * count).hex()
+    return [hexes[i : i + 32] for i in range(0, 32 * count, 32)]
+
+
 class QueueBase(OperateArgs):
     """Validation, FCALL arguments and reply parsing shared by Queue and aio.AsyncQueue."""
 
@@ -131,10 +137,14 @@ class QueueBase(OperateArgs):
                 )
             except InvalidInput as exc:
                 raise InvalidInput(f"jobs[{index}]: {exc}") from None
+        return self._chunks(flags, args), args[0::3]
+
+    @staticmethod
+    def _chunks(flags: list, args: list) -> list[list]:
+        """ARGV of each queasy_dispatch chunk of DISPATCH_CHUNK triples of `args`."""
         step = DISPATCH_CHUNK * 3
         trace = traceparent()
-        chunks = [["", *flags, trace, *args[i : i + step]] for i in range(0, len(args), step)]
-        return chunks, args[0::3]
+        return [["", *flags, trace, *args[i : i + step]] for i in range(0, len(args), step)]
 
     @staticmethod
     def _window_ms(dedup_window: object) -> int:
@@ -261,6 +271,10 @@ class Queue(QueueBase, Operate):
         """
         window = None if dedup_window is None else self._window_ms(dedup_window)
         chunks, ids = self._dispatch_many_args(jobs, update_data, update_run_at, reset_counts)
+        return self._send_batch(chunks, ids, window)
+
+    def _send_batch(self, chunks: list[list], ids: list[str], window: int | None) -> BatchResult:
+        """Send dispatch_batch's chunks, pipelined in one round trip."""
         name = "queasy_dispatch"
         if window is not None:
             name = "queasy_dispatch_once"

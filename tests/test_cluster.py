@@ -77,6 +77,24 @@ def test_the_producer_api_works_on_every_primary(local_cluster: Any, cluster_cli
     assert len(owners) == 3
 
 
+def test_the_encoded_stream_works_on_every_primary(local_cluster: Any, cluster_client: Client):
+    """The Spark sink's path on a cluster: no connection pool to hold one batch in flight on,
+    so one batch at a time through the cluster's pipeline, on each queue's own primary."""
+    from queasy_py.encoded import dispatch_encoded_stream
+
+    for name in spread_queues(local_cluster, cluster_client):
+        q = cluster_client.queue(name)
+        batches = [
+            [x for i in range(600) for x in (f"{k}-{i}", b'{"k":%d}' % k, "")] for k in range(2)
+        ]
+        results = list(dispatch_encoded_stream(q, batches, dedup_window=60.0))
+        assert [(r.created, r.skipped) for r in results] == [(600, 0), (600, 0)]
+        (again,) = dispatch_encoded_stream(q, batches[:1], dedup_window=60.0)
+        assert (again.created, again.updated) == (0, 600)  # waiting: updated, not doubled
+        assert q.counts()["waiting"] == 1200
+        assert q.get_job("1-599").data == {"k": 1}  # type: ignore[union-attr]
+
+
 def test_fcall_is_routed_without_command_getkeys(local_cluster: Any, cluster_client: Client):
     names = spread_queues(local_cluster, cluster_client)
     cluster_client.ready()

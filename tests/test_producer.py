@@ -16,8 +16,10 @@ import pytest
 import redis
 from lua_calls import COUNTS, Leased, Lua, live
 
-from queasy_py import Client, JobInfo, Queue
+from queasy_py import Client, InvalidInput, JobInfo, Queue
+from queasy_py.encoded import dispatch_encoded_stream
 from queasy_py.queue import DISPATCH_CHUNK
+from queasy_py.store.library import Dispatched
 
 URL_SAFE = re.compile(r"[A-Za-z0-9_-]+")
 IN_AN_HOUR = float(int(time.time()) + 3600)  # whole seconds: survives the ms round trip
@@ -307,3 +309,34 @@ def test_client_without_a_url_starts_and_stops_an_embedded_server(
         c.close()
     assert c.server is None
     assert not psutil.pid_exists(pid)
+
+
+def test_the_encoded_stream_sends_a_batch_before_taking_the_next(q: Queue) -> None:
+    """dispatch_encoded_stream (the Spark sink's) takes batch k+1 from its iterable while
+    batch k is sent and its replies not read yet, then yields each batch's codes in order; a
+    batch the library refuses is InvalidInput, and the connection goes on working after."""
+    results: list = []
+    taken_after: list[int] = []  # results received when each batch was taken
+
+    def batches() -> Iterator[list]:
+        for k in range(3):
+            taken_after.append(len(results))
+            yield [x for i in range(600) for x in (f"b{k}-{i % 550}", b'{"k":%d}' % k, "")]
+
+    for result in dispatch_encoded_stream(q, batches(), dedup_window=60.0):
+        results.append(result)
+    assert taken_after == [0, 0, 1]  # one batch ahead
+    assert [(r.created, r.updated, len(r.ids)) for r in results] == [(550, 50, 600)] * 3
+    assert q.counts()["waiting"] == 1650
+    assert stored(q, "b2-7").data == {"k": 2}
+
+    # the first FCALL of the second batch refused: its second FCALL's reply is left unread
+    bad = [x for i in range(600) for x in (f"c-{i}", b"{}", "not ms" if i == 3 else "")]
+    with pytest.raises(InvalidInput, match="run_at"):
+        list(dispatch_encoded_stream(q, [["ok-0", b"{}", ""], bad]))
+    (again,) = dispatch_encoded_stream(q, [["ok-3", b"{}", ""]])
+    assert (again.ids, again.codes) == (["ok-3"], [Dispatched.CREATED])
+    assert stored(q, "ok-3").data == {}
+    # ok-0, ok-3 and the 100 jobs of the refused batch's second FCALL (each FCALL is checked
+    # alone, as in dispatch_batch)
+    assert q.counts()["waiting"] == 1650 + 102

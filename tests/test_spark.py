@@ -200,6 +200,76 @@ def test_a_value_json_cannot_hold_is_refused_naming_the_column(
             BatchJobs(plan, schema)(pa.RecordBatch.from_pydict(bad))
 
 
+def test_the_sinks_encoded_triples_are_dispatch_batchs_arguments(
+    spark: SparkSession, redis_url: str
+) -> None:
+    """BatchJobs.triples (one orjson.dumps per batch, split) sends what dispatch_batch would
+    send for the same rows, with strings holding '},{', quotes and backslashes and nested
+    objects (where the split falls back to one dumps per row)."""
+    import pyarrow as pa
+    from pyspark.sql.types import _parse_datatype_string
+
+    from queasy_py.queue import QueueBase
+    from queasy_py.spark.sink import BatchJobs, SinkPlan
+
+    texts = ["plain", 'a},{"b":1}', "\\", "},{", '"},{"', "é\u2028"]
+    n = len(texts)
+    flat = pa.RecordBatch.from_pydict(
+        {"k": [f"id-{i}" for i in range(n)], "t": texts, "n": list(range(n))}
+    )
+    nested = pa.RecordBatch.from_pydict(
+        {"k": flat.column("k"), "s": [[{"x": i}, {"x": -i}] for i in range(n)]}
+    )
+    queue = QueueBase(Client(redis_url, workers=0), "q")
+    for schema, batch in (
+        ("k string, t string, n long", flat),
+        ("k string, s array<struct<x: int>>", nested),
+    ):
+        schema = _parse_datatype_string(schema)
+        for options in ({"id_column": "k"}, {"id_column": "k", "data_column": schema.names[1]}):
+            plan = SinkPlan.build({"queue": "q", "url": redis_url, **options}, schema)
+            jobs_of = BatchJobs(plan, schema)
+            (sent,), _ = queue._dispatch_many_args(jobs_of(batch), True, True, None)
+            assert jobs_of.triples(batch, 1 << 20) == sent[5:]
+    # without an id column, new ids of 32 hex digits, all different
+    plan = SinkPlan.build({"queue": "q", "url": redis_url}, _parse_datatype_string("t string"))
+    triples = BatchJobs(plan, _parse_datatype_string("t string")).triples(flat, 1 << 20)
+    ids = triples[0::3]
+    assert len(set(ids)) == n and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert triples[1::3] == [
+        json.dumps({"t": t}, separators=(",", ":"), ensure_ascii=False).encode() for t in texts
+    ]
+
+
+def test_the_sink_names_the_row_whose_id_or_data_is_refused(
+    spark: SparkSession, redis_url: str
+) -> None:
+    import pyarrow as pa
+    from pyspark.sql.types import _parse_datatype_string
+
+    from queasy_py.spark.sink import BatchJobs, SinkPlan, _row
+
+    schema = _parse_datatype_string("k string, t string")
+    plan = SinkPlan.build({"queue": "q", "url": redis_url, "id_column": "k"}, schema)
+    jobs_of = BatchJobs(plan, schema)
+    for rows, max_bytes, message in (
+        (
+            {"k": ["a", "b c"], "t": ["x", "y"]},
+            100,
+            "the row with id 'b c': job id 'b c' contains whitespace",
+        ),
+        (
+            {"k": ["a", "b"], "t": ["x", "y" * 200]},
+            100,
+            "the row with id 'b': job data is 216 bytes encoded, over the limit of 100",
+        ),
+    ):
+        batch = pa.RecordBatch.from_pydict(rows)
+        with pytest.raises(InvalidInput) as caught:
+            jobs_of.triples(batch, max_bytes)
+        assert _row(caught.value, jobs_of, batch).startswith(message)
+
+
 @pytest.mark.parametrize(
     ("schema", "options", "message"),
     [

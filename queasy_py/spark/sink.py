@@ -4,12 +4,13 @@
     df.write.format("queasy").option("queue", "emails").option("id_column", "user_id") \\
         .mode("append").save()
 
-Each task dispatches its Arrow batches through Queue.dispatch_batch (500 jobs per FCALL, the
-FCALLs of a batch pipelined). With an id column the batches go with a dedup window
-(queasy_dispatch_once), so a retried task, a speculative copy or a re-run of the whole write
-never runs an id twice; without one every row is a new job and a retried task's rows are
-dispatched again. The counts of the tasks that succeeded come back to the driver as commit
-messages and are logged (logger `queasy_py.spark`).
+Each task dispatches its Arrow batches as Queue.dispatch_batch would (500 jobs per FCALL, the
+FCALLs of a batch pipelined), through encoded.dispatch_encoded_stream: a batch's rows encoded
+in one orjson.dumps, one batch in flight while the next is converted. With an id column the
+batches go with a dedup window (queasy_dispatch_once), so a retried task, a speculative copy
+or a re-run of the whole write never runs an id twice; without one every row is a new job and
+a retried task's rows are dispatched again. The counts of the tasks that succeeded come back
+to the driver as commit messages and are logged (logger `queasy_py.spark`).
 """
 
 from __future__ import annotations
@@ -20,21 +21,25 @@ import os
 import re
 import sys
 import tempfile
+import time
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
-from .. import defaults
+from .. import defaults, validate
 from ..client import Client
+from ..encoded import dispatch_encoded_stream
 from ..errors import InvalidInput
-from ..queue import BatchResult
+from ..queue import BatchResult, new_job_ids
 from . import jsonmap
 from .options import Options, resolve_url
 
@@ -144,35 +149,48 @@ class SinkPlan:
         schema = T.StructType.fromJson(json.loads(self.schema_json))
         jobs_of = BatchJobs(self, schema)
         counts = DispatchCounts()
+        rows: deque[int] = deque()  # of the batches sent whose replies are not read yet
         with Client(self.url, workers=0, prefix=self.prefix) as client:
-            queue = client.queue(self.queue)
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                jobs = jobs_of(batch)
-                try:
-                    result = queue.dispatch_batch(
-                        jobs,
-                        update_data=self.update_data,
-                        update_run_at=self.update_run_at,
-                        reset_counts=self.reset_counts,
-                        dedup_window=self.dedup_window,
-                    )
-                except InvalidInput as exc:
-                    raise InvalidInput(
-                        f"queasy sink, queue {self.queue!r}: {_row(exc, jobs)}"
-                    ) from None
-                counts.add(result, batch.num_rows)
+
+            def encoded() -> Iterator[list[Any]]:
+                for batch in batches:
+                    if batch.num_rows == 0:
+                        continue
+                    try:
+                        triples = jobs_of.triples(batch, client.max_payload)
+                    except InvalidInput as exc:
+                        raise InvalidInput(
+                            f"queasy sink, queue {self.queue!r}: {_row(exc, jobs_of, batch)}"
+                        ) from None
+                    rows.append(batch.num_rows)
+                    yield triples
+
+            try:
+                # one batch in flight while the next is converted (encoded.dispatch_encoded_stream)
+                for result in dispatch_encoded_stream(
+                    client.queue(self.queue),
+                    encoded(),
+                    update_data=self.update_data,
+                    update_run_at=self.update_run_at,
+                    reset_counts=self.reset_counts,
+                    dedup_window=self.dedup_window,
+                ):
+                    counts.add(result, rows.popleft())
+            except InvalidInput as exc:
+                if str(exc).startswith("queasy sink"):
+                    raise
+                raise InvalidInput(f"queasy sink, queue {self.queue!r}: {exc}") from None
         return counts
 
 
-def _row(exc: InvalidInput, jobs: list[dict[str, Any]]) -> str:
+def _row(exc: InvalidInput, jobs_of: BatchJobs, batch: pa.RecordBatch) -> str:
     """The message of `exc`, naming the row's id rather than its index in an Arrow batch."""
     text = str(exc)
     match = re.match(r"jobs\[(\d+)\]: ", text)
     if match is None:
         return text
-    job_id = jobs[int(match[1])].get("id")
+    name = jobs_of.plan.id_column
+    job_id = None if name is None else str(batch.column(name)[int(match[1])].as_py())
     where = f"the row with id {job_id!r}" if job_id is not None else "a row"
     return f"{where}: {text[match.end() :]}"
 
@@ -207,6 +225,48 @@ class BatchJobs:
             {"data": d, "id": i, "run_at": r} for d, i, r in zip(data, ids, run_ats, strict=True)
         ]
 
+    def triples(self, batch: pa.RecordBatch, max_bytes: int) -> list[Any]:
+        """encoded.dispatch_encoded_stream's triples of `batch`: what dispatch_batch would send for
+        self(batch), without its per-value checks of the data, which the column converters
+        made on the way (JSON types only, finite floats, text keys). InvalidInput for a row
+        (`jobs[i]: `, as dispatch_batch) whose id breaks the id rules, whose data is over
+        `max_bytes` encoded or that JSON cannot encode."""
+        plan = self.plan
+        if plan.data_column:
+            data = self.values(batch, plan.data_column)
+        else:
+            names = plan.data_columns or tuple(self.types)
+            lists = [self.values(batch, name) for name in names]
+            data = [dict(zip(names, row, strict=True)) for row in zip(*lists, strict=True)]
+        try:
+            encoded = None if plan.data_column else _split_objects(orjson.dumps(data), len(data))
+            if encoded is None:
+                encoded = [orjson.dumps(d) for d in data]
+        except orjson.JSONEncodeError:  # (ints over 64 bits, nesting too deep): which row
+            encoded = [_encode(d, max_bytes, i) for i, d in enumerate(data)]
+        if max(map(len, encoded), default=0) > max_bytes:
+            for index, value in enumerate(data):
+                _encode(value, max_bytes, index)
+        if plan.id_column:
+            ids = self.ids(batch)
+            plain = validate.PLAIN_ID.fullmatch
+            for index, job_id in enumerate(ids):
+                if not plain(job_id):
+                    try:
+                        validate.job_id(job_id)
+                    except InvalidInput as exc:
+                        raise InvalidInput(f"jobs[{index}]: {exc}") from None
+        else:
+            ids = new_job_ids(len(data))
+        if plan.run_at_column:
+            now = time.time()
+            run_ats = [
+                "" if r is None else validate.run_at_ms(r, None, now) for r in self.run_ats(batch)
+            ]
+        else:
+            run_ats = [""] * len(data)
+        return [v for triple in zip(ids, encoded, run_ats, strict=True) for v in triple]
+
     def ids(self, batch: pa.RecordBatch) -> list[str]:
         name = self.plan.id_column
         values = batch.column(name).to_pylist()
@@ -228,6 +288,26 @@ class BatchJobs:
             days = pc.cast(column, pa.int32()).to_pylist()
             return [None if d is None else d * 86400 for d in days]
         return [None if v is None else float(v) for v in column.to_pylist()]
+
+
+def _split_objects(blob: bytes, count: int) -> list[bytes] | None:
+    """The `count` JSON objects of `blob`, the JSON array of `count` objects, each encoded
+    alone; None when `blob` holds '},{' elsewhere than between two of them (in a string, or
+    between nested objects). One orjson.dumps of a batch costs a tenth of one per row (most of
+    the latter is the allocation of each result). Sound because each boundary between two
+    objects of the array is one '},{' (no match can overlap it), so any other adds a part."""
+    parts = blob[2:-2].split(b"},{")
+    if len(parts) != count:
+        return None
+    return [b"{%b}" % part for part in parts]
+
+
+def _encode(data: Any, max_bytes: int, index: int) -> bytes:
+    """validate.encode_data of the row at `index`, its error naming it as dispatch_batch's."""
+    try:
+        return validate.encode_data(data, max_bytes)
+    except InvalidInput as exc:
+        raise InvalidInput(f"jobs[{index}]: {exc}") from None
 
 
 class QueasyWriter(DataSourceArrowWriter):
