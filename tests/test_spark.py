@@ -186,7 +186,8 @@ def test_a_value_json_cannot_hold_is_refused_naming_the_column(
     import pyarrow as pa
     from pyspark.sql.types import _parse_datatype_string
 
-    from queasy_py.spark.sink import BatchJobs, SinkPlan
+    from queasy_py.spark.batchjobs import BatchJobs
+    from queasy_py.spark.sink import SinkPlan
 
     schema = _parse_datatype_string("x double, y array<float>")
     plan = SinkPlan.build({"queue": "q", "url": redis_url}, schema)
@@ -210,7 +211,8 @@ def test_the_sinks_encoded_triples_are_dispatch_batchs_arguments(
     from pyspark.sql.types import _parse_datatype_string
 
     from queasy_py.queue import QueueBase
-    from queasy_py.spark.sink import BatchJobs, SinkPlan
+    from queasy_py.spark.batchjobs import BatchJobs
+    from queasy_py.spark.sink import SinkPlan
 
     texts = ["plain", 'a},{"b":1}', "\\", "},{", '"},{"', "é\u2028"]
     n = len(texts)
@@ -247,7 +249,8 @@ def test_the_sink_names_the_row_whose_id_or_data_is_refused(
     import pyarrow as pa
     from pyspark.sql.types import _parse_datatype_string
 
-    from queasy_py.spark.sink import BatchJobs, SinkPlan, _row
+    from queasy_py.spark.batchjobs import BatchJobs, row_error
+    from queasy_py.spark.sink import SinkPlan
 
     schema = _parse_datatype_string("k string, t string")
     plan = SinkPlan.build({"queue": "q", "url": redis_url, "id_column": "k"}, schema)
@@ -267,7 +270,7 @@ def test_the_sink_names_the_row_whose_id_or_data_is_refused(
         batch = pa.RecordBatch.from_pydict(rows)
         with pytest.raises(InvalidInput) as caught:
             jobs_of.triples(batch, max_bytes)
-        assert _row(caught.value, jobs_of, batch).startswith(message)
+        assert row_error(caught.value, jobs_of, batch).startswith(message)
 
 
 @pytest.mark.parametrize(
