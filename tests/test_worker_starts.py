@@ -46,3 +46,19 @@ def test_workers_start_a_few_at_a_time_and_the_next_as_one_is_ready(
         sup.r.close()
         sup.events.close()
         client.close()
+
+
+def test_free_units_are_those_no_running_job_holds_not_the_loops_reservations() -> None:
+    """The capacity gauges (metrics' queasy_capacity_units_free, the registry's free_units)
+    count units held by running jobs; units reserved for a dequeue in flight are free to an
+    operator (an idle supervisor polling showed 0 free units whenever a scrape met a dequeue
+    in flight)."""
+    from queasy_py.runtime.pool import Running, WorkerProc
+
+    proc = WorkerProc(process=None, pipe=None, sentinel=-1)  # type: ignore[arg-type]
+    proc.free -= 100  # a dequeue planned for this worker, in flight
+    assert proc.idle_units == 100
+    job = Running.__new__(Running)
+    job.size = 30
+    proc.jobs[1] = job
+    assert proc.idle_units == 70

@@ -90,6 +90,13 @@ class WorkerProc:
         return self.process.pid
 
     @property
+    def idle_units(self) -> int:
+        """Units no running job holds: what an operator calls free. `free` is lower while a
+        dequeue planned for this worker is in flight (its units reserved for the jobs it may
+        bring), which is the loop's bookkeeping, not capacity in use."""
+        return defaults.WORKER_UNITS - sum(job.size for job in self.jobs.values())
+
+    @property
     def accepts(self) -> bool:
         return self.ready and self.healthy and not self.retiring
 

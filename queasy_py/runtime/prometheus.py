@@ -101,7 +101,7 @@ class QueasyCollector(Collector):
         yield GaugeMetricFamily(
             "queasy_capacity_units_free",
             "Capacity units free on the workers taking jobs",
-            value=sum(max(0, p.free) for p in accepting),
+            value=sum(max(0, p.idle_units) for p in accepting),
         )
         replaced = CounterMetricFamily(
             "queasy_workers_replaced",

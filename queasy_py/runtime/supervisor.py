@@ -138,7 +138,7 @@ class Supervisor:
         return {
             "workers": [p.pid for p in procs],
             "units": defaults.WORKER_UNITS * sum(1 for p in procs if p.accepts),
-            "free_units": sum(max(0, p.free) for p in procs if p.accepts),
+            "free_units": sum(max(0, p.idle_units) for p in procs if p.accepts),
             "jobs": jobs,
             "stopping": self.stopping,
         }
