@@ -17,41 +17,31 @@ import pytest
 import redis
 from lua_calls import live
 from runtime_helpers import Runtime, queue_spec, wait_for
-from test_lost_reply import through
+from test_lost_reply import Proxy, through, upstream
 
 
-class SilentProxy:
+class SilentProxy(Proxy):
     """Forwards one port to the test server; `silence()` drops, from then on, every byte of
     the connections open at that moment (both ways, the sockets kept open: nothing tells
     either end), while connections made afterwards are forwarded as usual."""
 
     def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
         self.generation = 0  # connections of a generation below silenced_below are silent
         self.silenced_below = 0
-        self.closed = False
         self.socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(upstream)
 
     def silence(self) -> None:
         self.generation += 1
         self.silenced_below = self.generation
 
-    def _accept(self) -> None:
-        while not self.closed:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream)
-            self.socks += [client, server]
-            gen = self.generation
-            threading.Thread(target=self._pump, args=(client, server, gen), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, gen), daemon=True).start()
+    def _forward(self, client: socket.socket, server: socket.socket) -> None:
+        gen = self.generation
+        self.socks += [client, server]
+        threading.Thread(target=self._relay, args=(client, server, gen), daemon=True).start()
+        threading.Thread(target=self._relay, args=(server, client, gen), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, gen: int) -> None:
+    def _relay(self, src: socket.socket, dst: socket.socket, gen: int) -> None:
         try:
             while chunk := src.recv(65536):
                 if gen >= self.silenced_below:
@@ -65,8 +55,7 @@ class SilentProxy:
                 pass
 
     def close(self) -> None:
-        self.closed = True
-        self.listener.close()
+        super().close()
         for sock in self.socks:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -77,8 +66,7 @@ class SilentProxy:
 
 @pytest.fixture
 def proxy(redis_url: str) -> Iterator[SilentProxy]:
-    parsed = redis.connection.parse_url(redis_url)
-    p = SilentProxy((parsed.get("host", "127.0.0.1"), int(parsed.get("port", 6379))))
+    p = SilentProxy(upstream(redis_url))
     try:
         yield p
     finally:

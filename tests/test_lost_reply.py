@@ -38,8 +38,12 @@ class Proxy:
                 return
             server = socket.create_connection(self.upstream)
             self.clients.append(client)
-            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+            self._forward(client, server)
+
+    def _forward(self, client: socket.socket, server: socket.socket) -> None:
+        """Start the two pumps of a new connection (client to server, server to client)."""
+        threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+        threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, replies: bool) -> None:
         try:
@@ -79,10 +83,15 @@ def through(proxy: Proxy, redis_url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{userinfo}@{address}" if userinfo else address))
 
 
+def upstream(redis_url: str) -> tuple[str, int]:
+    """The test server's address, for a proxy in front of it."""
+    parsed = redis.connection.parse_url(redis_url)
+    return parsed.get("host", "127.0.0.1"), int(parsed.get("port", 6379))
+
+
 @pytest.fixture
 def proxy(redis_url: str) -> Iterator[Proxy]:
-    parsed = redis.connection.parse_url(redis_url)
-    p = Proxy((parsed.get("host", "127.0.0.1"), int(parsed.get("port", 6379))))
+    p = Proxy(upstream(redis_url))
     try:
         yield p
     finally:
