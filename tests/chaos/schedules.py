@@ -34,7 +34,7 @@ from queasy_py.options import ListenOptions
 from queasy_py.runtime.schedules import Schedule, build
 
 from .handlers import SCHEDULED
-from .invariants import PERIODIC_WINDOW, Attempt, Checker
+from .invariants import PERIODIC_WINDOW, Attempt, Checker, Event
 
 #: seconds from an occurrence's end to the creation of the next (the same pipeline, or one
 #: round more when a supervisor's view was stale)
@@ -75,6 +75,22 @@ def fire_of(a: Attempt) -> float:
     return float(a.extra["fire"])
 
 
+def ended_before(e: Event, a: Attempt) -> bool:
+    """Whether the terminal outcome `e` ended its occurrence before attempt `a` began.
+
+    The next occurrence is created after the terminal FCALL, so its attempts start after the
+    end; an attempt of this occurrence started before it. But an end is stored in whole
+    milliseconds (the server's TIME, truncated): an attempt that began within the millisecond
+    of `ended` is the one `e` ended when its worker is the one `e` names (a job shorter than a
+    millisecond, acked within it), and an attempt of the next occurrence otherwise (two
+    attempts of one occurrence never run at once: invariant 1)."""
+    if a.t >= e.ended + 0.001:
+        return True
+    if a.t < e.ended:
+        return False
+    return e.pid != str(a.pid)
+
+
 def check_schedule(
     checker: Checker,
     queue: str,
@@ -107,22 +123,24 @@ def check_schedule(
         if schedule.latest(ms) != ms:
             flag(("grid", fire), f"fire time {fire:.3f} is not one of {schedule.text!r}")
     # 8b: attempts split by the terminal outcomes, one fire time per occurrence, growing
-    ends = sorted(
-        e.ended for e in records.events.get(key, ()) if e.outcome in ("finished", "failed")
+    terminal = sorted(
+        (e for e in records.events.get(key, ()) if e.outcome in ("finished", "failed")),
+        key=lambda e: e.ended,
     )
+    ends = [e.ended for e in terminal]
+    inside: list[list[Attempt]] = [[] for _ in range(len(terminal) + 1)]
+    for a in attempts:
+        if not checker.zombie(a):
+            inside[sum(1 for e in terminal if ended_before(e, a))].append(a)
     ended_at: dict[float, float] = {}  # fire time -> end of its occurrence
     last_fire = float("-inf")
-    for k in range(len(ends) + 1):
-        low = ends[k - 1] if k else float("-inf")
+    for k, runs in enumerate(inside):
         high = ends[k] if k < len(ends) else float("inf")
-        # no slack: the next occurrence is created after this one's terminal FCALL (its
-        # ended_at, ms read by TIME at its start), so its first attempt starts after it, maybe
-        # within a millisecond; an attempt of this one started well before its ack
-        inside = [a for a in attempts if low < a.t <= high and not checker.zombie(a)]
-        seen = sorted({fire_of(a) for a in inside})
+        seen = sorted({fire_of(a) for a in runs})
         if len(seen) > 1:
-            runs = "; ".join(f"{fire_of(a):.3f} {a.describe()}" for a in inside)
-            flag(("mixed", low), f"occurrence ending at {high:.3f} ran fire times {seen}: {runs}")
+            told = "; ".join(f"{fire_of(a):.3f} {a.describe()}" for a in runs)
+            low = ends[k - 1] if k else float("-inf")
+            flag(("mixed", low), f"occurrence ending at {high:.3f} ran fire times {seen}: {told}")
         for fire in seen:
             if fire <= last_fire:
                 flag(("again", fire), f"fire time {fire:.3f} ran after {last_fire:.3f} did")

@@ -1,0 +1,67 @@
+"""The chaos test's invariant 8b (tests/chaos/schedules.py) on small, known histories: the
+checker must flag two fire times run in one occurrence, and must not flag a history where
+none was, however close an occurrence's end and the next start are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.chaos.invariants import Attempt, Checker, Event, Records
+from tests.chaos.schedules import check_schedule
+
+QUEUE = "sched-skip"  # every 3 s, catch_up skip (tests/chaos/handlers SCHEDULED)
+
+
+def attempt(fire: float, t: float, pid: int) -> Attempt:
+    return Attempt(
+        q=QUEUE,
+        id="schedule",
+        serial=f"{QUEUE}:{fire}",
+        pid=pid,
+        ppid=1000,
+        t=t,
+        run_at=fire,
+        counts=(0, 0, 0),
+        nb=None,
+        act="complete",
+        holder="1000-abc",
+        leased_at=t - 0.0005,
+        extra={"fire": repr(fire)},
+        end=t + 0.0003,
+    )
+
+
+def finished(ended_ms: int, pid: int) -> Event:
+    return Event("finished", ended_ms / 1000, str(pid), "1000-abc", (0, 0, 0))
+
+
+def violations(attempts: list[Attempt], events: list[Event]) -> list[str]:
+    records = Records()
+    records.attempts[(QUEUE, "schedule")] = attempts
+    records.events[(QUEUE, "schedule")] = events
+    checker = Checker(records, [], [])
+    since, now = attempts[0].t, attempts[-1].t + 1
+    tally: dict[str, Any] = check_schedule(checker, QUEUE, None, [], [], since, now)
+    assert tally["fires"] == len({a.extra["fire"] for a in attempts})
+    return list(checker.violations.values())
+
+
+def test_a_job_acked_within_the_millisecond_it_started_ends_its_own_occurrence() -> None:
+    # CI saw this: a sub-millisecond occurrence acked in the ms it began. Its end, stored
+    # truncated to the ms (300.000), is before its start (300.0004); the next ran at 303.
+    history = [attempt(300.0, 300.0004, pid=11), attempt(303.0, 303.0005, pid=12)]
+    assert violations(history, [finished(300_000, 11), finished(303_001, 12)]) == []
+
+
+def test_two_fire_times_in_one_occurrence_are_flagged() -> None:
+    # the 303 occurrence started while the 300 one still ran (it ended at 300.5)
+    history = [attempt(300.0, 300.0004, pid=11), attempt(303.0, 300.0006, pid=12)]
+    found = violations(history, [finished(300_500, 11), finished(303_001, 12)])
+    assert len(found) == 1 and "ran fire times [300.0, 303.0]" in found[0]
+
+
+def test_another_worker_starting_in_the_ms_of_an_end_belongs_to_the_next_occurrence() -> None:
+    # a second run of fire time 300, by another worker, begun in the ms its occurrence ended
+    history = [attempt(300.0, 300.0004, pid=11), attempt(300.0, 300.0008, pid=12)]
+    found = violations(history, [finished(300_000, 11), finished(300_001, 12)])
+    assert any("fire time 300.000 ran after 300.000 did" in v for v in found), found
