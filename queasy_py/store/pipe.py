@@ -117,11 +117,10 @@ class RedisPipe:
 
     def _fast_path(self) -> tuple[Any, Any, Any, Any, Any] | None:
         """(socket, poller, parser, its hiredis reader, its not-enough-data mark) of the
-        connection when
-        the loop may read it without redis-py's per-reply wrappers (each can_read polled the
-        socket twice and peeked at it: five system calls and a tenth of the loop's time per
-        round), else None: a TLS socket (its decrypted bytes wait above the socket, where a
-        poll does not see them) or a parser that is not hiredis's."""
+        connection when the loop may read it without redis-py's per-reply wrappers (each
+        can_read polled the socket, then polled it again and peeked at it), else None: not
+        connected, a TLS socket (its decrypted bytes wait above the socket, where a poll does
+        not see them) or a parser that is not hiredis's."""
         conn = self._conn
         sock = getattr(conn, "_sock", None)
         fast = self._fast
