@@ -73,3 +73,49 @@ def test_a_batch_with_no_reply_in_loop_redis_timeout_is_lost_with_its_connection
         assert len(got) == 2 and len(errors) == 1
     finally:
         pipe.close()
+
+
+def test_a_non_blocking_read_takes_what_arrived_whole_replies_and_errors_in_order(
+    redis_url: str, prefix: str
+) -> None:
+    """The loop's read (not blocking) parses the socket itself (redis-py's can_read polled it
+    twice and peeked at it per reply): a reply larger than one recv arrives whole over
+    several reads, an error reply is its batch's ResponseError, a reply not yet there leaves
+    its batch waiting without the read waiting for it, and redis-py's per-reply path is not
+    taken on a plain connection."""
+    from queasy_py.store import pipe as pipe_module
+
+    pipe = RedisPipe(redis_url)
+    got: list[list] = []
+    big = "x" * (3 * pipe_module.RECV_SIZE + 7)
+    try:
+        pipe.send([("PING",)], got.append, pytest.fail)
+        pipe.read(block=True)  # connected; from here redis-py's reading path is refused
+        conn = pipe._conn
+
+        def refused(*args: object, **kwargs: object) -> None:
+            raise AssertionError("redis-py's per-reply path")
+
+        conn.can_read = refused
+        conn.read_response = refused
+        pipe.send([("ECHO", big), ("HGET", f"{prefix}:s", "f")], got.append, pytest.fail)
+        pipe.send(
+            [("SET", f"{prefix}:s", "v"), ("HGET", f"{prefix}:s", "f")], got.append, pytest.fail
+        )
+        pipe.send([("BLPOP", f"{prefix}:later", 5)], got.append, pytest.fail)
+        deadline = time.monotonic() + 10
+        while len(got) < 3 and time.monotonic() < deadline:
+            pipe.read()
+        assert got[0] == [b"PONG"]
+        assert got[1] == [big.encode(), None]
+        assert got[2][0] == b"OK" and isinstance(got[2][1], redis.ResponseError)
+        assert "WRONGTYPE" in str(got[2][1])
+        started = time.monotonic()
+        pipe.read()  # the BLPOP's reply is not there: the read returns at once
+        assert time.monotonic() - started < 1.0 and len(pipe.inflight) == 1
+        redis.Redis.from_url(redis_url).rpush(f"{prefix}:later", "x")
+        while len(got) < 4 and time.monotonic() < deadline:
+            pipe.read()
+        assert got[3] == [[f"{prefix}:later".encode(), b"x"]]
+    finally:
+        pipe.close()

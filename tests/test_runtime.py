@@ -240,6 +240,25 @@ def test_a_higher_priority_queue_is_served_first_under_contention(rt: Runtime) -
     assert [s["tag"] for s in rt.records("start")] == ["high"] * 5 + ["low"] * 5
 
 
+def test_busy_queues_of_equal_priority_take_turns_none_waits_for_the_others_to_drain(
+    rt: Runtime,
+) -> None:
+    """Each busy queue of a priority takes the free slots of a round in its turn (a share of
+    up to SHARE jobs), the queue asked longest ago first: in the loop, where a queue's turn
+    is marked when its dequeue is sent, every queue is served while the others still have
+    jobs waiting, not one after another has drained."""
+    names = ["a", "b", "c", "d"]
+    for name in names:
+        rt.queue(name).dispatch_many({"data": {"tag": name, "sleep": 0.002}} for _ in range(40))
+    rt.start({name: queue_spec() for name in names}, workers=1)
+    rt.wait_records(160, "start", timeout=60)
+    starts = [s["tag"] for s in rt.records("start")]
+    first_half = starts[:80]
+    assert {name: first_half.count(name) for name in names} == {
+        name: pytest.approx(20, abs=10) for name in names
+    }, first_half
+
+
 def test_a_big_high_priority_job_is_not_starved_by_small_lower_priority_ones(rt: Runtime) -> None:
     # one worker of 100 units: while small jobs (10 units) keep arriving, it never has 100
     # free unless the scheduler keeps it for the big queue (a reservation) and lets it drain

@@ -10,7 +10,14 @@ from __future__ import annotations
 import pytest
 
 from queasy_py.options import ListenOptions
-from queasy_py.runtime.scheduler import MAX_BATCH, MAX_INFLIGHT, QueueState, next_ready, plan
+from queasy_py.runtime.scheduler import (
+    MAX_BATCH,
+    MAX_INFLIGHT,
+    SHARE,
+    QueueState,
+    next_ready,
+    plan,
+)
 from queasy_py.store.keys import QueueKeys
 
 NOW = 1_000_000.0
@@ -66,9 +73,27 @@ def test_higher_priority_first_then_the_rest_of_the_units() -> None:
     assert asks(states, [100]) == {"high": [0, 0, 0], "low": [0]}
 
 
-def test_equal_priorities_share_round_robin_the_queue_served_longest_ago_first() -> None:
+def test_equal_priorities_take_turns_the_queue_asked_longest_ago_first() -> None:
     states = [state("a", last_served=2.0), state("b", last_served=1.0)]
-    assert asks(states, [30]) == {"b": [0, 0], "a": [0]}
+    # fewer free slots than a share: all of them to the queue asked longest ago
+    assert asks(states, [30]) == {"b": [0, 0, 0]}
+    # more: shares of SHARE jobs in turn, while the units last
+    small = [state("a", size=1, last_served=2.0), state("b", size=1, last_served=1.0)]
+    assert asks(small, [2 * SHARE + 5]) == {"b": [0] * (SHARE + 5), "a": [0] * SHARE}
+
+
+def test_busy_equal_priorities_get_equal_turns_and_each_dequeue_carries_the_free_slots() -> None:
+    """Four busy queues, rounds of 10 free slots, each asked queue's last_served set when
+    its dequeue is sent (as the loop does): one queue per round takes all 10, and over four
+    rounds each queue has had its turn. Split one job each in turn, every dequeue (and the
+    finish after it) carried 2-3 jobs, and paid its fixed cost 4 times per 10 jobs."""
+    queues = [state(name) for name in "abcd"]
+    served: list[tuple[str, int]] = []
+    for t in range(8):
+        for s, slots in plan(queues, [50, 50], NOW):
+            s.last_served = NOW + t
+            served.append((s.name, len(slots)))
+    assert served == [(name, 10) for name in "abcdabcd"]
 
 
 def test_jobs_go_to_the_worker_with_the_most_free_units_and_free_is_not_modified() -> None:

@@ -89,7 +89,8 @@ class Checkouts:
         max_stalls, max_timeouts = spec.max_stalls, spec.max_timeouts
         self.workers.release(size, procs[count:])
         deadline = time.monotonic() + spec.timeout
-        live = self.workers.procs
+        # the workers that still take jobs, of those reserved (most rounds: all of them)
+        taking = {p for p in set(procs[:count]) if p.accepts and p in self.workers.procs}
         seq = self.seq
         for i in range(count):
             at = 2 + i * JOB_FIELDS
@@ -123,7 +124,7 @@ class Checkouts:
                 self.acks.append(outcomes.on_dequeue(job, spec, state.base, state.fail_base))
                 self.workers.release(size, [proc])
                 continue
-            if not proc.accepts or proc not in live:
+            if proc not in taking:
                 # its worker went away or stopped accepting since planning: place it again
                 self.workers.release(size, [proc])
                 placed = self.workers.reserve(size)

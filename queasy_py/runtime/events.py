@@ -17,6 +17,7 @@ class Events:
         os.set_blocking(self.wake_w, False)
         self.selector.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
         self.watched: dict[str, Any] = {}
+        self.seen: dict[str, Any] = {}  # the object watch() was last given, by kind
 
     def wake(self) -> None:
         """Make select() return (thread-safe, signal-safe)."""
@@ -43,6 +44,7 @@ class Events:
             self.selector.unregister(fd)
             if stale.data[0] in self.watched:
                 self.watched[stale.data[0]] = None
+                self.seen.pop(stale.data[0], None)
         self.selector.register(fd, selectors.EVENT_READ, data)
 
     def want_write(self, fd: int, on: bool) -> None:
@@ -65,12 +67,16 @@ class Events:
         'pubsub': wake-ups and pushes), or its tuple of sockets (a cluster: one per primary);
         it changes on a reconnect. Sockets are compared as objects: a new socket may reuse
         the number of a closed one, of either kind."""
+        if kind in self.seen and self.seen[kind] is sock:  # the loop's usual call: no change
+            return
         socks = sock if isinstance(sock, tuple) else (sock,)
         known = self.watched.get(kind)
         if known is not None and len(known) == len(socks):
             if all(a is b for a, b in zip(known, socks, strict=True)):
+                self.seen[kind] = sock
                 return
         self.watched[kind] = socks
+        self.seen[kind] = sock
         for key in list(self.selector.get_map().values()):
             if key.data == (kind, None):
                 self.selector.unregister(key.fileobj)

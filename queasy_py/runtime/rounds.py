@@ -127,11 +127,13 @@ class Rounds:
             # plan only when a job of a wanting queue fits somewhere (most steps, a worker's
             # result or a reply, leave no room: planning them gave nothing)
             if free and max(free) >= min(s.spec.size for s in wanting):
+                mono = time.monotonic()
                 for state, slots in plan(wanting, free, now):
                     procs = [accepting[i] for i in slots]
                     for proc in procs:
                         proc.free -= state.spec.size
                     state.inflight += 1
+                    state.last_served = mono  # its turn is taken: the others' come first
                     state.woken = float("inf")
                     asks.append((state, procs))
         asked = {state for state, _ in asks}
@@ -259,11 +261,9 @@ class Rounds:
                     )
             if self.metrics is not None:
                 self.metrics.acked(group, codes)
-        mono = time.monotonic()
         batches: Batches = {}  # the round's jobs by worker, every queue's: one frame each
         for (state, procs), reply in zip(asks, replies[len(replies) - len(asks) :], strict=True):
             state.inflight -= 1
-            state.last_served = mono
             if client_id != self.client.id:  # swept and started over meanwhile: not ours
                 continue
             if isinstance(reply, redis.ResponseError):

@@ -1,6 +1,11 @@
 """Which queue is dequeued next, and how many jobs: priority first, then longest unserved,
 bounded by the free capacity units of the workers (nothing is prefetched).
 
+Equal priorities take turns in shares of up to SHARE jobs, the queue asked longest ago
+first: each dequeue (and the finish that follows it) carries a share, not the free slots
+split as many ways as there are busy queues, while over successive rounds each queue gets
+its turn.
+
 Priority holds across sizes: a ready queue that fits on no worker keeps the worker with the
 most free units for itself (a reservation), so lower priorities cannot refill it while it
 drains to that queue's size.
@@ -19,6 +24,10 @@ from ..store.keys import QueueKeys
 MAX_BATCH = 1000
 #: the most dequeues of one queue in flight at once
 MAX_INFLIGHT = 2
+#: the most jobs one queue takes per turn when equal priorities share the free units: a
+#: round's free slots go to one queue, or a few, in shares this big, rather than one job to
+#: each in turn (every call's fixed cost, the server's and the loop's, paid once per share)
+SHARE = 20
 
 
 @dataclass(eq=False)
@@ -31,7 +40,7 @@ class QueueState:
     spec: ListenOptions
     fail_base: str | None  # base key of its fail queue when it has a fail handler
     ready_at: float = 0.0  # epoch seconds when it may next have a ready job (0: now)
-    last_served: float = 0.0  # monotonic time of its last dequeue
+    last_served: float = 0.0  # monotonic time its last dequeue was sent
     inflight: int = 0  # dequeues sent whose reply has not come back yet
     woken: float = float("inf")  # earliest run_at woken for since the last dequeue was sent
 
@@ -89,11 +98,13 @@ def plan(
     """Which queues to dequeue, and for each the workers (indexes into `free`, one per job)
     whose units the jobs will take, given each accepting worker's free units.
 
-    Higher priority first; equal priorities share the capacity round-robin, the queue served
-    longest ago first. A queue known to have a ready job (`known_ready`) that is given no
-    units reserves the worker with the most free units left that no higher priority reserved:
-    lower priorities get no units of it, so it drains until that queue fits (equal priorities
-    still share it). A reservation yields no dequeue; it lasts while the evidence does.
+    Higher priority first; equal priorities take turns, the queue asked longest ago first,
+    each taking up to SHARE jobs per turn while the units last (fewer free slots than SHARE
+    all go to that one queue this round; the others' turns come first in the next rounds).
+    A queue known to have a ready job (`known_ready`) that is given no units reserves the
+    worker with the most free units left that no higher priority reserved: lower priorities
+    get no units of it, so it drains until that queue fits (equal priorities still share
+    it). A reservation yields no dequeue; it lasts while the evidence does.
     `free` is not modified.
     """
     free = list(free)
@@ -107,20 +118,24 @@ def plan(
         members = list(group)
         usable = [0 if i in reserved else units for i, units in enumerate(free)]
         slots: dict[QueueState, list[int]] = {s: [] for s in members}
-        placing = members  # round-robin, one job each per pass, while some still fit
+        placing = members  # in turns of up to SHARE jobs each, while some still fit
         while placing:
             still = []
             for state in placing:
                 size = state.spec.size
-                index = place(usable, size)
-                if index is None:  # usable units only shrink: it fits no more this plan
-                    continue
-                usable[index] -= size
-                free[index] -= size
                 got = slots[state]
-                got.append(index)
-                if len(got) < MAX_BATCH:
-                    still.append(state)
+                turn = min(SHARE, MAX_BATCH - len(got))
+                while turn:
+                    index = place(usable, size)
+                    if index is None:  # usable units only shrink: it fits no more this plan
+                        break
+                    usable[index] -= size
+                    free[index] -= size
+                    got.append(index)
+                    turn -= 1
+                else:
+                    if len(got) < MAX_BATCH:
+                        still.append(state)
             placing = still
         out.extend((s, indexes) for s, indexes in slots.items() if indexes)
         for state in members:

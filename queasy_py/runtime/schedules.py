@@ -228,9 +228,7 @@ class ScheduleCheck:
 class Schedules:
     """The schedule checks of a supervisor's queues, sent in its rounds (runtime/rounds.py)."""
 
-    def __init__(
-        self, states: list[QueueState], interval: float, clock: ServerClock
-    ) -> None:
+    def __init__(self, states: list[QueueState], interval: float, clock: ServerClock) -> None:
         self.interval = interval
         self.clock = clock
         self.checks: dict[str, ScheduleCheck] = {}
@@ -257,16 +255,18 @@ class Schedules:
 
     def next_due(self) -> float:
         """Monotonic time of the next check (inf without schedules)."""
+        if not self.checks:  # most supervisors: no schedule (this runs at every loop step)
+            return float("inf")
         return min((c.due for c in self.checks.values() if not c.inflight), default=float("inf"))
 
     def take(self, acks: list[Ack], stopping: bool) -> list[ScheduleCheck]:
         """The checks to send in this round: those due (not while stopping), and those of a
         queue whose occurrence this round finishes or fails (its next is created right after,
         in the same pipeline)."""
+        if not self.checks:  # no schedule: no pass over the round's acks
+            return []
         mono = time.monotonic()
-        ended = {
-            a.base for a in acks if a.op != "retry" and a.args[0] == defaults.SCHEDULE_ID
-        }
+        ended = {a.base for a in acks if a.op != "retry" and a.args[0] == defaults.SCHEDULE_ID}
         out = []
         for base, check in self.checks.items():
             if check.inflight:

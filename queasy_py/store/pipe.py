@@ -8,6 +8,8 @@ so workers keep running while a round trip is under way.
 from __future__ import annotations
 
 import logging
+import select
+import socket
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -22,6 +24,9 @@ from .connection import loop_client
 
 log = logging.getLogger("queasy_py")
 
+#: the most bytes one recv of the non-blocking read takes
+RECV_SIZE = 1 << 17
+
 Reply = Any  # a decoded reply, or the redis.ResponseError it was
 
 
@@ -35,6 +40,8 @@ class Batch:
 
 
 class RedisPipe:
+    _fast: tuple[Any, Any, Any, Any, Any] | None = None  # see _fast_path()
+
     def __init__(self, url: str) -> None:
         self._client = loop_client(url)  # a send or a read waits LOOP_REDIS_TIMEOUT at most
         self._conn: Any = None
@@ -88,7 +95,11 @@ class RedisPipe:
             if self._conn is not None:
                 self.reset()
             return
+        fast = None if block else self._fast_path()
         try:
+            if fast is not None:
+                self._read_now(*fast)
+                return
             while self.inflight:
                 if not block and not self._conn.can_read(timeout=0):
                     return
@@ -104,6 +115,61 @@ class RedisPipe:
         except (redis.RedisError, OSError) as exc:  # lost, timed out, or a garbled stream
             self.fail(exc)
 
+    def _fast_path(self) -> tuple[Any, Any, Any, Any, Any] | None:
+        """(socket, poller, parser, its hiredis reader, its not-enough-data mark) of the
+        connection when the loop may read it without redis-py's per-reply wrappers (each
+        can_read polled the socket, then polled it again and peeked at it), else None: not
+        connected, a TLS socket (its decrypted bytes wait above the socket, where a poll does
+        not see them) or a parser that is not hiredis's."""
+        conn = self._conn
+        sock = getattr(conn, "_sock", None)
+        fast = self._fast
+        if fast is not None and fast[0] is sock:
+            return fast
+        self._fast = None
+        parser = getattr(conn, "_parser", None)
+        reader = getattr(parser, "_reader", None)
+        if type(sock) is not socket.socket or not isinstance(reader, hiredis.Reader):
+            return None
+        try:
+            from redis._parsers.hiredis import NOT_ENOUGH_DATA
+        except ImportError:  # another redis-py: its own path
+            return None
+
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        self._fast = (sock, poller, parser, reader, NOT_ENOUGH_DATA)
+        return self._fast
+
+    def _read_now(self, sock: Any, poller: Any, parser: Any, reader: Any, more: object) -> None:
+        """The replies that have arrived, as redis-py's reader parses them (an error reply is
+        its ResponseError, a connection error raised, a RESP3 push handed to the parser as
+        redis-py does); never waits: the socket is read only when a poll finds it readable."""
+        inflight = self.inflight
+        push = getattr(hiredis, "PushNotification", None)
+        while inflight:
+            reply = reader.gets()
+            if reply is more:
+                if not poller.poll(0):
+                    return
+                chunk = sock.recv(RECV_SIZE)
+                if not chunk:
+                    raise redis.ConnectionError("Connection closed by server.")
+                reader.feed(chunk)
+                continue
+            if isinstance(reply, redis.ConnectionError):
+                raise reply  # as redis-py's read_response (LOADING, ...)
+            if push is not None and isinstance(reply, push):
+                parser.handle_push_response(reply)
+                continue
+            if isinstance(reply, list) and reply and isinstance(reply[0], redis.ConnectionError):
+                raise reply[0]
+            batch = inflight[0]
+            batch.replies.append(reply)
+            if len(batch.replies) == batch.size:
+                inflight.popleft()
+                batch.on_reply(batch.replies)
+
     def fail(self, exc: BaseException) -> None:
         """The connection broke: every batch in flight gets `on_error`."""
         batches = list(self.inflight)
@@ -113,6 +179,7 @@ class RedisPipe:
 
     def reset(self) -> None:
         self.inflight.clear()
+        self._fast = None
         if self._conn is not None:
             self._conn.disconnect()
             self._client.connection_pool.release(self._conn)
