@@ -106,6 +106,8 @@ class Rounds:
         if now < self.outage.retry_at or len(self.pipe.inflight) >= MAX_ROUNDS:
             return
         client_id = self.client.id
+        if self.checkouts.twins.held:  # a second lease of a running job: its first run ended?
+            self.checkouts.twins.release_ended()
         if self.reload or self.reconcile:
             if self.pipe.inflight:
                 return  # first let every reply in flight come back
@@ -253,7 +255,8 @@ class Rounds:
             for ack, code in zip(group, codes, strict=False):
                 if code == AckCode.STALE:
                     log.warning(
-                        "stale %s of job %s (this client lost its lease; it was swept)",
+                        "stale %s of job %s (this client lost its lease: it was swept, or "
+                        "the server lost it)",
                         ack.op,
                         ack.args[0],
                     )
@@ -316,5 +319,6 @@ class Rounds:
         self.unpark_all(client_id)
         held = {j.token for w in self.workers for j in w.jobs.values()}
         held.update(ack.args[1] for ack in self.acks)
+        held.update(self.checkouts.twins.tokens())
         hand_back_unknown(self.r, self.states, client_id, held)
         self.reconcile = False
