@@ -322,3 +322,4 @@ class Rounds:
         held.update(self.checkouts.twins.tokens())
         hand_back_unknown(self.r, self.states, client_id, held)
         self.reconcile = False
+        self.wakeup.recheck()  # a cluster's silent primary keeps its subscriptions: regroup
