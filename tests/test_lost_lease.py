@@ -78,3 +78,48 @@ def test_a_job_leased_again_while_it_runs_waits_for_its_first_run(
     assert sup.proc.poll() is None
     assert sup.stop() == 0
     assert "Traceback" not in sup.log_without_job_tracebacks()
+
+
+def test_a_job_pushed_again_while_it_runs_waits_for_its_first_run(
+    rt: Runtime, redis_url: str
+) -> None:
+    """The server loses the job whole (its dispatch and its dequeue) and the producer
+    dispatches it again, as the README advises after a lost primary: the dispatch leases it
+    straight to this idle supervisor (a push), which holds it as above."""
+    sup = rt.start({"q": queue_spec()}, workers=2, poll_interval=30.0)
+    q = rt.queue("q")
+    q.dispatch({"n": 0}, id="warm")
+    rt.wait_records(1, "end", id="warm")
+    q.dispatch({"gate": "s"}, id="s")
+    rt.wait_records(1, "start", id="s")
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        leases = list(raw.scan_iter(match=f"{q.keys.base}:lease:*"))
+        assert leases
+        with raw.pipeline(transaction=True) as pipe:  # the server never had the job
+            pipe.delete(q.keys.active("s"), q.keys.job("s"))
+            pipe.zrem(q.keys.waiting, "s")
+            for key in leases:
+                pipe.hdel(key, "s")
+            pipe.execute()
+    finally:
+        raw.close()
+    q.dispatch({"gate": "s"}, id="s")
+    held = "leased again while it runs here"
+    wait_for(
+        lambda: held in sup.log() or len(rt.records("start", id="s")) > 1,
+        10.0,
+        "the job pushed again",
+    )
+    assert len(rt.records("start", id="s")) == 1, "the job ran twice at once"
+    rt.open_gate("s")
+    rt.open_gate("s")
+    wait_for(
+        lambda: len(rt.records("end", id="s")) == 2 and q.counts()["active"] == 0,
+        15.0,
+        "the job's second run, once its first ended",
+    )
+    runs = [rec["event"] for rec in rt.records(id="s")]
+    assert runs == ["start", "end", "start", "end"], runs
+    assert sup.stop() == 0
+    assert "Traceback" not in sup.log_without_job_tracebacks()
