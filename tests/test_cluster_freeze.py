@@ -26,6 +26,8 @@ from runtime_helpers import Runtime, queue_spec, wait_for
 from test_cluster_ops import overlaps
 
 from queasy_py import Client
+from queasy_py.store.cluster import slot_owner
+from queasy_py.store.connection import loop_client, reroute
 
 POLL = 30.0  # the supervisor's polling fallback: longer than any wait below
 UNIQUE = 60
@@ -89,8 +91,14 @@ def test_a_busy_queues_primary_freezes_and_the_cluster_fails_it_over(
     ids = dispatch_load(q, 0.2)
     rt.wait_records(10, "end", timeout=30.0)  # busy before the freeze
     frozen = ha_cluster.owner_of_slot(ha_cluster.slot(q.keys.base))
+    loop_r = loop_client(ha_cluster.url)  # its slot map read before the freeze
     try:
-        ha_cluster.freeze(frozen, failover=True)  # the cluster promotes its replica
+        promoted = ha_cluster.freeze(frozen, failover=True)  # the cluster promotes its replica
+        # the loop's reconcile reads the map again first (Rounds._reconcile): else its calls
+        # go on to the silent node, 4 s lost on each (redis-py sends a pipeline's call again)
+        assert slot_owner(loop_r, q.keys.base)[1] == frozen
+        reroute(loop_r)
+        assert slot_owner(loop_r, q.keys.base)[1] == promoted
         wait_for(
             lambda: {r["id"] for r in rt.records("end")} >= {*ids, "s0", "s1", "s2", "s3"},
             30.0,
@@ -112,6 +120,7 @@ def test_a_busy_queues_primary_freezes_and_the_cluster_fails_it_over(
             assert time.monotonic() - began < POLL / 2
         check(rt, ids, sup)
     finally:
+        loop_r.close()
         ha_cluster.thaw(frozen)  # it rejoins as a replica
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ..errors import QueasyError
+from ..store.connection import reroute
 from ..store.library import Ack as AckCode
 from ..store.library import ensure_loaded
 from . import outcomes
@@ -316,6 +317,7 @@ class Rounds:
         """After a lost reply or pub/sub connection, and every RECONCILE_INTERVAL: hand back
         leases this client holds but does not know of (neither running on a worker nor
         waiting in `acks` to be acked). Pushes stop first, and those sent before arrive."""
+        reroute(self.r)  # a cluster's slot map read again: a failover during the outage
         self.unpark_all(client_id)
         held = {j.token for w in self.workers for j in w.jobs.values()}
         held.update(ack.args[1] for ack in self.acks)
