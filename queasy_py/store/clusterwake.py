@@ -69,6 +69,14 @@ class ClusterWakeup:
         self.retry_at = 0.0
         self.ensure()
 
+    def recheck(self) -> None:
+        """Read the slot map again at the next ensure() and subscribe where the channels are
+        now: a primary that went silent (frozen, cut off) never ends its subscriptions, so
+        nothing else tells this that the cluster failed it over (the supervisor calls this
+        when it reconciles: after an outage, and every RECONCILE_INTERVAL)."""
+        self.stale = True
+        self.retry_at = 0.0
+
     def ensure(self) -> None:
         """Subscribe where the channels are, when not subscribed and the backoff has passed."""
         if any(not w.connected for w in self.nodes.values()):

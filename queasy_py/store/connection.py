@@ -204,3 +204,15 @@ def loop_client(url: str, timeout: float = defaults.LOOP_REDIS_TIMEOUT) -> redis
         socket_keepalive=True,
         retry=Retry(NoBackoff(), 0),
     )
+
+
+def reroute(r: Any) -> None:
+    """Read the slot map again when `r` is a cluster client (nothing on one server): before
+    the loop's reconcile, so a primary failed over while it was silent is not asked again
+    (redis-py reads the map again only after a second timeout of its own, a pipeline's
+    command sent again alone: 4 s lost per call with LOOP_REDIS_TIMEOUT 2 s).
+    redis.ConnectionError when no node answers."""
+    if hasattr(r, "nodes_manager"):  # a RedisCluster (redis.cluster is not imported here)
+        from .cluster import refresh
+
+        refresh(r)

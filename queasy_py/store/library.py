@@ -143,6 +143,13 @@ def probe() -> Handshake:
     if not ok and write_flagged(reply):  # an old one registered without no-writes
         ok, reply = yield ("fcall", ("queasy_version", 0))
     if ok:
+        if isinstance(reply, bytes | str) and LEGACY_VERSION.fullmatch(decode_version(reply)):
+            return decode_version(reply)
+        # ours may have been loaded between the two calls (another client that found it
+        # gone: after FUNCTION FLUSH, a restart): its marker answers now
+        marked, again = yield ("fcall_ro", ("queasy_library", 0))
+        if marked:
+            return marked_version(again)
         return legacy_version(reply)
     if not missing_library(reply):
         raise reply

@@ -73,6 +73,10 @@ class Wakeup:
         self.retry_at = 0.0
         self.ensure()
 
+    def recheck(self) -> None:
+        """Nothing to do on one server (a silent connection is found by the reconcile's
+        unpark marks, which never arrive on it); ClusterWakeup reads the slot map again."""
+
     def ensure(self) -> None:
         """Connect and subscribe when not connected and the backoff has passed."""
         if self._sock is not None or time.monotonic() < self.retry_at:

@@ -1,6 +1,7 @@
 """Faults of the queue's server during a chaos run (issue #19): write refusals (maxmemory 1
 with noeviction), a flushed function library (FUNCTION FLUSH) and a frozen server (SIGSTOP,
-then SIGCONT). One at a time; the orchestrator lifts each one from its main loop.
+then SIGCONT; on a cluster, one primary, the others serving on). One at a time; the
+orchestrator lifts each one from its main loop.
 
 The server must accept CONFIG (an `EmbeddedServer(admin_commands=True)`), and a freeze needs
 its pid (a server this process started). What the server does not allow is left out of the
@@ -16,7 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
+from redis.cluster import RedisCluster
 
+from queasy_py.store.cluster import is_cluster_url
 from queasy_py.store.library import ensure_loaded
 
 from .connect import open_redis
@@ -45,6 +48,7 @@ class ServerFaults:
     url: str
     pid: int | None  # the server's pid (freezes), None for a server we did not start
     uniform: Callable[[float, float], float]  # the orchestrator's seeded Random.uniform
+    only: tuple[str, ...] | None = None  # the kinds allowed (None: all the server allows)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WEIGHTS, 0))
     active: str | None = None
     due: str | None = None  # chosen, waiting to begin (the orchestrator says when)
@@ -52,10 +56,14 @@ class ServerFaults:
     until: float = 0.0
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WEIGHTS, 0.0))
     windows: list[tuple[float, float]] = field(default_factory=list)  # (began, lifted) each
+    #: a cluster's primary thawed, the cluster not yet ok again (a node frozen past the node
+    #: timeout is marked failed, and the cluster down, for a while after it answers)
+    thawing: bool = False
 
     def __post_init__(self) -> None:
         # no retries: a call must never be sent twice without us knowing
         self.r = open_redis(self.url, socket_timeout=5.0, decode_responses=True)
+        self.cluster = is_cluster_url(self.url)
         self.kinds = self._allowed()
 
     def _allowed(self) -> list[str]:
@@ -67,16 +75,18 @@ class ServerFaults:
             pass  # CONFIG disabled (a locked embedded server): no write refusals
         if self.pid is not None:
             kinds.append("redis_freeze")
-        return kinds
+        return [k for k in kinds if self.only is None or k in self.only]
 
     @property
     def frozen(self) -> bool:
-        return self.active == "redis_freeze"
+        """The server (or one primary of the cluster) does not answer, or the cluster is
+        not ok again yet after it: the orchestrator leaves it alone meanwhile."""
+        return self.active == "redis_freeze" or self.thawing
 
     def weight(self, scale: float = 1.0) -> float:
         """The weight of "a server fault" in the disruption choice now (0 while one is on or
         due)."""
-        if self.active is not None or self.due is not None:
+        if self.active is not None or self.due is not None or self.thawing:
             return 0.0
         return sum(WEIGHTS[k] for k in self.kinds) * scale
 
@@ -118,6 +128,8 @@ class ServerFaults:
         due one when `settled` (no supervisor is starting)."""
         if self.active is not None and now >= self.until:
             self.lift()
+        if self.thawing and self._cluster_ok():
+            self._thawed()
         if self.plan and now >= self.plan[0] and self.due is None and self.active is None:
             self.plan.pop(0)
             self.choose()
@@ -129,6 +141,14 @@ class ServerFaults:
         self.due = None
         self.plan.clear()
         self.lift()
+        deadline = time.monotonic() + 60.0
+        while self.thawing:
+            if self._cluster_ok():
+                self._thawed()
+            elif time.monotonic() > deadline:
+                raise RuntimeError("the cluster was not ok 60 s after its primary's thaw")
+            else:
+                time.sleep(0.1)
 
     def lift(self) -> None:
         """End the fault on now (SIGCONT first: the server must answer CONFIG SET)."""
@@ -138,9 +158,24 @@ class ServerFaults:
         if kind == "redis_freeze":
             assert self.pid is not None
             os.kill(self.pid, signal.SIGCONT)
+            if self.cluster:  # the fault lasts until the cluster is ok again
+                self.thawing = True
+                return
         elif kind == "oom":
             self.r.config_set("maxmemory", 0)
         self.seconds[kind] += time.time() - self.began
+        self.windows.append((self.began, time.time()))
+
+    def _cluster_ok(self) -> bool:
+        try:
+            nodes = self.r.cluster_info(target_nodes=RedisCluster.ALL_NODES)
+        except redis.RedisError:
+            return False
+        return all(info.get("cluster_state") == "ok" for info in nodes.values())
+
+    def _thawed(self) -> None:
+        self.thawing = False
+        self.seconds["redis_freeze"] += time.time() - self.began
         self.windows.append((self.began, time.time()))
 
     def ensure_library(self) -> bool:

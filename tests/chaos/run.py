@@ -74,6 +74,7 @@ class Chaos:
         start_during_faults: bool = False,
         forge_pushes: bool = False,
         planned_faults: tuple[float, ...] = (),
+        server_faults: tuple[str, ...] | None = None,
     ) -> None:
         self.url, self.prefix, self.seconds = url, prefix, seconds
         self.seed, self.rate, self.drain_timeout, self.echo = seed, rate, drain_timeout, echo
@@ -85,7 +86,7 @@ class Chaos:
         # never called while the server is frozen; the timeout is a safety net only
         self.r = open_redis(url, decode_responses=True, socket_timeout=10.0)
         self.records_r = redis.Redis.from_url(records_url or url, decode_responses=True)
-        self.faults = ServerFaults(url, server_pid, self.rng.uniform)
+        self.faults = ServerFaults(url, server_pid, self.rng.uniform, server_faults)
         self.fault_weight = fault_weight
         self.planned_faults = planned_faults
         # Known runtime defect (found by this test): a supervisor whose start-up meets a
@@ -106,7 +107,7 @@ class Chaos:
             self.streams[q.keys.events] = "0-0"
         self.dispatched = 0
         self.pending: dict[str, list[dict]] = {q: [] for q in WORK_QUEUES}
-        self.dispatch_refusals = {"oom": 0, "no_library": 0}
+        self.dispatch_refusals = {"oom": 0, "no_library": 0, "cluster_down": 0}
         self.actions = 0
         every = {**self.queues, **self.fail_queues}
         self.hostile = (
@@ -217,6 +218,11 @@ class Chaos:
                         return
                     if refused_write(exc):
                         self.dispatch_refusals["oom"] += 1
+                        return
+                    if isinstance(exc, redis.exceptions.ClusterDownError):
+                        # a cluster whose frozen primary was marked failed (past its node
+                        # timeout, and a while after the thaw): refused, nothing written
+                        self.dispatch_refusals["cluster_down"] += 1
                         return
                     raise
                 del jobs[: len(batch)]
@@ -360,6 +366,7 @@ class Chaos:
             **self.faults.details(),
             "dispatch_oom": self.dispatch_refusals["oom"],
             "dispatch_no_library": self.dispatch_refusals["no_library"],
+            "dispatch_cluster_down": self.dispatch_refusals["cluster_down"],
             **({f"hostile_{k}": v for k, v in self.hostile.counts.items()} if self.hostile else {}),
         }
         jobs = sum(1 for q, _ in self.records.intents.values() if q in WORK_QUEUES)
@@ -385,7 +392,8 @@ def run_chaos(
     server, which the faults leave alone; default `url`), server_pid (freezes of the server
     need it), hostile, fault_weight (scales the server faults' weight in the disruption
     choice), planned_faults (seconds into the chaos phase at which a server fault is made
-    due, besides the random ones), start_during_faults, forge_pushes (see Chaos). The
+    due, besides the random ones), server_faults (the kinds allowed: oom, flush,
+    redis_freeze; default all), start_during_faults, forge_pushes (see Chaos). The
     server faults need CONFIG on `url` (OOM); those it does not allow are left out."""
     if workdir is None:
         workdir = Path(tempfile.mkdtemp(prefix="queasy-chaos-"))
