@@ -125,9 +125,6 @@ local EVENT_TRACEBACK = 1024 -- bytes of a traceback an event keeps (its end)
 local MAX_PAGE = 1000 -- jobs per call of queasy_jobs, queasy_requeue, queasy_purge
 local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
   'attempts', 'trace'}
--- what a dequeue hands out (JOB_FIELDS without attempts, which the lease leaves as it is)
-local LEASE_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
-  'trace'}
 local MAX_TRACE = 256 -- bytes of a job's trace context (a W3C traceparent is 55)
 local ERROR_FIELDS = {'error_name', 'error_kind', 'error_message', 'traceback', 'error_at'}
 local END_STATES = {finished = true, failed = true, cancelled = true}
@@ -276,6 +273,20 @@ end
 -- string: a Lua number would go as '%.14g' ('2.5340230079999e+14', '1e+20').
 local function int(n)
   return format('%d', n)
+end
+
+-- A whole number 1.. as int() writes it; those up to 1,000 are made once and kept (the
+-- library's state lives as long as it is loaded): no format per lease of a dequeue.
+local SMALL = {}
+local function small(n)
+  local s = SMALL[n]
+  if s == nil then
+    s = int(n)
+    if n <= 1000 then
+      SMALL[n] = s
+    end
+  end
+  return s
 end
 
 -- A number field of a record as an integer in 0 ..= high; a field written around the library
@@ -655,7 +666,8 @@ local function leased(B, client, id, token, held)
   return {
     id = id, run_at_s = passed(v[1]), retry_s = passed(v[2]), stall_s = passed(v[3]),
     timeout_s = passed(v[4]), client = client, enqueued_at = v[5],
-    attempts = legacy and passed(v[6]) or int(field_int(v[6], MAX_MS) + 1), held = held,
+    attempts = legacy and passed(v[6]) or (v[6] == false and '1')
+      or int(field_int(v[6], MAX_MS) + 1), held = held,
     legacy = legacy,
   }
 end
@@ -1305,25 +1317,24 @@ local function dequeue(keys, args)
       limit)
     local leases = {}
     local now_s = int(now)
+    local taken, o = 0, 2 -- leases so far; the last index of out
     for _, id in ipairs(ids) do
       local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
-      local v = call('HMGET', jkey, unpack(LEASE_FIELDS))
+      local v = call('HMGET', jkey, 'id', 'data', 'run_at', 'retry_count', 'stall_count',
+        'timeout_count', 'trace') -- what it hands out (constants: no unpack per job)
       if v[1] == false then
         -- a stray id without a record: only dropped from B:waiting (below)
       elseif call('RENAMENX', jkey, akey) == 0 then -- one call: the move, unless active
         call('SADD', B .. ':blocked', id) -- its record waits for the active one
       else
-        local token = nonce .. '.' .. (#leases / 2 + 1)
-        leases[#leases + 1] = id
-        leases[#leases + 1] = token .. ' ' .. now_s
-        out[#out + 1] = id
-        out[#out + 1] = token
-        out[#out + 1] = v[2] or ''
-        out[#out + 1] = passed(v[3])
-        out[#out + 1] = passed(v[4])
-        out[#out + 1] = passed(v[5])
-        out[#out + 1] = passed(v[6])
-        out[#out + 1] = v[7] or ''
+        taken = taken + 1
+        local token = nonce .. '.' .. small(taken)
+        leases[2 * taken - 1] = id
+        leases[2 * taken] = token .. ' ' .. now_s
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, token, v[2] or '', passed(v[3])
+        out[o + 5], out[o + 6], out[o + 7] = passed(v[4]), passed(v[5]), passed(v[6])
+        out[o + 8] = v[7] or ''
+        o = o + 8
       end
     end
     if #ids > 0 then -- every record selected has moved: they leave B:waiting together
