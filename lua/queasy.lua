@@ -345,11 +345,11 @@ end
 -- record it leases (integer strings as passed() gives them; `enqueued` its field as read)
 -- and its attempts counting this lease (`before`: the record's field as read, or false), so
 -- that an ack reads them here and not in the record (which does not change while active).
--- An enqueued_at that is not 1-15 digits makes a lease that lease_of() does not take: an
--- ack of it reads the record, as of a lease of 4.0.0, "<token> <leased_at>", which a
--- record without enqueued_at gets.
+-- A record without enqueued_at, or with one longer than 15 characters, gets a lease of
+-- 4.0.0, "<token> <leased_at>"; one that is not digits, a lease that lease_of() does not
+-- take: an ack of either reads the record.
 local function lease_line(token, run_at, enqueued, retry, stall, timeout, before, now_s)
-  if not enqueued then
+  if not enqueued or #enqueued > 15 then
     return token .. ' ' .. now_s
   end
   local attempts = before == false and '1' or int(field_int(before, MAX_MS) + 1)
@@ -712,9 +712,9 @@ local function lease_of(client, id, token, held)
   if not held or string.byte(held, #token + 1) ~= 32 or find(held, token, 1, true) ~= 1 then
     return nil
   end
-  local counts, enqueued, attempts = string.match(held,
-    '^(%d+ (%d+) %d+ %d+ %d+) (%d+) %d+$', #token + 2)
-  if counts == nil or #enqueued > 15 then
+  -- (its leased_at, last, is read where it is needed: leased_at())
+  local counts, attempts = string.match(held, '^(%d+ %d+ %d+ %d+ %d+) (%d+) ', #token + 2)
+  if counts == nil then
     return nil
   end
   return {id = id, client = client, held = held, counts = counts, attempts = attempts}
@@ -758,7 +758,8 @@ local function each_leased(B, client, args, from, width, act, usable, quick)
     if (usable == nil or usable(i)) and not seen[id] then
       local job = quick and lease_of(client, id, args[i + 1], held[k])
       if job then
-        akeys[#akeys + 1] = B .. ':active:' .. id
+        job.akey = B .. ':active:' .. id
+        akeys[#akeys + 1] = job.akey
         quicks[#quicks + 1] = k
       else
         job = leased(B, client, id, args[i + 1], held[k])
@@ -1464,13 +1465,24 @@ local function finish(keys, args)
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
   local scored, done, gone = {}, {}, {}
+  local events, maxlen_s, host = B .. ':events', int(maxlen), ends.host
   local codes = each_leased(B, client, args, 8, 5, function(job, i)
-    local at, counts = outcome_event(B, maxlen, ended, 'finished', job, args[i + 2], args[i + 3])
-    local result = args[i + 4]
-    local failed_before
-    if job.counts then -- "... <retry_count> <stall_count> <timeout_count>"
-      failed_before = string.sub(job.counts, -6) ~= ' 0 0 0'
+    local result, line, failed_before = args[i + 4], nil, nil
+    if job.counts then
+      -- a lease of 5.0.0 (lease_of): its event and its end as outcome_event and ending write
+      -- them, built here in one concatenation each
+      local pid, started = args[i + 2], args[i + 3]
+      pid, started = pid == '' and '-' or pid, started == '' and '-' or started
+      if maxlen > 0 then
+        call('XADD', events, 'MAXLEN', '~', maxlen_s, '*', 'event', 'finished ' .. job.id
+          .. ' ' .. ended .. ' ' .. started .. ' ' .. pid .. ' ' .. job.counts .. ' ' .. client)
+      end
+      line = 'finished ' .. ended .. ' ' .. started .. ' ' .. pid .. ' ' .. job.attempts .. ' '
+        .. job.counts .. ' ' .. client .. ' ' .. host
+      failed_before = string.sub(job.counts, -6) ~= ' 0 0 0' -- "... <retry> <stall> <timeout>"
     else
+      local at, counts = outcome_event(B, maxlen, ended, 'finished', job, args[i + 2], args[i + 3])
+      line = ending('finished', at, counts, job.attempts, host)
       failed_before = job.retry_s ~= '0' or job.stall_s ~= '0' or job.timeout_s ~= '0'
     end
     local extra = nil -- a record kept whole: its lease's fields, and the result if any
@@ -1480,13 +1492,18 @@ local function finish(keys, args)
         extra[5], extra[6] = 'result', result
       end
     end
-    end_record(B, B .. ':active:' .. job.id, job.id, keep, extra ~= nil, extra, gone)
+    end_record(B, job.akey or B .. ':active:' .. job.id, job.id, keep, extra ~= nil, extra,
+      gone)
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
-    done[#done + 1] = ending('finished', at, counts, job.attempts, ends.host)
-    promote(B, job.id, any_blocked)
-    schedule_ended(B, job.id, now, 'finished', true)
+    done[#done + 1] = line
+    if any_blocked then
+      promote(B, job.id, true)
+    end
+    if job.id == SCHEDULE_ID then
+      schedule_ended(B, job.id, now, 'finished', true)
+    end
     if ends.notify then
       call('SPUBLISH', B .. ':done:' .. job.id, 'finished')
     end
