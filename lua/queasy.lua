@@ -277,8 +277,14 @@ end
 
 -- Every number written to Redis (hash fields, scores, stream fields, messages) is an integer
 -- string: a Lua number would go as '%.14g' ('2.5340230079999e+14', '1e+20').
+-- The last number written is kept with its string: a batch writes the same run_at or now
+-- for each job, one format for all.
+local int_n, int_s = nil, nil
 local function int(n)
-  return format('%d', n)
+  if n ~= int_n then
+    int_n, int_s = n, format('%d', n)
+  end
+  return int_s
 end
 
 -- A whole number 1.. as int() writes it; those up to 1,000 are made once and kept (the
