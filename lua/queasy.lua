@@ -1471,17 +1471,18 @@ local function finish(keys, args)
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
   local scored, done, gone = {}, {}, {}
-  local events, maxlen_s, host = B .. ':events', int(maxlen), ends.host
+  local events, host, capped = B .. ':events', ends.host, true
   local codes = each_leased(B, client, args, 8, 5, function(job, i)
     local result, line, failed_before = args[i + 4], nil, nil
     if job.counts then
       -- a lease of 5.0.0 (lease_of): its event and its end as outcome_event and ending write
-      -- them, built here in one concatenation each
+      -- them, built here in one concatenation each; the stream is capped once, after the loop
       local pid, started = args[i + 2], args[i + 3]
       pid, started = pid == '' and '-' or pid, started == '' and '-' or started
       if maxlen > 0 then
-        call('XADD', events, 'MAXLEN', '~', maxlen_s, '*', 'event', 'finished ' .. job.id
-          .. ' ' .. ended .. ' ' .. started .. ' ' .. pid .. ' ' .. job.counts .. ' ' .. client)
+        call('XADD', events, '*', 'event', 'finished ' .. job.id .. ' ' .. ended .. ' '
+          .. started .. ' ' .. pid .. ' ' .. job.counts .. ' ' .. client)
+        capped = false
       end
       line = 'finished ' .. ended .. ' ' .. started .. ' ' .. pid .. ' ' .. job.attempts .. ' '
         .. job.counts .. ' ' .. client .. ' ' .. host
@@ -1516,6 +1517,9 @@ local function finish(keys, args)
   end, nil, true)
   if #gone > 0 then
     call('DEL', unpack(gone))
+  end
+  if not capped then -- as each XADD of outcome_event does (MAXLEN ~)
+    call('XTRIM', events, 'MAXLEN', '~', maxlen)
   end
   retain(B, 'finished', now, ends.count, ends.ms, scored, done)
   tally(B, 'finished', now, #scored / 2)
