@@ -277,6 +277,13 @@ end
 
 -- Every number written to Redis (hash fields, scores, stream fields, messages) is an integer
 -- string: a Lua number would go as '%.14g' ('2.5340230079999e+14', '1e+20').
+-- A new list with room for 32 values: a table grown one value at a time is resized at each
+-- power of two (5 times on its way to 16 values); `#` counts a list's values as usual.
+local function list()
+  return {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+    nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+end
+
 -- The last number written is kept with its string: a batch writes the same run_at or now
 -- for each job, one format for all.
 local int_n, int_s = nil, nil
@@ -752,13 +759,13 @@ end
 -- the loop; an id acked twice in one call is stale the second time (its active record may
 -- be deleted only at the end of the call). Returns one code per job: 0 ok, 1 stale.
 local function each_leased(B, client, args, from, width, act, usable, quick)
-  local codes, taken, seen, ids = {}, {}, {}, {}
+  local codes, taken, seen, ids = list(), list(), {}, list()
   local lkey = B .. ':lease:' .. client
   for i = from, #args, width do
     ids[#ids + 1] = args[i]
   end
   local held = #ids > 0 and call('HMGET', lkey, unpack(ids)) or {}
-  local jobs, akeys, quicks = {}, {}, {}
+  local jobs, akeys, quicks = list(), list(), list()
   for k, id in ipairs(ids) do
     local i = from + (k - 1) * width
     if (usable == nil or usable(i)) and not seen[id] then
@@ -1390,11 +1397,12 @@ local function dequeue(keys, args)
   if not keep_alive(B, now, client, expiry_ms) then
     return {2, ''}
   end
-  local out = {0, ''}
+  local out = list()
+  out[1], out[2] = 0, ''
   if limit > 0 then
     local ids = call('ZRANGE', B .. ':waiting', '-inf', int(now), 'BYSCORE', 'LIMIT', 0,
       limit)
-    local leases = {}
+    local leases = list()
     local now_s = int(now)
     local taken, o = 0, 2 -- leases so far; the last index of out
     for _, id in ipairs(ids) do
@@ -1470,7 +1478,7 @@ local function finish(keys, args)
   local any_blocked = call('EXISTS', B .. ':blocked') == 1
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
-  local scored, done, gone = {}, {}, {}
+  local scored, done, gone = list(), list(), list()
   local events, host, capped = B .. ':events', ends.host, true
   local codes = each_leased(B, client, args, 8, 5, function(job, i)
     local result, line, failed_before = args[i + 4], nil, nil
