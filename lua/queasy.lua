@@ -1479,18 +1479,22 @@ local function finish(keys, args)
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
   local scored, done, gone = list(), list(), list()
-  local events, host, capped = B .. ':events', ends.host, true
+  local events, host, pending = B .. ':events', ends.host, nil
   local codes = each_leased(B, client, args, 8, 5, function(job, i)
     local result, line, failed_before = args[i + 4], nil, nil
     if job.counts then
       -- a lease of 5.0.0 (lease_of): its event and its end as outcome_event and ending write
-      -- them, built here in one concatenation each; the stream is capped once, after the loop
+      -- them, built here in one concatenation each. The event is appended when the next one
+      -- is (without MAXLEN), the call's last after the loop, with MAXLEN (~): the stream is
+      -- capped once per call
       local pid, started = args[i + 2], args[i + 3]
       pid, started = pid == '' and '-' or pid, started == '' and '-' or started
       if maxlen > 0 then
-        call('XADD', events, '*', 'event', 'finished ' .. job.id .. ' ' .. ended .. ' '
-          .. started .. ' ' .. pid .. ' ' .. job.counts .. ' ' .. client)
-        capped = false
+        if pending then
+          call('XADD', events, '*', 'event', pending)
+        end
+        pending = 'finished ' .. job.id .. ' ' .. ended .. ' ' .. started .. ' ' .. pid .. ' '
+          .. job.counts .. ' ' .. client
       end
       line = 'finished ' .. ended .. ' ' .. started .. ' ' .. pid .. ' ' .. job.attempts .. ' '
         .. job.counts .. ' ' .. client .. ' ' .. host
@@ -1526,8 +1530,8 @@ local function finish(keys, args)
   if #gone > 0 then
     call('DEL', unpack(gone))
   end
-  if not capped then -- as each XADD of outcome_event does (MAXLEN ~)
-    call('XTRIM', events, 'MAXLEN', '~', maxlen)
+  if pending then -- (MAXLEN ~, as each XADD of outcome_event)
+    call('XADD', events, 'MAXLEN', '~', maxlen, '*', 'event', pending)
   end
   retain(B, 'finished', now, ends.count, ends.ms, scored, done)
   tally(B, 'finished', now, #scored / 2)
