@@ -56,7 +56,7 @@ derive the keys below from it (same slot, so cluster routing holds).
                                job this client has checked out: its lease, with the numbers of
                                its active record (which does not change while active; attempts
                                counting this lease), which an ack reads instead of the record
-                               (5.0.0; 4.0.0 wrote "<token> <leased_at>", 3.x the token alone,
+                               (4.1.0; 4.0.0 wrote "<token> <leased_at>", 3.x the token alone,
                                a record without enqueued_at gets "<token> <leased_at>": their
                                acks read the record)
   B:swept              zset    client id -> time it was swept (tombstones, kept 24 h)
@@ -117,7 +117,7 @@ than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond
 call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '5.0.0'
+local VERSION = '4.1.0'
 -- the functions called per job, as locals (a global is two table lookups per use); the
 -- globals exist only while a function runs: `entry` (registration) sets them
 local call, format, find = nil, nil, nil
@@ -353,7 +353,7 @@ local function passed(v)
   return int(field_int(v, MAX_MS))
 end
 
--- The value of a lease in B:lease:<client> (library 5.0.0): "<token> <run_at> <enqueued_at>
+-- The value of a lease in B:lease:<client> (library 4.1.0): "<token> <run_at> <enqueued_at>
 -- <retry_count> <stall_count> <timeout_count> <attempts> <leased_at>", the numbers of the
 -- record it leases (integer strings as passed() gives them; `enqueued` its field as read)
 -- and its attempts counting this lease (`before`: the record's field as read, or false), so
@@ -715,7 +715,7 @@ local function leased(B, client, id, token, held)
   }
 end
 
--- The lease `held` of `client` on `id` when it is `token`'s and as library 5.0.0 writes it
+-- The lease `held` of `client` on `id` when it is `token`'s and as library 4.1.0 writes it
 -- (lease_line): the active job with the numbers the lease holds (`counts`: "<run_at>
 -- <enqueued_at> <retry_count> <stall_count> <timeout_count>", as an event line has them;
 -- `attempts` counting this lease), without reading its record. Else nil: the caller reads
@@ -753,7 +753,7 @@ end
 -- The loop of finish, retry and fail: for each group of `width` ARGV from index `from` (id
 -- and token first), `act(job, i)` runs on the job when `client` still holds its lease (when
 -- `usable(i)` is true, if given; else the lease is left alone). The leases are checked
--- first, then acted on in order. With `quick` (finish), a lease of 5.0.0 gives the job's
+-- first, then acted on in order. With `quick` (finish), a lease of 4.1.0 gives the job's
 -- numbers (lease_of: no read of its record; one EXISTS per call checks that the records
 -- are there, as leased() does). The leases taken leave B:lease:<client> in one HDEL after
 -- the loop; an id acked twice in one call is stale the second time (its active record may
@@ -1483,7 +1483,7 @@ local function finish(keys, args)
   local codes = each_leased(B, client, args, 8, 5, function(job, i)
     local result, line, failed_before = args[i + 4], nil, nil
     if job.counts then
-      -- a lease of 5.0.0 (lease_of): its event and its end as outcome_event and ending write
+      -- a lease of 4.1.0 (lease_of): its event and its end as outcome_event and ending write
       -- them, built here in one concatenation each. The event is appended when the next one
       -- is (without MAXLEN), the call's last after the loop, with MAXLEN (~): the stream is
       -- capped once per call

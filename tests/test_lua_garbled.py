@@ -30,7 +30,7 @@ def lua(r: redis.Redis, redis_url: str, prefix: str) -> Lua:
 
 def retried(lua: Lua, *ids: str) -> list[Leased]:
     """Jobs `ids` leased to c1, each with an earlier retry (so its end is kept whole, with
-    its leased_at; library 5.0.0: its lease holds its retry_count, which a finish reads)."""
+    its leased_at; library 4.1.0: its lease holds its retry_count, which a finish reads)."""
     for id in ids:
         lua.add(id)
     for job in lua.dequeue("c1", limit=len(ids)).jobs:

@@ -109,7 +109,7 @@ def test_the_largest_time_is_written_as_an_integer_everywhere(lua: Lua, r: redis
     checkout = lua.dequeue("c1", now=MAX_MS, expiry=1)
     assert checkout.ids == ["far"]
     job = checkout.jobs[0]
-    # library 4.0.0: the lease, with its time, is in the client's lease hash (5.0.0: with
+    # library 4.0.0: the lease, with its time, is in the client's lease hash (4.1.0: with
     # the record's numbers: run_at, enqueued_at, the counts, attempts)
     assert r.hget(lua.B + ":lease:c1", "far") == f"{job.token} {MAX_MS} {NOW} 0 0 0 1 {MAX_MS}"
     assert lua.record("far", now=MAX_MS)["leased_at"] == str(MAX_MS)

@@ -323,7 +323,7 @@ def check_queue(B: str, raw: dict) -> None:
         else:
             assert "u_run_at" not in record, record
     # library 4.0.0: an active record is the waiting one renamed as it is (attempts: the
-    # leases before this one); its lease is in B:lease:<client> only; 5.0.0: the lease holds
+    # leases before this one); its lease is in B:lease:<client> only; 4.1.0: the lease holds
     # the record's numbers too (lease_line)
     holders = {id: client for client, held in leases.items() for id in held}
     for id, record in actives.items():
@@ -379,7 +379,7 @@ def check_counts(id: str, record: dict) -> None:
 
 
 def check_lease(id: str, value: str, record: dict) -> None:
-    """A lease (library 5.0.0): "<token> <run_at> <enqueued_at> <retry_count> <stall_count>
+    """A lease (library 4.1.0): "<token> <run_at> <enqueued_at> <retry_count> <stall_count>
     <timeout_count> <attempts> <leased_at>", the numbers its active record has (which an ack
     reads here), attempts counting this lease."""
     words = value.split(" ")

@@ -186,7 +186,7 @@ def test_a_new_record_holds_no_zero_count(lua: Lua) -> None:
 
 def test_a_lease_lives_in_the_clients_lease_hash_only(lua: Lua) -> None:
     """Library 4.0.0: dequeue renames the record and writes nothing into it; the lease is in
-    B:lease:<client> (5.0.0: "<token> <run_at> <enqueued_at> <retry_count> <stall_count>
+    B:lease:<client> (4.1.0: "<token> <run_at> <enqueued_at> <retry_count> <stall_count>
     <timeout_count> <attempts> <leased_at>"), and every reader shows it as before."""
     lua.dispatch(("a", '"x"', ""), ("b", '"y"', ""))
     ran = inner(lua.r, lambda: lua.dequeue("c1", limit=2, now=NOW + 3))
@@ -228,7 +228,7 @@ def test_the_whole_lease_value_is_no_token(lua: Lua) -> None:
 
 
 def test_finish_reads_a_jobs_numbers_from_its_lease(lua: Lua) -> None:
-    """Library 5.0.0: the lease holds the numbers of the record it leases (which does not
+    """Library 4.1.0: the lease holds the numbers of the record it leases (which does not
     change while active), so finish reads no record: one HMGET of the lease hash for the
     call (and one of B:stats), where 4.0.0 read each job's record, and one EXISTS for all
     the records (that they are there). The event and the end are as before."""
@@ -257,7 +257,7 @@ def test_finish_reads_a_jobs_numbers_from_its_lease(lua: Lua) -> None:
 
 def test_an_acked_lease_whose_record_is_gone_is_stale(lua: Lua) -> None:
     """A record deleted around the library while its lease is held: finish reads no record
-    (5.0.0), but still finds the lease stale, nothing written for it (its lease kept), and
+    (4.1.0), but still finds the lease stale, nothing written for it (its lease kept), and
     the other jobs of the call end."""
     lua.dispatch(("a", "1", ""), ("b", "1", ""), ("c", "1", ""))
     leases = [(job.id, job.token) for job in lua.dequeue("c1", limit=3).jobs]
@@ -269,7 +269,7 @@ def test_an_acked_lease_whose_record_is_gone_is_stale(lua: Lua) -> None:
 
 
 def test_finish_caps_the_event_stream_once_per_call(lua: Lua) -> None:
-    """Library 5.0.0: finish appends its events without MAXLEN but the last, which caps the
+    """Library 4.1.0: finish appends its events without MAXLEN but the last, which caps the
     stream (MAXLEN ~, as each XADD did): the stream stays as short, with no other command
     (a user of the README's ACL line may run no other)."""
     lua.dispatch(*[(f"j{i}", "1", "") for i in range(400)])
