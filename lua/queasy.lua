@@ -275,8 +275,6 @@ end
 
 -- ---------------------------------------------------------------- helpers
 
--- Every number written to Redis (hash fields, scores, stream fields, messages) is an integer
--- string: a Lua number would go as '%.14g' ('2.5340230079999e+14', '1e+20').
 -- A new list with room for 32 values: a table grown one value at a time is resized at each
 -- power of two (5 times on its way to 16 values); `#` counts a list's values as usual.
 local function list()
@@ -284,8 +282,10 @@ local function list()
     nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 end
 
--- The last number written is kept with its string: a batch writes the same run_at or now
--- for each job, one format for all.
+-- Every number written to Redis (hash fields, scores, stream fields, messages) is an integer
+-- string: a Lua number would go as '%.14g' ('2.5340230079999e+14', '1e+20'). The last
+-- number written is kept with its string: a batch writes the same run_at or now for each
+-- job, one format for all.
 local int_n, int_s = nil, nil
 local function int(n)
   if n ~= int_n then
@@ -485,15 +485,10 @@ end
 -- are strings ('' or checked digits); `err` as in write_error, or nil.
 local function outcome_event(B, maxlen, now, outcome, job, pid, started_at, err)
   local at = now .. ' ' .. known(started_at) .. ' ' .. known(pid)
-  local counts
-  if job.counts then -- from its lease (lease_of)
-    counts = job.counts .. ' ' .. known(job.client)
-  else
-    counts = (job.run_at_s or int(job.run_at)) .. ' ' .. known(digits(job.enqueued_at))
-      .. ' ' .. (job.retry_s or int(job.retry_count)) .. ' ' .. (job.stall_s
-      or int(job.stall_count)) .. ' ' .. (job.timeout_s or int(job.timeout_count)) .. ' '
-      .. known(job.client or '')
-  end
+  local counts = (job.run_at_s or int(job.run_at)) .. ' ' .. known(digits(job.enqueued_at))
+    .. ' ' .. (job.retry_s or int(job.retry_count)) .. ' ' .. (job.stall_s
+    or int(job.stall_count)) .. ' ' .. (job.timeout_s or int(job.timeout_count)) .. ' '
+    .. known(job.client or '')
   if maxlen > 0 then
     local line = outcome .. ' ' .. job.id .. ' ' .. at .. ' ' .. counts
     if err == nil or (err.name == '' and err.kind == '' and err.message == ''
@@ -1500,6 +1495,10 @@ local function finish(keys, args)
         .. job.counts .. ' ' .. client .. ' ' .. host
       failed_before = string.sub(job.counts, -6) ~= ' 0 0 0' -- "... <retry> <stall> <timeout>"
     else
+      if pending then -- the events stay in the order of the acks
+        call('XADD', events, '*', 'event', pending)
+        pending = nil
+      end
       local at, counts = outcome_event(B, maxlen, ended, 'finished', job, args[i + 2], args[i + 3])
       line = ending('finished', at, counts, job.attempts, host)
       failed_before = job.retry_s ~= '0' or job.stall_s ~= '0' or job.timeout_s ~= '0'

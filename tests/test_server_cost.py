@@ -284,3 +284,17 @@ def test_finish_caps_the_event_stream_once_per_call(lua: Lua) -> None:
     # MAXLEN ~ 10 drops whole nodes of the stream (100 entries each by default)
     assert lua.r.xlen(lua.B + ":events") <= 110
     assert lua.counts_all()["finished"] == 400
+
+
+def test_a_calls_events_keep_the_order_of_its_acks(lua: Lua) -> None:
+    """Finish appends a 4.1.0 lease's event when the next one comes (the last caps the
+    stream); an ack read from its record (here: a record without enqueued_at, which gets a
+    lease of 4.0.0's form) appends its own at once: the earlier one goes first."""
+    lua.dispatch(("a", "1", ""), ("b", "1", ""), ("c", "1", ""))
+    lua.r.hdel(lua.B + ":job:b", "enqueued_at")  # (written around the library)
+    leases = [(job.id, job.token) for job in lua.dequeue("c1", limit=3).jobs]
+    assert lua.r.hget(lua.B + ":lease:c1", "b") == f"{leases[1][1]} {NOW}"
+    assert finish_all(lua, leases) == [0, 0, 0]
+    lines = [f["event"] for _, f in lua.r.xrange(lua.B + ":events")]
+    assert [line.split(" ")[1] for line in lines] == ["a", "b", "c"]
+    assert lines[1] == f"finished b {NOW + 5} {NOW + 1} 4242 {NOW} - 0 0 0 c1"
