@@ -51,8 +51,14 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:expiry             zset    client id -> expiry (ms) of each client holding leases here
   B:fresh              zset    client id -> until when (ms) it is fresh: half its expiry window
                                after its last dequeue or bump; pushes go to fresh clients only
-  B:lease:<client>     hash    id -> "<token> <leased_at>" of each job this client has checked
-                               out: its lease (3.x wrote the token alone; read as such)
+  B:lease:<client>     hash    id -> "<token> <run_at> <enqueued_at> <retry_count>
+                               <stall_count> <timeout_count> <attempts> <leased_at>" of each
+                               job this client has checked out: its lease, with the numbers of
+                               its active record (which does not change while active; attempts
+                               counting this lease), which an ack reads instead of the record
+                               (4.1.0; 4.0.0 wrote "<token> <leased_at>", 3.x the token alone,
+                               a record without enqueued_at gets "<token> <leased_at>": their
+                               acks read the record)
   B:swept              zset    client id -> time it was swept (tombstones, kept 24 h)
   B:parked             hash    client id -> free slots it has parked here: an idle client's
                                dequeue leaves them, and dispatch leases a ready job straight
@@ -111,7 +117,7 @@ than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond
 call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '4.0.0'
+local VERSION = '4.1.0'
 -- the functions called per job, as locals (a global is two table lookups per use); the
 -- globals exist only while a function runs: `entry` (registration) sets them
 local call, format, find = nil, nil, nil
@@ -124,10 +130,7 @@ local MAX_TEXT = 65536 -- bytes of an error message, a traceback, a host name
 local EVENT_TRACEBACK = 1024 -- bytes of a traceback an event keeps (its end)
 local MAX_PAGE = 1000 -- jobs per call of queasy_jobs, queasy_requeue, queasy_purge
 local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
-  'attempts', 'trace'}
--- what a dequeue hands out (JOB_FIELDS without attempts, which the lease leaves as it is)
-local LEASE_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
-  'trace'}
+  'attempts', 'trace', 'enqueued_at'}
 local MAX_TRACE = 256 -- bytes of a job's trace context (a W3C traceparent is 55)
 local ERROR_FIELDS = {'error_name', 'error_kind', 'error_message', 'traceback', 'error_at'}
 local END_STATES = {finished = true, failed = true, cancelled = true}
@@ -272,10 +275,37 @@ end
 
 -- ---------------------------------------------------------------- helpers
 
+-- A new list with room for 32 values: a table grown one value at a time is resized at each
+-- power of two (5 times on its way to 16 values); `#` counts a list's values as usual.
+local function list()
+  return {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+    nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+end
+
 -- Every number written to Redis (hash fields, scores, stream fields, messages) is an integer
--- string: a Lua number would go as '%.14g' ('2.5340230079999e+14', '1e+20').
+-- string: a Lua number would go as '%.14g' ('2.5340230079999e+14', '1e+20'). The last
+-- number written is kept with its string: a batch writes the same run_at or now for each
+-- job, one format for all.
+local int_n, int_s = nil, nil
 local function int(n)
-  return format('%d', n)
+  if n ~= int_n then
+    int_n, int_s = n, format('%d', n)
+  end
+  return int_s
+end
+
+-- A whole number 1.. as int() writes it; those up to 1,000 are made once and kept (the
+-- library's state lives as long as it is loaded): no format per lease of a dequeue.
+local SMALL = {}
+local function small(n)
+  local s = SMALL[n]
+  if s == nil then
+    s = int(n)
+    if n <= 1000 then
+      SMALL[n] = s
+    end
+  end
+  return s
 end
 
 -- A number field of a record as an integer in 0 ..= high; a field written around the library
@@ -297,6 +327,7 @@ local function read_job(key)
     id = v[1], data = v[2] or '', run_at = field_int(v[3], MAX_MS),
     retry_count = field_int(v[4], MAX_MS), stall_count = field_int(v[5], MAX_MS),
     timeout_count = field_int(v[6], MAX_MS), attempts = v[7] or '0', trace = v[8] or '',
+    enqueued_at = v[9],
   }
 end
 
@@ -320,6 +351,23 @@ local function passed(v)
     return '0'
   end
   return int(field_int(v, MAX_MS))
+end
+
+-- The value of a lease in B:lease:<client> (library 4.1.0): "<token> <run_at> <enqueued_at>
+-- <retry_count> <stall_count> <timeout_count> <attempts> <leased_at>", the numbers of the
+-- record it leases (integer strings as passed() gives them; `enqueued` its field as read)
+-- and its attempts counting this lease (`before`: the record's field as read, or false), so
+-- that an ack reads them here and not in the record (which does not change while active).
+-- A record without enqueued_at, or with one longer than 15 characters, gets a lease of
+-- 4.0.0, "<token> <leased_at>"; one that is not digits, a lease that lease_of() does not
+-- take: an ack of either reads the record.
+local function lease_line(token, run_at, enqueued, retry, stall, timeout, before, now_s)
+  if not enqueued or #enqueued > 15 then
+    return token .. ' ' .. now_s
+  end
+  local attempts = before == false and '1' or int(field_int(before, MAX_MS) + 1)
+  return token .. ' ' .. run_at .. ' ' .. enqueued .. ' ' .. retry .. ' ' .. stall .. ' '
+    .. timeout .. ' ' .. attempts .. ' ' .. now_s
 end
 
 -- Write the fields of `job` that change while it lives (the others stay in the hash).
@@ -625,13 +673,14 @@ local function promote(B, id, any_blocked)
   end
 end
 
--- Whether `held`, a value of B:lease:<client> ("<token> <leased_at>"; a lease taken by
--- library 3.x: "<token>"), or false, is the lease `token` (a token holds no space).
+-- Whether `held`, a value of B:lease:<client> ("<token> ... <leased_at>": lease_line; a
+-- lease taken by library 3.x: "<token>"), or false, is the lease `token` (a token holds no
+-- space).
 local function holds(held, token)
-  if not held then
+  if not held or find(token, ' ', 1, true) then
     return false
   elseif #held == #token then -- a lease of 3.x
-    return held == token and find(token, ' ', 1, true) == nil
+    return held == token
   end
   return find(held, token, 1, true) == 1 and string.byte(held, #token + 1) == 32
 end
@@ -655,12 +704,31 @@ local function leased(B, client, id, token, held)
   return {
     id = id, run_at_s = passed(v[1]), retry_s = passed(v[2]), stall_s = passed(v[3]),
     timeout_s = passed(v[4]), client = client, enqueued_at = v[5],
-    attempts = legacy and passed(v[6]) or int(field_int(v[6], MAX_MS) + 1), held = held,
+    attempts = legacy and passed(v[6]) or (v[6] == false and '1')
+      or int(field_int(v[6], MAX_MS) + 1), held = held,
     legacy = legacy,
   }
 end
 
--- When the lease of `job` (from leased()) was taken (ms, as written).
+-- The lease `held` of `client` on `id` when it is `token`'s and as library 4.1.0 writes it
+-- (lease_line): the active job with the numbers the lease holds (`counts`: "<run_at>
+-- <enqueued_at> <retry_count> <stall_count> <timeout_count>", as an event line has them;
+-- `attempts` counting this lease), without reading its record. Else nil: the caller reads
+-- the record (leased(): a lease of 4.0.0 or 3.x, one garbled around the library, a stale
+-- token). The caller checks that the active record exists (each_leased: one EXISTS).
+local function lease_of(client, id, token, held)
+  if not held or string.byte(held, #token + 1) ~= 32 or find(held, token, 1, true) ~= 1 then
+    return nil
+  end
+  -- (its leased_at, last, is read where it is needed: leased_at())
+  local counts, attempts = string.match(held, '^(%d+ %d+ %d+ %d+ %d+) (%d+) ', #token + 2)
+  if counts == nil then
+    return nil
+  end
+  return {id = id, client = client, held = held, counts = counts, attempts = attempts}
+end
+
+-- When the lease of `job` (from leased() or lease_of()) was taken (ms, as written).
 local function leased_at(B, job)
   if job.legacy then
     return call('HGET', B .. ':active:' .. job.id, 'leased_at') or ''
@@ -679,29 +747,52 @@ end
 
 -- The loop of finish, retry and fail: for each group of `width` ARGV from index `from` (id
 -- and token first), `act(job, i)` runs on the job when `client` still holds its lease (when
--- `usable(i)` is true, if given; else the lease is left alone). The leases taken leave
--- B:lease:<client> in one HDEL after the loop; an id acked twice in one call is stale the
--- second time (its active record may be deleted only at the end of the call). Returns one
--- code per job: 0 ok, 1 stale.
-local function each_leased(B, client, args, from, width, act, usable)
-  local codes, taken, seen, ids = {}, {}, {}, {}
+-- `usable(i)` is true, if given; else the lease is left alone). The leases are checked
+-- first, then acted on in order. With `quick` (finish), a lease of 4.1.0 gives the job's
+-- numbers (lease_of: no read of its record; one EXISTS per call checks that the records
+-- are there, as leased() does). The leases taken leave B:lease:<client> in one HDEL after
+-- the loop; an id acked twice in one call is stale the second time (its active record may
+-- be deleted only at the end of the call). Returns one code per job: 0 ok, 1 stale.
+local function each_leased(B, client, args, from, width, act, usable, quick)
+  local codes, taken, seen, ids = list(), list(), {}, list()
   local lkey = B .. ':lease:' .. client
   for i = from, #args, width do
     ids[#ids + 1] = args[i]
   end
   local held = #ids > 0 and call('HMGET', lkey, unpack(ids)) or {}
-  for i = from, #args, width do
-    local job = nil
-    if (usable == nil or usable(i)) and not seen[args[i]] then
-      job = leased(B, client, args[i], args[i + 1], held[(i - from) / width + 1])
+  local jobs, akeys, quicks = list(), list(), list()
+  for k, id in ipairs(ids) do
+    local i = from + (k - 1) * width
+    if (usable == nil or usable(i)) and not seen[id] then
+      local job = quick and lease_of(client, id, args[i + 1], held[k])
+      if job then
+        job.akey = B .. ':active:' .. id
+        akeys[#akeys + 1] = job.akey
+        quicks[#quicks + 1] = k
+      else
+        job = leased(B, client, id, args[i + 1], held[k])
+      end
+      if job ~= nil then
+        seen[id] = true
+        jobs[k] = job
+      end
     end
+  end
+  if #akeys > 0 and call('EXISTS', unpack(akeys)) < #akeys then
+    for n, k in ipairs(quicks) do -- a record gone (written around the library): stale
+      if call('EXISTS', akeys[n]) == 0 then
+        jobs[k] = nil
+      end
+    end
+  end
+  for k, id in ipairs(ids) do
+    local job = jobs[k]
     if job == nil then
-      codes[#codes + 1] = 1
+      codes[k] = 1
     else
-      seen[args[i]] = true
-      taken[#taken + 1] = args[i]
-      act(job, i)
-      codes[#codes + 1] = 0
+      taken[#taken + 1] = id
+      act(job, from + (k - 1) * width)
+      codes[k] = 0
     end
   end
   if #taken > 0 then
@@ -843,7 +934,9 @@ local function push(B, now, id, parked)
         job.data}, '\n'))
       lease(B, id)
       call('ZREM', B .. ':waiting', id)
-      call('HSET', B .. ':lease:' .. client, id, token .. ' ' .. int(now))
+      call('HSET', B .. ':lease:' .. client, id, lease_line(token, int(job.run_at),
+        job.enqueued_at, int(job.retry_count), int(job.stall_count),
+        int(job.timeout_count), job.attempts, int(now)))
       best[2] = best[2] - 1
       if best[2] > 0 then
         call('HSET', B .. ':parked', client, int(best[2]))
@@ -1299,31 +1392,33 @@ local function dequeue(keys, args)
   if not keep_alive(B, now, client, expiry_ms) then
     return {2, ''}
   end
-  local out = {0, ''}
+  local out = list()
+  out[1], out[2] = 0, ''
   if limit > 0 then
     local ids = call('ZRANGE', B .. ':waiting', '-inf', int(now), 'BYSCORE', 'LIMIT', 0,
       limit)
-    local leases = {}
+    local leases = list()
     local now_s = int(now)
+    local taken, o = 0, 2 -- leases so far; the last index of out
     for _, id in ipairs(ids) do
       local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
-      local v = call('HMGET', jkey, unpack(LEASE_FIELDS))
+      local v = call('HMGET', jkey, 'id', 'data', 'run_at', 'retry_count', 'stall_count',
+        'timeout_count', 'trace', 'enqueued_at', 'attempts') -- (constants: no unpack per job)
       if v[1] == false then
         -- a stray id without a record: only dropped from B:waiting (below)
       elseif call('RENAMENX', jkey, akey) == 0 then -- one call: the move, unless active
         call('SADD', B .. ':blocked', id) -- its record waits for the active one
       else
-        local token = nonce .. '.' .. (#leases / 2 + 1)
-        leases[#leases + 1] = id
-        leases[#leases + 1] = token .. ' ' .. now_s
-        out[#out + 1] = id
-        out[#out + 1] = token
-        out[#out + 1] = v[2] or ''
-        out[#out + 1] = passed(v[3])
-        out[#out + 1] = passed(v[4])
-        out[#out + 1] = passed(v[5])
-        out[#out + 1] = passed(v[6])
-        out[#out + 1] = v[7] or ''
+        taken = taken + 1
+        local token = nonce .. '.' .. small(taken)
+        local run_at, retry, stall, timeout = passed(v[3]), passed(v[4]), passed(v[5]),
+          passed(v[6])
+        leases[2 * taken - 1] = id
+        leases[2 * taken] = lease_line(token, run_at, v[8], retry, stall, timeout, v[9],
+          now_s)
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, token, v[2] or '', run_at
+        out[o + 5], out[o + 6], out[o + 7], out[o + 8] = retry, stall, timeout, v[7] or ''
+        o = o + 8
       end
     end
     if #ids > 0 then -- every record selected has moved: they leave B:waiting together
@@ -1378,11 +1473,36 @@ local function finish(keys, args)
   local any_blocked = call('EXISTS', B .. ':blocked') == 1
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
-  local scored, done, gone = {}, {}, {}
+  local scored, done, gone = list(), list(), list()
+  local events, host, pending = B .. ':events', ends.host, nil
   local codes = each_leased(B, client, args, 8, 5, function(job, i)
-    local at, counts = outcome_event(B, maxlen, ended, 'finished', job, args[i + 2], args[i + 3])
-    local result = args[i + 4]
-    local failed_before = job.retry_s ~= '0' or job.stall_s ~= '0' or job.timeout_s ~= '0'
+    local result, line, failed_before = args[i + 4], nil, nil
+    if job.counts then
+      -- a lease of 4.1.0 (lease_of): its event and its end as outcome_event and ending write
+      -- them, built here in one concatenation each. The event is appended when the next one
+      -- is (without MAXLEN), the call's last after the loop, with MAXLEN (~): the stream is
+      -- capped once per call
+      local pid, started = args[i + 2], args[i + 3]
+      pid, started = pid == '' and '-' or pid, started == '' and '-' or started
+      if maxlen > 0 then
+        if pending then
+          call('XADD', events, '*', 'event', pending)
+        end
+        pending = 'finished ' .. job.id .. ' ' .. ended .. ' ' .. started .. ' ' .. pid .. ' '
+          .. job.counts .. ' ' .. client
+      end
+      line = 'finished ' .. ended .. ' ' .. started .. ' ' .. pid .. ' ' .. job.attempts .. ' '
+        .. job.counts .. ' ' .. client .. ' ' .. host
+      failed_before = string.sub(job.counts, -6) ~= ' 0 0 0' -- "... <retry> <stall> <timeout>"
+    else
+      if pending then -- the events stay in the order of the acks
+        call('XADD', events, '*', 'event', pending)
+        pending = nil
+      end
+      local at, counts = outcome_event(B, maxlen, ended, 'finished', job, args[i + 2], args[i + 3])
+      line = ending('finished', at, counts, job.attempts, host)
+      failed_before = job.retry_s ~= '0' or job.stall_s ~= '0' or job.timeout_s ~= '0'
+    end
     local extra = nil -- a record kept whole: its lease's fields, and the result if any
     if result ~= '' or failed_before then
       extra = {'leased_at', leased_at(B, job), 'attempts', job.attempts}
@@ -1390,19 +1510,27 @@ local function finish(keys, args)
         extra[5], extra[6] = 'result', result
       end
     end
-    end_record(B, B .. ':active:' .. job.id, job.id, keep, extra ~= nil, extra, gone)
+    end_record(B, job.akey or B .. ':active:' .. job.id, job.id, keep, extra ~= nil, extra,
+      gone)
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
-    done[#done + 1] = ending('finished', at, counts, job.attempts, ends.host)
-    promote(B, job.id, any_blocked)
-    schedule_ended(B, job.id, now, 'finished', true)
+    done[#done + 1] = line
+    if any_blocked then
+      promote(B, job.id, true)
+    end
+    if job.id == SCHEDULE_ID then
+      schedule_ended(B, job.id, now, 'finished', true)
+    end
     if ends.notify then
       call('SPUBLISH', B .. ':done:' .. job.id, 'finished')
     end
-  end)
+  end, nil, true)
   if #gone > 0 then
     call('DEL', unpack(gone))
+  end
+  if pending then -- (MAXLEN ~, as each XADD of outcome_event)
+    call('XADD', events, 'MAXLEN', '~', maxlen, '*', 'event', pending)
   end
   retain(B, 'finished', now, ends.count, ends.ms, scored, done)
   tally(B, 'finished', now, #scored / 2)

@@ -323,7 +323,8 @@ def check_queue(B: str, raw: dict) -> None:
         else:
             assert "u_run_at" not in record, record
     # library 4.0.0: an active record is the waiting one renamed as it is (attempts: the
-    # leases before this one); its lease, "<token> <leased_at>", is in B:lease:<client> only
+    # leases before this one); its lease is in B:lease:<client> only; 4.1.0: the lease holds
+    # the record's numbers too (lease_line)
     holders = {id: client for client, held in leases.items() for id in held}
     for id, record in actives.items():
         for field in ("run_at", *LIFE):
@@ -339,8 +340,7 @@ def check_queue(B: str, raw: dict) -> None:
         assert client in expiry, f"lease holder {client!r} has an expiry"
         for id, value in held.items():
             assert id in actives, f"{client!r} holds {id!r}: it is active"
-            token, _, leased_at = value.partition(" ")
-            assert token and is_int(leased_at), f"the lease of {id!r}: {value!r}"
+            check_lease(id, value, actives[id])
     for key, (_, value) in raw.items():
         if key.startswith(B + ":once:"):
             # (None: it expired between the TYPE and the GET of `read`)
@@ -376,6 +376,18 @@ COUNTED = ("retry_count", "stall_count", "timeout_count", "attempts")
 def check_counts(id: str, record: dict) -> None:
     for field in COUNTED:
         assert is_int(record.get(field, "0")), (id, field, record[field])
+
+
+def check_lease(id: str, value: str, record: dict) -> None:
+    """A lease (library 4.1.0): "<token> <run_at> <enqueued_at> <retry_count> <stall_count>
+    <timeout_count> <attempts> <leased_at>", the numbers its active record has (which an ack
+    reads here), attempts counting this lease."""
+    words = value.split(" ")
+    assert len(words) == 8 and words[0] and all(map(is_int, words[1:])), (id, value)
+    numbers = [record["run_at"], record["enqueued_at"]]
+    numbers += [record.get(f, "0") for f in ("retry_count", "stall_count", "timeout_count")]
+    numbers.append(str(int(record.get("attempts", "0")) + 1))
+    assert words[1:7] == numbers, (id, value, record)
 
 
 def check_error(id: str, record: dict) -> None:

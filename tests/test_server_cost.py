@@ -185,13 +185,15 @@ def test_a_new_record_holds_no_zero_count(lua: Lua) -> None:
 
 
 def test_a_lease_lives_in_the_clients_lease_hash_only(lua: Lua) -> None:
-    """Library 4.0.0: dequeue renames the record and writes nothing into it; the lease,
-    "<token> <leased_at>", is in B:lease:<client>, and every reader shows it as before."""
+    """Library 4.0.0: dequeue renames the record and writes nothing into it; the lease is in
+    B:lease:<client> (4.1.0: "<token> <run_at> <enqueued_at> <retry_count> <stall_count>
+    <timeout_count> <attempts> <leased_at>"), and every reader shows it as before."""
     lua.dispatch(("a", '"x"', ""), ("b", '"y"', ""))
     ran = inner(lua.r, lambda: lua.dequeue("c1", limit=2, now=NOW + 3))
     assert ran["hset"] == 1  # the call's leases, in one HSET; none into a record
     a, b = lua.call("queasy_leases", [lua.B], NOW, "c1")[1::2]
-    assert lua.r.hgetall(lua.B + ":lease:c1") == {"a": f"{a} {NOW + 3}", "b": f"{b} {NOW + 3}"}
+    held = {"a": f"{a} {NOW} {NOW} 0 0 0 1 {NOW + 3}", "b": f"{b} {NOW} {NOW} 0 0 0 1 {NOW + 3}"}
+    assert lua.r.hgetall(lua.B + ":lease:c1") == held
     assert set(lua.r.hgetall(lua.B + ":active:a")) == {"id", "data", "run_at", "enqueued_at"}
     rec = lua.record("a")
     assert (rec["state"], rec["client"], rec["leased_at"], rec["attempts"]) == (
@@ -206,17 +208,93 @@ def test_a_lease_lives_in_the_clients_lease_hash_only(lua: Lua) -> None:
     job = lua.dequeue("c1", limit=0).jobs  # (nothing more to lease)
     assert job == []
     assert finish_all(lua, [("a", a[:-1]), ("b", b)]) == [1, 0]
-    assert lua.r.hgetall(lua.B + ":lease:c1") == {"a": f"{a} {NOW + 3}"}
+    assert lua.r.hgetall(lua.B + ":lease:c1") == {"a": held["a"]}
 
 
 def test_the_whole_lease_value_is_no_token(lua: Lua) -> None:
-    """A lease's value is "<token> <leased_at>": an ack that presents all of it as its token
-    is stale (a token holds no space), and changes nothing."""
+    """A lease's value is "<token> ... <leased_at>": an ack that presents all of it, or its
+    token and the next words, as its token is stale (a token holds no space), and changes
+    nothing."""
     lua.dispatch(("a", '"x"', ""))
     job = lua.dequeue("c1", limit=1).jobs[0]
     held = lua.r.hget(lua.B + ":lease:c1", "a")
-    assert held == f"{job.token} {NOW}"
+    assert held == f"{job.token} {NOW} {NOW} 0 0 0 1 {NOW}"
     assert finish_all(lua, [("a", held)]) == [1]
+    assert finish_all(lua, [("a", held.rsplit(" ", 2)[0])]) == [1]
+    assert finish_all(lua, [("a", f"{job.token} {NOW}")]) == [1]
     assert lua.r.hget(lua.B + ":lease:c1", "a") == held and lua.r.xlen(lua.B + ":events") == 0
     assert finish_all(lua, [("a", job.token)]) == [0]
     assert lua.r.hget(lua.B + ":ends", "a").split(" ")[4] == "1"  # attempts: this lease
+
+
+def test_finish_reads_a_jobs_numbers_from_its_lease(lua: Lua) -> None:
+    """Library 4.1.0: the lease holds the numbers of the record it leases (which does not
+    change while active), so finish reads no record: one HMGET of the lease hash for the
+    call (and one of B:stats), where 4.0.0 read each job's record, and one EXISTS for all
+    the records (that they are there). The event and the end are as before."""
+    lua.dispatch(*[(f"j{i}", "1", "") for i in range(10)])
+    first = lua.dequeue("c1", limit=1).jobs[0]
+    assert lua.retry("c1", first, run_at=NOW, kind="timeout") == 0  # j0: an earlier attempt
+    leases = [(job.id, job.token) for job in lua.dequeue("c1", limit=10).jobs]
+    codes: list[int] = []
+    ran = inner(lua.r, lambda: codes.extend(finish_all(lua, leases)))
+    assert codes == [0] * 10
+    assert ran["hmget"] == 2  # the lease hash, the stats
+    assert ran["exists"] == 3  # the migration guard, B:blocked, the ten active records
+    lines = [f["event"] for _, f in lua.r.xrange(lua.B + ":events")]
+    assert (
+        len(lines) == 11
+        and lines[1] == f"finished j0 {NOW + 5} {NOW + 1} 4242 {NOW} {NOW} 0 0 1 c1"
+    )
+    assert lua.r.hget(lua.B + ":ends", "j0").split(" ")[4:10] == [
+        "2", str(NOW), str(NOW), "0", "0", "1",
+    ]  # fmt: skip
+    assert lua.r.exists(lua.B + ":ended:j0") == 1  # kept whole: it timed out before
+    assert lua.record("j0")["timeout_count"] == "1"
+    assert lua.r.exists(lua.B + ":ended:j1") == 0
+    assert lua.counts_all()["finished"] == 10
+
+
+def test_an_acked_lease_whose_record_is_gone_is_stale(lua: Lua) -> None:
+    """A record deleted around the library while its lease is held: finish reads no record
+    (4.1.0), but still finds the lease stale, nothing written for it (its lease kept), and
+    the other jobs of the call end."""
+    lua.dispatch(("a", "1", ""), ("b", "1", ""), ("c", "1", ""))
+    leases = [(job.id, job.token) for job in lua.dequeue("c1", limit=3).jobs]
+    lua.r.delete(lua.B + ":active:b")
+    assert finish_all(lua, leases) == [0, 1, 0]
+    assert list(lua.r.hgetall(lua.B + ":lease:c1")) == ["b"]
+    assert [f["event"].split(" ")[1] for _, f in lua.r.xrange(lua.B + ":events")] == ["a", "c"]
+    assert lua.r.hget(lua.B + ":ends", "b") is None
+
+
+def test_finish_caps_the_event_stream_once_per_call(lua: Lua) -> None:
+    """Library 4.1.0: finish appends its events without MAXLEN but the last, which caps the
+    stream (MAXLEN ~, as each XADD did): the stream stays as short, with no other command
+    (a user of the README's ACL line may run no other)."""
+    lua.dispatch(*[(f"j{i}", "1", "") for i in range(400)])
+    leases = [(job.id, job.token) for job in lua.dequeue("c1", limit=400).jobs]
+    args: list[Any] = [NOW + 5, "c1", 10, *KEEP, HOST, 0]
+    ran: dict[str, int] = {}
+    for k in range(0, 400, 50):
+        flat = [x for job_id, token in leases[k : k + 50] for x in (job_id, token, 1, NOW, "")]
+        step = inner(lua.r, lambda flat=flat: lua.call("queasy_finish", [lua.B], *args, *flat))
+        ran = {name: ran.get(name, 0) + n for name, n in step.items()}
+    assert ran["xadd"] == 400 and "xtrim" not in ran
+    # MAXLEN ~ 10 drops whole nodes of the stream (100 entries each by default)
+    assert lua.r.xlen(lua.B + ":events") <= 110
+    assert lua.counts_all()["finished"] == 400
+
+
+def test_a_calls_events_keep_the_order_of_its_acks(lua: Lua) -> None:
+    """Finish appends a 4.1.0 lease's event when the next one comes (the last caps the
+    stream); an ack read from its record (here: a record without enqueued_at, which gets a
+    lease of 4.0.0's form) appends its own at once: the earlier one goes first."""
+    lua.dispatch(("a", "1", ""), ("b", "1", ""), ("c", "1", ""))
+    lua.r.hdel(lua.B + ":job:b", "enqueued_at")  # (written around the library)
+    leases = [(job.id, job.token) for job in lua.dequeue("c1", limit=3).jobs]
+    assert lua.r.hget(lua.B + ":lease:c1", "b") == f"{leases[1][1]} {NOW}"
+    assert finish_all(lua, leases) == [0, 0, 0]
+    lines = [f["event"] for _, f in lua.r.xrange(lua.B + ":events")]
+    assert [line.split(" ")[1] for line in lines] == ["a", "b", "c"]
+    assert lines[1] == f"finished b {NOW + 5} {NOW + 1} 4242 {NOW} - 0 0 0 c1"

@@ -1,11 +1,15 @@
-"""Library 4.0.0 over the stored state of 3.0.0: nothing is lost (issue 14's layout change).
+"""Library 4.1.0 over the stored state of 3.0.0 and 4.0.0: nothing is lost (issue 14's layout
+changes).
 
 3.x kept an active job's lease in its record (client, token, leased_at, attempts counting the
 lease) and its lease token alone in B:lease:<client>, and wrote each outcome event as 16
 fields. 4.0.0 keeps the lease, "<token> <leased_at>", in B:lease:<client> only, the record as
 it was while waiting, and an event as one line. These tests build the state with the real
 3.0.0 library (tests/fixtures/queasy-3.0.0.lua, the file as released), load 4.0.0 over it
-as a supervisor's handshake does, and carry every job on.
+as a supervisor's handshake does, and carry every job on (now 4.1.0, which reads all of 4.0.0's
+state). 4.1.0's lease also holds the numbers of the record it leases, which an ack reads
+instead of the record: 4.0.0's leases are acked from their records (tests/fixtures/
+queasy-4.0.0.lua, the file as released).
 """
 
 from __future__ import annotations
@@ -20,24 +24,33 @@ from queasy_py.store.embedded import EmbeddedServer
 from queasy_py.store.library import bundled_version, ensure_loaded
 from tests.lua_calls import NOW, Leased, Lua, schedule, schedule_info
 
-OLD = Path(__file__).parent / "fixtures" / "queasy-3.0.0.lua"
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.fixture
-def r(own_server: EmbeddedServer) -> Iterator[redis.Redis]:
-    conn = redis.Redis.from_url(own_server.url, decode_responses=True)
+def loaded(server: EmbeddedServer, version: str) -> Iterator[redis.Redis]:
+    conn = redis.Redis.from_url(server.url, decode_responses=True)
     conn.flushall()
-    conn.function_load(OLD.read_text(), replace=True)
-    assert conn.fcall("queasy_library", 0) == "queasy_py 3.0.0"
+    conn.function_load((FIXTURES / f"queasy-{version}.lua").read_text(), replace=True)
+    assert conn.fcall("queasy_library", 0) == f"queasy_py {version}"
     try:
         yield conn
     finally:
         conn.close()
 
 
+@pytest.fixture
+def r(own_server: EmbeddedServer) -> Iterator[redis.Redis]:
+    yield from loaded(own_server, "3.0.0")
+
+
+@pytest.fixture
+def r4(own_server: EmbeddedServer) -> Iterator[redis.Redis]:
+    yield from loaded(own_server, "4.0.0")
+
+
 def upgrade(r: redis.Redis) -> None:
     ensure_loaded(r)  # what every client's handshake does: the older library is replaced
-    assert bundled_version().startswith("4.")
+    assert bundled_version().startswith("4.1")
     assert r.fcall("queasy_library", 0) == "queasy_py " + bundled_version()
 
 
@@ -147,3 +160,87 @@ def test_blocked_updates_and_a_schedule_of_3_carry_on_under_4(r: redis.Redis) ->
     assert lua.finish("c1", occ, now=NOW + 110) == 0
     info = schedule_info(lua, now=NOW + 110)
     assert info is not None and info["last_outcome"] == "finished", info
+
+
+def test_leases_taken_by_4_are_acked_read_and_swept_under_4_1(r4: redis.Redis) -> None:
+    """4.0.0's lease, "<token> <leased_at>", holds no numbers: under 4.1.0 an ack of it
+    reads the job's record (as 4.0.0 did), and writes the same event and end; a lease taken
+    under 4.1.0 holds them."""
+    r = r4
+    lua = Lua(r, "up")
+    lua.dispatch(*[(id, f'"{id}"', "") for id in "abcdef"])
+    (first,) = lua.dequeue("c1", limit=1).jobs
+    assert lua.retry("c1", first, run_at=NOW, kind="timeout") == 0  # a timed out once
+    a, b, c, d = lua.dequeue("c1", limit=4).jobs
+    assert [a.id, b.id, c.id, d.id] == ["a", "b", "c", "d"] and a.timeout_count == 1
+    (e,) = lua.dequeue("dead", limit=1, expiry=1_000).jobs
+    assert r.hget(lua.B + ":lease:c1", "b") == f"{b.token} {NOW}"  # the layout of 4.0.0
+    upgrade(r)
+
+    # read: as before
+    rec = lua.record("a")
+    assert (rec["state"], rec["client"], rec["leased_at"], rec["attempts"]) == (
+        "active", "c1", str(NOW), "2",
+    )  # fmt: skip
+    # finished: the event and the end from the record, as 4.0.0 writes them
+    assert lua.finish("c1", a, now=NOW + 10) == 0
+    assert lua.finish("c1", b, now=NOW + 10) == 0
+    lines = [f["event"] for _, f in r.xrange(lua.B + ":events")][-2:]
+    assert lines == [
+        f"finished a {NOW + 10} {NOW + 5} 42 {NOW} {NOW} 0 0 1 c1",
+        f"finished b {NOW + 10} {NOW + 5} 42 {NOW} {NOW} 0 0 0 c1",
+    ]  # fmt: skip
+    assert r.hget(lua.B + ":ends", "a").split(" ")[4] == "2"
+    assert r.exists(lua.B + ":ended:a") == 1 and r.exists(lua.B + ":ended:b") == 0
+    assert lua.record("a")["leased_at"] == str(NOW)
+    # retried and failed: as 4.0.0 does
+    assert lua.retry("c1", c, run_at=NOW + 20, now=NOW + 10) == 0
+    assert r.hget(lua.B + ":job:c", "attempts") == "1"
+    assert lua.fail("c1", d, now=NOW + 10) == 0
+    failed = lua.record("d")
+    assert (failed["state"], failed["attempts"], failed["leased_at"]) == ("failed", "1", str(NOW))
+    # swept: the dead client's job goes back to waiting, stalled once
+    later = NOW + 5_000
+    checkout = lua.dequeue("c2", limit=10, now=later)
+    assert sorted(checkout.ids) == ["c", "e", "f"]
+    jobs = {job.id: job for job in checkout.jobs}
+    assert jobs["e"].stall_count == 1
+    # leased under 4.1.0: the lease holds the record's numbers, and acks read them there
+    held = r.hget(lua.B + ":lease:c2", "e")
+    assert held == f"{jobs['e'].token} {later} {NOW} 0 1 0 2 {later}"
+    for job in checkout.jobs:
+        assert lua.finish("c2", job, now=later + 1) == 0
+    lines = {f["event"].split(" ")[1]: f["event"] for _, f in r.xrange(lua.B + ":events")}
+    assert lines["e"] == f"finished e {later + 1} {later - 4} 42 {later} {NOW} 0 1 0 c2"
+    assert r.hget(lua.B + ":ends", "c").split(" ")[4] == "2"
+    assert lua.counts(now=later + 1)["active"] == 0
+
+
+def test_a_4_0_0_library_loaded_back_over_4_1_leases_carries_them_on(r4: redis.Redis) -> None:
+    """4.1.0 changed no argument nor reply, and 4.0.0 reads a lease of 4.1.0 as its own (the
+    token first, leased_at last; the numbers from the record): a 4.0.0 process beside 4.1.0
+    ones, or a server set back to 4.0.0, acks, reads and sweeps its jobs (hence a minor
+    version: the processes of a server need not upgrade together)."""
+    r = r4
+    upgrade(r)
+    lua = Lua(r, "down")
+    lua.dispatch(*[(id, f'"{id}"', "") for id in "abcd"])
+    a, b, c = lua.dequeue("c1", limit=3).jobs
+    (d,) = lua.dequeue("dead", limit=1, expiry=1_000).jobs
+    assert r.hget(lua.B + ":lease:c1", "a") == f"{a.token} {NOW} {NOW} 0 0 0 1 {NOW}"
+    r.function_load((FIXTURES / "queasy-4.0.0.lua").read_text(), replace=True)
+    assert r.fcall("queasy_library", 0) == "queasy_py 4.0.0"
+    rec = lua.record("b")
+    assert (rec["state"], rec["client"], rec["leased_at"], rec["attempts"]) == (
+        "active", "c1", str(NOW), "1",
+    )  # fmt: skip
+    assert lua.finish("c1", a, now=NOW + 10) == 0
+    assert lua.retry("c1", b, run_at=NOW, now=NOW + 10) == 0
+    assert lua.fail("c1", c, now=NOW + 10) == 0
+    lines = [f["event"] for _, f in r.xrange(lua.B + ":events")]
+    assert lines[0] == f"finished a {NOW + 10} {NOW + 5} 42 {NOW} {NOW} 0 0 0 c1"
+    assert [line.split(" ")[0] for line in lines] == ["finished", "retried", "failed"]
+    assert r.hget(lua.B + ":ends", "a").split(" ")[4] == "1"
+    checkout = lua.dequeue("c2", limit=10, now=NOW + 5_000)
+    assert sorted(checkout.ids) == ["b", "d"]
+    assert {job.id: job.stall_count for job in checkout.jobs}["d"] == 1
