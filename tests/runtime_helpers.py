@@ -176,8 +176,11 @@ class Supervisor:
         return event["client"].startswith(f"{self.pid}-")
 
     def kill_group(self) -> None:
-        """SIGKILL the supervisor's process group and its workers' groups."""
+        """SIGKILL the supervisor's process group and its workers' groups: a machine lost at
+        once. The supervisor is stopped first, so it does not see its workers die before it
+        (it would put their jobs back to waiting as stalled)."""
         try:
+            os.killpg(self.pid, signal.SIGSTOP)
             self.signal_all(signal.SIGKILL)
         except ProcessLookupError:
             pass
