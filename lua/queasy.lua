@@ -280,9 +280,14 @@ end
 -- ---------------------------------------------------------------- helpers
 
 -- Every number written to Redis (hash fields, scores, stream fields, messages) is an integer
--- string: a Lua number would go as '%.14g' ('2.5340230079999e+14', '1e+20').
+-- string: a Lua number would go as '%.14g' ('2.5340230079999e+14', '1e+20'). The last one
+-- is kept: a batch writes the same run_at and now for most of its jobs.
+local last_n, last_int = nil, nil
 local function int(n)
-  return format('%d', n)
+  if n ~= last_n then
+    last_n, last_int = n, format('%d', n)
+  end
+  return last_int
 end
 
 -- A number field of a record as an integer in 0 ..= high; a field written around the library
