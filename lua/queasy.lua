@@ -60,11 +60,11 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:seq                string  counter of push lease tokens ('p<n>')
   B:window:<size>:<k>  hash    id -> end (ms) of the window in which queasy_dispatch_once does
                                not dispatch <id> again (its run_at + window), for the windows
-                               ending in [k * size, (k + 1) * size) that ended within `window`
-                               of their dispatch (size: window rounded up to a power of two
-                               ms); expires at (k + 1) * size: 4.1.0
+                               ending in [k * size, (k + 1) * size) of jobs ready at their
+                               dispatch (size: window rounded up to a power of two ms);
+                               expires at (k + 1) * size: 4.1.0
   B:windows            zset    "<size>:<k>" -> (k + 1) * size: the live B:window buckets
-  B:once:<id>          string  end (ms) of a window of <id> that ended later than `window`
+  B:once:<id>          string  end (ms) of a window of <id> that ends later than `window`
                                after its dispatch (a delayed job's; library 4.0.0 kept every
                                window so); expires then
   B:events             stream  one entry per job outcome (capped, MAXLEN ~): field `event`, one
@@ -1100,13 +1100,14 @@ local function open_windows(B, now, args, from)
   if #live == 0 then
     return open
   end
-  local ids = {}
+  local ids, n = {}, 0
   for i = from, #args, 3 do
-    ids[#ids + 1] = args[i]
+    n = n + 1
+    ids[n] = args[i]
   end
   for _, bucket in ipairs(live) do
     local ends = call('HMGET', B .. ':window:' .. bucket, unpack(ids))
-    for j = 1, #ids do
+    for j = 1, n do
       local at = ends[j] and tonumber(ends[j])
       if at and (open[ids[j]] or 0) < at then
         open[ids[j]] = at
@@ -1164,11 +1165,11 @@ local function dispatch_once(keys, args)
   local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch_once')
   local now_s = int(now)
   local open = open_windows(B, now, args, 6)
-  local ready, later, ready_end = {}, {}, int(now + window)
+  local ready, later, ready_end, n = {}, {}, int(now + window), 0
   local function mark(id, at) -- the window of `id`, dispatched with run_at `at`
     if at <= now then
-      ready[#ready + 1] = id
-      ready[#ready + 1] = ready_end
+      ready[n + 1], ready[n + 2] = id, ready_end
+      n = n + 2
     else
       later[id] = at + window
     end
