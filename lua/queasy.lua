@@ -1180,14 +1180,13 @@ local function dispatch_once(keys, args)
     if found == 0 or (found == 1 and call('EXISTS', okey) == 1) then -- no job of the id
       local close = open[id] or 0
       if found == 1 then -- a window of its own (a delayed job's, or written by 4.0.0)
-        local own = tonumber(call('GET', okey)) or 0 -- (a garbled value is no window)
-        if own <= now then
-          call('DEL', okey)
-        end
-        close = math.max(close, own)
+        close = math.max(close, tonumber(call('GET', okey)) or 0) -- (garbled: no window)
       end
       if close > now then
         return 5
+      end
+      if found == 1 then -- that window ended (not yet expired on the server's clock) or is garbled
+        call('DEL', okey)
       end
       mark(id, run_at)
       return create_job(B, id, data, run_at, now_s, '', true)
