@@ -220,3 +220,19 @@ def test_the_whole_lease_value_is_no_token(lua: Lua) -> None:
     assert lua.r.hget(lua.B + ":lease:c1", "a") == held and lua.r.xlen(lua.B + ":events") == 0
     assert finish_all(lua, [("a", job.token)]) == [0]
     assert lua.r.hget(lua.B + ":ends", "a").split(" ")[4] == "1"  # attempts: this lease
+
+
+def test_dispatch_once_keeps_a_batch_of_windows_in_one_hset(lua: Lua) -> None:
+    """Library 4.1.0: the windows of a batch of ready jobs go into their bucket in one HSET
+    (4.0.0 ran one SET NX GET PX per new id), and each live bucket is read with one HMGET."""
+    jobs = [(f"j{i}", '{"n": 1}', "") for i in range(50)]
+    ran = inner(lua.r, lambda: lua.dispatch_once(*jobs, window=60_000))
+    # per new id: one EXISTS (its records and B:once:<id>) and its record's HSET; per call:
+    # the guard's EXISTS, the windows' HSET, PEXPIRE and ZADD, B:windows trimmed and read
+    assert ran == {
+        "exists": 51, "hset": 51, "zadd": 2, "pexpire": 1, "zremrangebyscore": 1, "zrange": 1,
+        "hgetall": 1, "spublish": 1,
+    }  # fmt: skip
+    more = [(f"k{i}", '{"n": 1}', "") for i in range(50)]
+    ran = inner(lua.r, lambda: lua.dispatch_once(*more, window=60_000, now=NOW + 1))
+    assert ran["hmget"] == 1 and ran["hset"] == 51 and "set" not in ran
