@@ -6,9 +6,12 @@
 Starts its own valkey-server (the embedded one), then runs N no-op jobs through the library
 the way a supervisor does, one phase at a time: `dispatch_many` (calls of 1,000), dequeue
 (`--batch` jobs per FCALL, one client) and finish (`--batch` acks per FCALL, events and
-records kept as by default). For each phase it prints, per job: the server's time in FCALL
-(INFO commandstats usec), the server process's CPU, and each command the library ran inside
-(calls and usec per job). FCALL usec minus the inner commands' usec is the Lua side: the
+records kept as by default). Then, each into a queue of its own, N jobs of the Spark sink
+benchmark's shape (id user-<i>, data {user_id, email, n}) by `dispatch_many` and by
+`dispatch_once` (`dispatch_batch(dedup_window=86400)`: the sink's path with an id column),
+calls of 1,000. For each phase it prints, per job: the server's time in FCALL (INFO
+commandstats usec), the server process's CPU, and each command the library ran inside (calls
+and usec per job). FCALL usec minus the inner commands' usec is the Lua side: the
 interpreter, the conversion of arguments and replies between Lua and the server, the calls'
 own overhead. Only this script talks to the server, so the figures are the library's alone.
 A Markdown table is printed at the end.
@@ -187,12 +190,32 @@ def main() -> int:
                 if any(codes):  # a stale ack costs less than a finish: it would skew the count
                     raise SystemExit(f"finish answered stale: {codes}")
 
+        def with_ids(name: str, dedup: bool) -> Callable[[], None]:
+            """N jobs of the Spark benchmark's shape (id user-<i>) into a queue of their own."""
+            queue = client.queue(name)
+
+            def step() -> None:
+                for i in range(0, n, 1000):
+                    jobs = [
+                        {"id": f"user-{k}", "data": {"user_id": f"user-{k}",
+                                                     "email": f"user{k}@example.com", "n": k}}
+                        for k in range(i, min(n, i + 1000))
+                    ]  # fmt: skip
+                    if dedup:
+                        queue.dispatch_batch(jobs, dedup_window=86400.0)
+                    else:
+                        queue.dispatch_many(jobs)
+
+            return step
+
         # a first round so the retention trims and the event stream are in their steady state
         dispatch(), dequeue(), finish(), leases.clear()
         phases = [
             ("dispatch (dispatch_many, calls of 1,000)", dispatch),
             (f"dequeue ({batch} per FCALL)", dequeue),
             (f"finish ({batch} per FCALL)", finish),
+            ("dispatch_many with ids (calls of 1,000)", with_ids("ids", False)),
+            ("dispatch_once (dedup_window, calls of 1,000)", with_ids("once", True)),
         ]
         rows = [(name, measure(r, server, n, step, grind)) for name, step in phases]
     print(f"{n:,} no-op jobs, {batch} per dequeue/finish, maxlen {args.maxlen}, keep {args.keep}")
@@ -202,7 +225,7 @@ def main() -> int:
           f" | Lua side µs/job |{grind_col}")  # fmt: skip
     print("|---|---:|---:|---|---:|" + ("---:|" if grind else ""))
     total = [0.0, 0.0, 0.0, 0.0]
-    for name, m in rows:
+    for name, m in rows[:3]:
         inner = sorted(m["inner"].items(), key=lambda kv: -kv[1][1])
         inner_us = sum(u for _, u in m["inner"].values())
         shown = ", ".join(f"{k} {c:.2f} / {u:.2f}" for k, (c, u) in inner if c >= 0.05 or u >= 0.05)
@@ -216,6 +239,15 @@ def main() -> int:
         f"| **a job's path** | **{total[0]:.1f}** | **{total[1]:.1f}** | | **{total[2]:.1f}** |"
         + extra
     )
+    for name, m in rows[3:]:  # the sink's two paths, not part of a job's path
+        inner = sorted(m["inner"].items(), key=lambda kv: -kv[1][1])
+        inner_us = sum(u for _, u in m["inner"].values())
+        shown = ", ".join(f"{k} {c:.2f} / {u:.2f}" for k, (c, u) in inner if c >= 0.05 or u >= 0.05)
+        extra = f" {(m['instructions'] or 0.0) / 1000:,.1f}k |" if grind else ""
+        print(
+            f"| {name} | {m['fcall_us']:.1f} | {m['cpu_us']:.1f} | {shown} |"
+            f" {m['fcall_us'] - inner_us:.1f} |{extra}"
+        )
     return 0
 
 

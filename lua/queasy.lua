@@ -64,8 +64,15 @@ derive the keys below from it (same slot, so cluster routing holds).
                                dequeue leaves them, and dispatch leases a ready job straight
                                to a live parked client (a push) instead of queueing it
   B:seq                string  counter of push lease tokens ('p<n>')
-  B:once:<id>          string  end (ms) of the window in which queasy_dispatch_once does not
-                               dispatch <id> again (its run_at + window); expires then
+  B:window:<size>:<k>  hash    id -> end (ms) of the window in which queasy_dispatch_once does
+                               not dispatch <id> again (its run_at + window), for the windows
+                               ending in [k * size, (k + 1) * size) of jobs ready at their
+                               dispatch (size: window rounded up to a power of two ms);
+                               expires at (k + 1) * size: 4.1.0
+  B:windows            zset    "<size>:<k>" -> (k + 1) * size: the live B:window buckets
+  B:once:<id>          string  end (ms) of a window of <id> that ends later than `window`
+                               after its dispatch (a delayed job's; library 4.0.0 kept every
+                               window so); expires then
   B:events             stream  one entry per job outcome (capped, MAXLEN ~): field `event`, one
                                line "<outcome> <id> <ended_at> <started_at> <pid> <run_at>
                                <enqueued_at> <retry_count> <stall_count> <timeout_count>
@@ -1155,6 +1162,67 @@ local function dispatch(keys, args)
   end)
 end
 
+-- The dedup window of queasy_dispatch_once. A window that ends within `window` ms of the call
+-- (a job ready now: most of them) is a field of a bucket hash, B:window:<size>:<k>, that holds
+-- the windows ending in [k * size, (k + 1) * size) and expires once, at its end (size: the
+-- window rounded up to a power of two ms, so a window is in one of two live buckets per
+-- size); B:windows lists the live buckets. A later window (a delayed job's) is a key of its
+-- own, B:once:<id> (as library 4.0.0 kept every window: those are read until they expire).
+
+-- The bucket size of a window (ms): the least power of two >= window.
+local function window_size(window)
+  local size = 1
+  while size < window do
+    size = size * 2
+  end
+  return size
+end
+
+-- The latest end (ms) of a window of each id of the triples from `from` in a live bucket:
+-- id -> end; an id with none is absent. Drops the buckets that ended from B:windows.
+local function open_windows(B, now, args, from)
+  local index = B .. ':windows'
+  call('ZREMRANGEBYSCORE', index, '-inf', int(now))
+  local live = call('ZRANGE', index, 0, -1)
+  local open = {}
+  if #live == 0 then
+    return open
+  end
+  local ids, n = {}, 0
+  for i = from, #args, 3 do
+    n = n + 1
+    ids[n] = args[i]
+  end
+  for _, bucket in ipairs(live) do
+    local ends = call('HMGET', B .. ':window:' .. bucket, unpack(ids))
+    for j = 1, n do
+      local at = ends[j] and tonumber(ends[j])
+      if at and (open[ids[j]] or 0) < at then
+        open[ids[j]] = at
+      end
+    end
+  end
+  return open
+end
+
+-- Write the windows of a call at `now` with `window`: `ready` (id, end, id, end, ...: jobs
+-- ready now, whose windows all end at now + window) into their bucket, `later` (id -> end)
+-- into B:once:<id>.
+local function write_windows(B, now, window, ready, later)
+  if #ready > 0 then
+    local size = window_size(window)
+    local k = math.floor((now + window) / size)
+    local name = int(size) .. ':' .. int(k)
+    local key, ends = B .. ':window:' .. name, (k + 1) * size
+    call('HSET', key, unpack(ready))
+    call('PEXPIRE', key, int(ends - now))
+    call('ZADD', B .. ':windows', int(ends), name)
+  end
+  for id, close in pairs(later) do
+    call('SET', B .. ':once:' .. id, int(close), 'PX', int(close - now))
+  end
+end
+
 --[[ queasy_dispatch_once: dispatch a batch that may be sent again (a retried Spark task, a
 re-run of a whole job): an id that already ran, or runs now, is not dispatched a second time.
 KEYS[1]  B
@@ -1164,11 +1232,13 @@ ARGV[5]  window ms (1 ..= 999999999999): an id stays dispatched until its run_at
 ARGV[6..] triples: id, data (JSON), run_at (ms, or '' for now)
 Returns: one code per job: 1 created, 2 updated (its waiting or delayed job, as
          queasy_dispatch), 5 skipped (nothing written for it): the id is active (leased:
-         running, or pushed to a client), or it has no waiting job but its B:once:<id>
-         window is still open (it was dispatched once, then ran, failed or was cancelled).
+         running, or pushed to a client), or it has no waiting job but a window of it is
+         still open (it was dispatched once, then ran, failed or was cancelled).
          Never 3 or 4: a blocked copy would run the id a second time.
-Writes:  B:once:<id> = the end of its window, max(run_at, now) + window (ms), expiring then,
-         for each job created or updated.
+Writes:  for each job created or updated, the end of its window, max(run_at, now) + window
+         (ms): into its bucket B:window:<size>:<k> (listed in B:windows) when it ends within
+         window of now, else B:once:<id>, expiring then. An id's window is open while any
+         window written for it is (the latest end counts).
 Refuses: as queasy_dispatch; and a window that is not a whole number 1..999999999999.
 Emits:   as queasy_dispatch.
 ]]
@@ -1182,28 +1252,42 @@ local function dispatch_once(keys, args)
   end
   local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch_once')
   local now_s = int(now)
-  return dispatch_jobs(B, now, args, 6, run_ats, function(id, data, run_at)
-    local okey, akey = B .. ':once:' .. id, B .. ':active:' .. id
-    if call('EXISTS', akey, B .. ':job:' .. id) == 0 then -- the usual new id
-      -- set its window, unless one is open (SET NX GET: one call for both)
-      local close = math.max(run_at, now) + window
-      local open = call('SET', okey, int(close), 'NX', 'GET', 'PX', int(close - now))
-      if open then
-        if (tonumber(open) or 0) > now then -- ('or 0': a garbled value is no window)
-          return 5
-        end
-        call('SET', okey, int(close), 'PX', int(close - now))
+  local open = open_windows(B, now, args, 6)
+  local ready, later, ready_end, n = {}, {}, int(now + window), 0
+  local function mark(id, at) -- the window of `id`, dispatched with run_at `at`
+    if at <= now then
+      ready[n + 1], ready[n + 2] = id, ready_end
+      n = n + 2
+    else
+      later[id] = at + window
+    end
+  end
+  local codes = dispatch_jobs(B, now, args, 6, run_ats, function(id, data, run_at)
+    local akey, jkey, okey = B .. ':active:' .. id, B .. ':job:' .. id, B .. ':once:' .. id
+    local found = call('EXISTS', akey, jkey, okey)
+    if found == 0 or (found == 1 and call('EXISTS', okey) == 1) then -- no job of the id
+      local close = open[id] or 0
+      if found == 1 then -- a window of its own (a delayed job's, or written by 4.0.0)
+        close = math.max(close, tonumber(call('GET', okey)) or 0) -- (garbled: no window)
       end
+      if close > now then
+        return 5
+      end
+      if found == 1 then -- that window ended (not yet expired on the server's clock) or is garbled
+        call('DEL', okey)
+      end
+      mark(id, run_at)
       return create_job(B, id, data, run_at, now_s, '', true)
     end
     if call('EXISTS', akey) == 1 then
       return 5
     end
     local code, at = put_job(B, id, data, run_at, update_data, mode, reset, now_s)
-    local close = math.max(at, now) + window
-    call('SET', okey, int(close), 'PX', int(close - now))
+    mark(id, at)
     return code, at
   end)
+  write_windows(B, now, window, ready, later)
+  return codes
 end
 
 --[[ queasy_cancel: remove a waiting, delayed or blocked job. Never touches an active job.

@@ -243,7 +243,8 @@ class Walk:
             for key in keys:
                 pipe.type(key)
             kinds = pipe.execute()
-        # a B:once:<id> key may expire (PX, the server's clock) between SCAN and TYPE
+        # a B:once:<id> or B:window bucket may expire (PX, the server's clock) between SCAN
+        # and TYPE
         keys, kinds = (
             [k for k, t in zip(keys, kinds, strict=True) if t != "none"],
             [t for t in kinds if t != "none"],
@@ -260,8 +261,8 @@ class Walk:
                 readers[kind](pipe, key)
             values = pipe.execute()
         for key, kind, value in zip(keys, kinds, values, strict=True):
-            if kind == "string" and value is None:
-                continue  # a B:once:<id> key that expired between TYPE and GET
+            if (kind == "string" and value is None) or (kind == "hash" and not value):
+                continue  # a B:once:<id> or B:window key that expired between TYPE and GET
             raw[key] = (kind, value)
         B = self.lua.B
         state = {"raw": raw, "leases": {}}
@@ -345,6 +346,14 @@ def check_queue(B: str, raw: dict) -> None:
         if key.startswith(B + ":once:"):
             # (None: it expired between the TYPE and the GET of `read`)
             assert value is None or is_int(value), f"the window end of {key!r}: {value!r}"
+        if key.startswith(B + ":window:"):  # library 4.1.0: a bucket of windows, id -> end
+            size, k = key[len(B) + 8 :].split(":")
+            assert is_int(size) and is_int(k), f"a bucket's name: {key!r}"
+            for id, end in value.items():
+                assert is_int(end) and int(end) // int(size) == int(k), (key, id, end)
+    for bucket, ends in get(":windows", []):
+        size, k = bucket.split(":")
+        assert ends == (int(k) + 1) * int(size), f"B:windows {bucket!r}: {ends}"
     for client, slots in get(":parked", {}).items():
         assert client in expiry and is_int(slots) and int(slots) > 0, (client, slots)
     sched = get(":schedule", {})
@@ -471,11 +480,13 @@ def schedule_grew(B: str, before: dict, after: dict) -> str | None:
 
 
 def unexpired(raw: dict, later: dict | None = None) -> dict:
-    """`raw` without the B:once:<id> keys missing from `later`: they expire on the server's
-    clock (PX), which a walk does not control."""
+    """`raw` without the B:once:<id> keys and B:window buckets missing from `later`: they
+    expire on the server's clock (PX), which a walk does not control."""
     if later is None:
         return raw
-    return {k: v for k, v in raw.items() if ":once:" not in k or k in later}
+    return {
+        k: v for k, v in raw.items() if (":once:" not in k and ":window:" not in k) or k in later
+    }
 
 
 @pytest.fixture

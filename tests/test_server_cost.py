@@ -298,3 +298,19 @@ def test_a_calls_events_keep_the_order_of_its_acks(lua: Lua) -> None:
     lines = [f["event"] for _, f in lua.r.xrange(lua.B + ":events")]
     assert [line.split(" ")[1] for line in lines] == ["a", "b", "c"]
     assert lines[1] == f"finished b {NOW + 5} {NOW + 1} 4242 {NOW} - 0 0 0 c1"
+
+
+def test_dispatch_once_keeps_a_batch_of_windows_in_one_hset(lua: Lua) -> None:
+    """Library 4.1.0: the windows of a batch of ready jobs go into their bucket in one HSET
+    (4.0.0 ran one SET NX GET PX per new id), and each live bucket is read with one HMGET."""
+    jobs = [(f"j{i}", '{"n": 1}', "") for i in range(50)]
+    ran = inner(lua.r, lambda: lua.dispatch_once(*jobs, window=60_000))
+    # per new id: one EXISTS (its records and B:once:<id>) and its record's HSET; per call:
+    # the guard's EXISTS, the windows' HSET, PEXPIRE and ZADD, B:windows trimmed and read
+    assert ran == {
+        "exists": 51, "hset": 51, "zadd": 2, "pexpire": 1, "zremrangebyscore": 1, "zrange": 1,
+        "hgetall": 1, "spublish": 1,
+    }  # fmt: skip
+    more = [(f"k{i}", '{"n": 1}', "") for i in range(50)]
+    ran = inner(lua.r, lambda: lua.dispatch_once(*more, window=60_000, now=NOW + 1))
+    assert ran["hmget"] == 1 and ran["hset"] == 51 and "set" not in ran
