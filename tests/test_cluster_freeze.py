@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import pytest
 import redis
 from cluster_servers import LocalCluster
 from runtime_helpers import Runtime, queue_spec, wait_for
-from test_cluster_ops import overlaps
+from test_cluster_ops import cluster_runtime, overlaps
 
 from queasy_py import Client
 from queasy_py.store.cluster import slot_owner
@@ -47,18 +46,8 @@ def ha_cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def rt(ha_cluster: LocalCluster, redis_url: str, r: redis.Redis, tmp_path: Path) -> Iterator[Any]:
-    from redis.cluster import RedisCluster
-
-    from queasy_py.store.cluster import parse_cluster_url
-
-    nodes, options = parse_cluster_url(ha_cluster.url)
-    view = RedisCluster(startup_nodes=nodes, decode_responses=True, **options)
-    prefix = f"frz-{uuid.uuid4().hex[:8]}"
-    try:
-        with Runtime(ha_cluster.url, prefix, view, tmp_path, (redis_url, r)) as runtime:  # type: ignore[arg-type]
-            yield runtime
-    finally:
-        view.close()
+    with cluster_runtime(ha_cluster, "frz", redis_url, r, tmp_path) as runtime:
+        yield runtime
 
 
 def dispatch_load(q: Any, sleep: float) -> list[str]:

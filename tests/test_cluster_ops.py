@@ -13,6 +13,7 @@ moving slot).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -39,20 +40,29 @@ def ha_cluster() -> Iterator[LocalCluster]:
         cluster.stop()
 
 
-@pytest.fixture
-def rt(ha_cluster: LocalCluster, redis_url: str, r: redis.Redis, tmp_path: Path) -> Iterator[Any]:
+@contextlib.contextmanager
+def cluster_runtime(
+    cluster: LocalCluster, tag: str, redis_url: str, r: redis.Redis, tmp_path: Path
+) -> Iterator[Any]:
+    """A Runtime on `cluster` (its view a RedisCluster client), records on the test server."""
     from redis.cluster import RedisCluster
 
     from queasy_py.store.cluster import parse_cluster_url
 
-    nodes, options = parse_cluster_url(ha_cluster.url)
+    nodes, options = parse_cluster_url(cluster.url)
     view = RedisCluster(startup_nodes=nodes, decode_responses=True, **options)
-    prefix = f"ops-{uuid.uuid4().hex[:8]}"
+    prefix = f"{tag}-{uuid.uuid4().hex[:8]}"
     try:
-        with Runtime(ha_cluster.url, prefix, view, tmp_path, (redis_url, r)) as runtime:  # type: ignore[arg-type]
+        with Runtime(cluster.url, prefix, view, tmp_path, (redis_url, r)) as runtime:  # type: ignore[arg-type]
             yield runtime
     finally:
         view.close()
+
+
+@pytest.fixture
+def rt(ha_cluster: LocalCluster, redis_url: str, r: redis.Redis, tmp_path: Path) -> Iterator[Any]:
+    with cluster_runtime(ha_cluster, "ops", redis_url, r, tmp_path) as runtime:
+        yield runtime
 
 
 def overlaps(records: list[dict[str, Any]], job_id: str) -> bool:
