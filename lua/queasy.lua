@@ -722,7 +722,10 @@ local function lease_of(client, id, token, held)
   end
   -- (its leased_at, last, is read where it is needed: leased_at())
   local counts, attempts = string.match(held, '^(%d+ %d+ %d+ %d+ %d+) (%d+) ', #token + 2)
-  if counts == nil then
+  -- a number longer than the library writes (15 digits: MAX_MS), garbled around it, would go
+  -- into the event and the end as it is (a reader's float of it overflows): the record's
+  -- numbers are read instead (leased(): passed() reads such a field as 0)
+  if counts == nil or find(held, '%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d', #token + 2) then
     return nil
   end
   return {id = id, client = client, held = held, counts = counts, attempts = attempts}
