@@ -358,11 +358,11 @@ end
 -- record it leases (integer strings as passed() gives them; `enqueued` its field as read)
 -- and its attempts counting this lease (`before`: the record's field as read, or false), so
 -- that an ack reads them here and not in the record (which does not change while active).
--- A record without enqueued_at, or with one longer than 15 characters, gets a lease of
--- 4.0.0, "<token> <leased_at>"; one that is not digits, a lease that lease_of() does not
--- take: an ack of either reads the record.
+-- A record without enqueued_at, or with one longer than 15 characters or not all digits
+-- (written around the library: "1 2" would move each number after it one place on), gets a
+-- lease of 4.0.0, "<token> <leased_at>": an ack of it reads the record.
 local function lease_line(token, run_at, enqueued, retry, stall, timeout, before, now_s)
-  if not enqueued or #enqueued > 15 then
+  if not enqueued or #enqueued > 15 or find(enqueued, '%D') then
     return token .. ' ' .. now_s
   end
   local attempts = before == false and '1' or int(field_int(before, MAX_MS) + 1)

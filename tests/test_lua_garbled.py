@@ -164,3 +164,27 @@ def test_a_lease_number_longer_than_the_library_writes_is_read_from_the_record(
     assert a is not None and a["state"] == "finished" and a["attempts"] == "2", a
     assert a["retry_count"] == "1" and a["error_name"] == "ValueError", "kept whole"
     assert r.hlen(key) == 0 and lua.counts()["active"] == 0
+
+
+@pytest.mark.parametrize("enqueued", ["1 2", "1 2 3 4 5 6 7", "12 ", " 12", "1\t2"], ids=repr)
+def test_an_enqueued_at_garbled_with_spaces_shifts_no_number_of_the_lease(
+    lua: Lua, r: redis.Redis, enqueued: str
+) -> None:
+    """Library 4.1.0 copies a record's enqueued_at into its lease ("<token> <run_at>
+    <enqueued_at> <retry_count> ..."), and finish reads the numbers after the token by their
+    place. An enqueued_at of digits and spaces (written around the library) moved each
+    number after it one place on: the job's end and event had its retry_count for its
+    enqueued_at's second word, its timeout_count for its attempts. Such a record gets a lease
+    of 4.0.0 ("<token> <leased_at>"), and its ack reads the record."""
+    lua.add("a")
+    r.hset(f"{lua.B}:job:a", "enqueued_at", enqueued)
+    (job,) = lua.dequeue("c1", limit=1).jobs
+    assert lua.retry("c1", job, run_at=NOW) == 0  # retry_count 1: its end kept whole
+    (job,) = lua.dequeue("c1", limit=1).jobs
+    assert lua.finish("c1", job, now=NOW + 7) == 0
+    (event,) = [e for e in events.page(r, f"{lua.B}:events") if e["ended_at"] == NOW + 7]
+    assert (event["run_at"], event["enqueued_at"]) == (NOW, None), event
+    assert (event["retry_count"], event["stall_count"], event["timeout_count"]) == (1, 0, 0)
+    a = lua.record("a")
+    assert a is not None and a["state"] == "finished" and a["attempts"] == "2", a
+    assert a["retry_count"] == "1" and a["error_name"] == "ValueError", "kept whole"
