@@ -358,11 +358,12 @@ end
 -- record it leases (integer strings as passed() gives them; `enqueued` its field as read)
 -- and its attempts counting this lease (`before`: the record's field as read, or false), so
 -- that an ack reads them here and not in the record (which does not change while active).
--- A record without enqueued_at, or with one longer than 15 characters or not all digits
+-- A record without enqueued_at, or with one longer than 15 characters or with a space
 -- (written around the library: "1 2" would move each number after it one place on), gets a
--- lease of 4.0.0, "<token> <leased_at>": an ack of it reads the record.
+-- lease of 4.0.0, "<token> <leased_at>"; one that is not digits otherwise, a lease that
+-- lease_of() does not take: an ack of either reads the record.
 local function lease_line(token, run_at, enqueued, retry, stall, timeout, before, now_s)
-  if not enqueued or #enqueued > 15 or find(enqueued, '%D') then
+  if not enqueued or #enqueued > 15 or find(enqueued, ' ', 1, true) then
     return token .. ' ' .. now_s
   end
   local attempts = before == false and '1' or int(field_int(before, MAX_MS) + 1)
@@ -721,11 +722,15 @@ local function lease_of(client, id, token, held)
     return nil
   end
   -- (its leased_at, last, is read where it is needed: leased_at())
-  local counts, attempts = string.match(held, '^(%d+ %d+ %d+ %d+ %d+) (%d+) ', #token + 2)
+  -- (a, b, c, d: where the first four numbers end; position captures make no string)
+  local s = #token + 2
+  local counts, a, b, c, d, attempts = string.match(held,
+    '^(%d+() %d+() %d+() %d+() %d+) (%d+) ', s)
   -- a number longer than the library writes (15 digits: MAX_MS), garbled around it, would go
   -- into the event and the end as it is (a reader's float of it overflows): the record's
   -- numbers are read instead (leased(): passed() reads such a field as 0)
-  if counts == nil or find(held, '%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d', #token + 2) then
+  if counts == nil or a - s > 15 or b - a > 16 or c - b > 16 or d - c > 16
+      or s + #counts - d > 16 or #attempts > 15 then
     return nil
   end
   return {id = id, client = client, held = held, counts = counts, attempts = attempts}
