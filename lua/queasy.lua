@@ -129,6 +129,10 @@ local MAX_ID_CHARS = 256
 local MAX_TEXT = 65536 -- bytes of an error message, a traceback, a host name
 local EVENT_TRACEBACK = 1024 -- bytes of a traceback an event keeps (its end)
 local MAX_PAGE = 1000 -- jobs per call of queasy_jobs, queasy_requeue, queasy_purge
+-- jobs per call of queasy_finish, queasy_retry, queasy_fail: each hands lists of up to two
+-- values per job to one command (unpack), and Lua's stack holds 8000 (more failed the call
+-- half-way: records ended, leases dropped, no end kept)
+local MAX_ACKS = 1000
 local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
   'attempts', 'trace', 'enqueued_at'}
 local MAX_TRACE = 256 -- bytes of a job's trace context (a W3C traceparent is 55)
@@ -810,12 +814,16 @@ local function each_leased(B, client, args, from, width, act, usable, quick)
 end
 
 -- Check the ack ARGV shared by finish, retry and fail: client, maxlen, whole groups of
--- `width` from index `from`, and a worker pid and started_at ('' or digits) at offsets
+-- `width` from index `from` (at most MAX_ACKS), and a worker pid and started_at ('' or digits) at offsets
 -- `pid_at`, `pid_at + 1` of each group.
 local function check_acks(args, from, width, pid_at, name)
   check_id(args[2], 'client id')
   local maxlen = whole(args[3], 'events maxlen', MAX_COUNT)
   groups(args, from, width, name)
+  if (#args - from + 1) / width > MAX_ACKS then
+    invalid(name .. ': at most ' .. MAX_ACKS .. ' jobs per call, got ' .. (#args - from + 1)
+      / width)
+  end
   for i = from, #args, width do
     local pid, started = args[i + pid_at], args[i + pid_at + 1]
     -- the usual pid (<= 7 digits) and started_at (13 digits) pass on one find each
@@ -1457,7 +1465,7 @@ ARGV[7]  notify '1'|'0': SPUBLISH B:done:<id> 'finished' for each job (the queue
 ARGV[8..] quintuples: id, token, worker pid ('' or digits), started_at ('' or ms), result
           ('' none, else JSON: the handler's return value, kept in the record)
 Returns: one code per job: 0 ok, 1 stale (lease lost; nothing changed).
-Refuses: a result that is not JSON (INVALID, nothing written).
+Refuses: a result that is not JSON, more than MAX_ACKS (1000) jobs (INVALID, nothing written).
 Emits:   event outcome=finished. A blocked job with the same id becomes waiting. The end
          of a schedule's occurrence is noted in B:schedule (its next: queasy_schedule).
 ]]
@@ -1559,7 +1567,7 @@ ARGV[4..] groups of 9: id, token, run_at, kind, worker pid, started_at, error na
                 its parked slots are cleared and B:wake is SPUBLISHed)
 Returns: one code per job: 0 ok, 1 stale (also for an unknown kind: the lease is kept).
 Refuses: a run_at not integer ms in 0..MAX_MS nor '+' and integer ms, error text over
-         MAX_TEXT bytes (INVALID, nothing written). now + delay is capped at MAX_MS.
+         MAX_TEXT bytes, more than MAX_ACKS (1000) jobs (INVALID, nothing written). now + delay is capped at MAX_MS.
 Emits:   event outcome=retried|timed_out|stalled|released (none for 'return'). A blocked
          job's update is applied to the retried job (data, run_at, counts per its flags).
          The error of a retry, timeout or stall becomes the job's last error.
@@ -1615,8 +1623,8 @@ ARGV[8..] groups of 10: id, token, fail job id (the id rules; '' without F), fai
           (JSON built by the supervisor from the job's record; '' without F), worker pid,
           started_at, error name, error kind, error message, traceback (free text)
 Returns: one code per job: 0 ok, 1 stale (nothing changed, no fail job).
-Refuses: with F, a fail job id that breaks the id rules; error text over MAX_TEXT bytes
-         (INVALID, nothing written).
+Refuses: with F, a fail job id that breaks the id rules; error text over MAX_TEXT bytes;
+         more than MAX_ACKS (1000) jobs (INVALID, nothing written).
 Emits:   event outcome=failed on B; SPUBLISH F:wake. The error is kept in the job's record. The
          end of a schedule's occurrence is noted in B:schedule (its next: queasy_schedule).
 ]]
