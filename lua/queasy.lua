@@ -133,6 +133,7 @@ local MAX_PAGE = 1000 -- jobs per call of queasy_jobs, queasy_requeue, queasy_pu
 -- values per job to one command (unpack), and Lua's stack holds 8000 (more failed the call
 -- half-way: records ended, leases dropped, no end kept)
 local MAX_ACKS = 1000
+local MAX_DISPATCH = 1000 -- jobs per call of queasy_dispatch, queasy_dispatch_once (as above)
 local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
   'attempts', 'trace', 'enqueued_at'}
 local MAX_TRACE = 256 -- bytes of a job's trace context (a W3C traceparent is 55)
@@ -814,8 +815,8 @@ local function each_leased(B, client, args, from, width, act, usable, quick)
 end
 
 -- Check the ack ARGV shared by finish, retry and fail: client, maxlen, whole groups of
--- `width` from index `from` (at most MAX_ACKS), and a worker pid and started_at ('' or digits) at offsets
--- `pid_at`, `pid_at + 1` of each group.
+-- `width` from index `from` (at most MAX_ACKS), and a worker pid and started_at ('' or
+-- digits) at offsets `pid_at`, `pid_at + 1` of each group.
 local function check_acks(args, from, width, pid_at, name)
   check_id(args[2], 'client id')
   local maxlen = whole(args[3], 'events maxlen', MAX_COUNT)
@@ -1007,6 +1008,10 @@ end
 -- (job n of the batch is the n-th triple; '' is now).
 local function dispatch_triples(args, from, now, name)
   groups(args, from, 3, name)
+  if (#args - from + 1) / 3 > MAX_DISPATCH then
+    invalid(name .. ': at most ' .. MAX_DISPATCH .. ' jobs per call, got ' .. (#args - from + 1)
+      / 3)
+  end
   local run_ats = {}
   strict_json(function()
     local decode = cjson.decode
@@ -1147,7 +1152,8 @@ ARGV[5]  trace: the W3C traceparent current at the dispatch ('' none), kept in e
          record (OpenTelemetry: the job's run continues that trace)
 ARGV[6..] triples: id, data (JSON), run_at (ms, or '' for now)
 Returns: one code per job: 1 created, 2 updated, 3 blocked (new), 4 blocked (updated).
-Refuses: (INVALID, nothing written) a flag or mode not listed, a partial triple, an id that
+Refuses: (INVALID, nothing written) more than MAX_DISPATCH (1000) jobs, a flag or mode not
+         listed, a partial triple, an id that
          breaks the id rules, data that is not JSON, a run_at not integer ms in 0..MAX_MS,
          a trace longer than MAX_TRACE or with other characters than 0-9 a-f and '-'.
 Emits:   a job ready now (code 1 or 2) is pushed to a fresh parked client subscribed to its

@@ -93,3 +93,24 @@ def test_acks_kept_beyond_one_call_go_in_several_and_every_job_ends(
     assert r.hlen(f"{lua.B}:lease:c1") == 0
     counts = lua.counts_all()
     assert counts["active"] == 0 and counts["finished"] == 4500, counts
+
+
+@pytest.mark.parametrize("once", [False, True], ids=["dispatch", "dispatch_once"])
+def test_a_dispatch_of_more_than_1000_jobs_is_refused_and_writes_nothing(
+    lua: Lua, r: redis.Redis, prefix: str, once: bool
+) -> None:
+    """A dispatch of 5000 jobs failed the same way (ZADD unpack(scored)) after it had written
+    its 5000 records: none of them in B:waiting, so none ever ran. The producer API sends
+    chunks of 500 (queue.DISPATCH_CHUNK); a raw FCALL of more than 1000 is refused."""
+    lua.add("w")
+    before = snapshot(r, prefix)
+    jobs = [(f"k{i}", '"x"', NOW) for i in range(1001)]
+
+    def send(js: list) -> list[int]:
+        return lua.dispatch_once(*js, window=1000) if once else lua.dispatch(*js)
+
+    with pytest.raises(redis.ResponseError, match="at most 1000 jobs per call, got 1001"):
+        send(jobs)
+    assert snapshot(r, prefix) == before
+    assert send(jobs[:1000]) == [1] * 1000
+    assert lua.counts()["waiting"] == 1001
