@@ -134,6 +134,7 @@ local MAX_PAGE = 1000 -- jobs per call of queasy_jobs, queasy_requeue, queasy_pu
 -- half-way: records ended, leases dropped, no end kept)
 local MAX_ACKS = 1000
 local MAX_DISPATCH = 1000 -- jobs per call of queasy_dispatch, queasy_dispatch_once (as above)
+local MAX_DEQUEUE = 1000 -- jobs per call of queasy_dequeue (a larger limit takes this many)
 local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
   'attempts', 'trace', 'enqueued_at'}
 local MAX_TRACE = 256 -- bytes of a job's trace context (a W3C traceparent is 55)
@@ -1385,7 +1386,8 @@ KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  client id (the id rules)
 ARGV[3]  nonce: lease tokens are <nonce>.<n> (the id rules)
-ARGV[4]  limit (>= 0; 0 only bumps and sweeps)
+ARGV[4]  limit (>= 0; 0 only bumps and sweeps; above MAX_DEQUEUE (1000), 1000: the leases
+         go to one HSET, and Lua's stack holds 8000 values)
 ARGV[5]  expiry ms (>= 1): the client is alive until now + expiry, fresh for half of it
 ARGV[6]  events maxlen (for events of a sweep)
 ARGV[7]  park '1'|'0' (optional): with '1', when fewer than `limit` jobs are ready the
@@ -1403,7 +1405,7 @@ local function dequeue(keys, args)
   local now = clock(args[1])
   local client = check_id(args[2], 'client id')
   local nonce = check_id(args[3], 'nonce')
-  local limit = whole(args[4], 'limit', MAX_COUNT)
+  local limit = math.min(whole(args[4], 'limit', MAX_COUNT), MAX_DEQUEUE)
   local expiry_ms = whole(args[5], 'expiry ms', MAX_COUNT)
   local maxlen = whole(args[6], 'events maxlen', MAX_COUNT)
   local park = args[7] ~= nil and args[7] ~= '' and flag(args[7], 'park')

@@ -114,3 +114,19 @@ def test_a_dispatch_of_more_than_1000_jobs_is_refused_and_writes_nothing(
     assert snapshot(r, prefix) == before
     assert send(jobs[:1000]) == [1] * 1000
     assert lua.counts()["waiting"] == 1001
+
+
+def test_a_dequeue_with_a_limit_over_1000_leases_1000_and_loses_none(
+    lua: Lua, r: redis.Redis
+) -> None:
+    """A dequeue of limit 5000 with 5000 ready jobs moved their records to active and out of
+    B:waiting, then failed at the HSET of their leases: 5000 jobs active under no lease, run
+    by no one, counted nowhere. A limit over 1000 leases 1000 (the supervisor asks 1000 at
+    most: scheduler.MAX_BATCH)."""
+    for start in range(0, 5000, 1000):
+        assert set(lua.dispatch(*[(f"k{i}", '"x"', NOW) for i in range(start, start + 1000)]))
+    checkout = lua.dequeue("c1", limit=5000)
+    assert len(checkout.jobs) == 1000 and checkout.next_run_at == str(NOW)
+    assert r.hlen(f"{lua.B}:lease:c1") == 1000
+    counts = lua.counts()
+    assert counts["waiting"] == 4000 and counts["active"] == 1000, counts
