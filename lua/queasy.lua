@@ -136,6 +136,12 @@ local MAX_ID_CHARS = 256
 local MAX_TEXT = 65536 -- bytes of an error message, a traceback, a host name
 local EVENT_TRACEBACK = 1024 -- bytes of a traceback an event keeps (its end)
 local MAX_PAGE = 1000 -- jobs per call of queasy_jobs, queasy_requeue, queasy_purge
+-- jobs per call of queasy_finish, queasy_retry, queasy_fail: each hands lists of up to two
+-- values per job to one command (unpack), and Lua's stack holds 8000 (more failed the call
+-- half-way: records ended, leases dropped, no end kept)
+local MAX_ACKS = 1000
+local MAX_DISPATCH = 1000 -- jobs per call of queasy_dispatch, queasy_dispatch_once (as above)
+local MAX_DEQUEUE = 1000 -- jobs per call of queasy_dequeue (a larger limit takes this many)
 local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
   'attempts', 'trace', 'enqueued_at'}
 local MAX_TRACE = 256 -- bytes of a job's trace context (a W3C traceparent is 55)
@@ -365,11 +371,12 @@ end
 -- record it leases (integer strings as passed() gives them; `enqueued` its field as read)
 -- and its attempts counting this lease (`before`: the record's field as read, or false), so
 -- that an ack reads them here and not in the record (which does not change while active).
--- A record without enqueued_at, or with one longer than 15 characters, gets a lease of
--- 4.0.0, "<token> <leased_at>"; one that is not digits, a lease that lease_of() does not
--- take: an ack of either reads the record.
+-- A record without enqueued_at, or with one longer than 15 characters or with a space
+-- (written around the library: "1 2" would move each number after it one place on), gets a
+-- lease of 4.0.0, "<token> <leased_at>"; one that is not digits otherwise, a lease that
+-- lease_of() does not take: an ack of either reads the record.
 local function lease_line(token, run_at, enqueued, retry, stall, timeout, before, now_s)
-  if not enqueued or #enqueued > 15 then
+  if not enqueued or #enqueued > 15 or find(enqueued, ' ', 1, true) then
     return token .. ' ' .. now_s
   end
   local attempts = before == false and '1' or int(field_int(before, MAX_MS) + 1)
@@ -728,8 +735,15 @@ local function lease_of(client, id, token, held)
     return nil
   end
   -- (its leased_at, last, is read where it is needed: leased_at())
-  local counts, attempts = string.match(held, '^(%d+ %d+ %d+ %d+ %d+) (%d+) ', #token + 2)
-  if counts == nil then
+  -- (a, b, c, d: where the first four numbers end; position captures make no string)
+  local s = #token + 2
+  local counts, a, b, c, d, attempts = string.match(held,
+    '^(%d+() %d+() %d+() %d+() %d+) (%d+) ', s)
+  -- a number longer than the library writes (15 digits: MAX_MS), garbled around it, would go
+  -- into the event and the end as it is (a reader's float of it overflows): the record's
+  -- numbers are read instead (leased(): passed() reads such a field as 0)
+  if counts == nil or a - s > 15 or b - a > 16 or c - b > 16 or d - c > 16
+      or s + #counts - d > 16 or #attempts > 15 then
     return nil
   end
   return {id = id, client = client, held = held, counts = counts, attempts = attempts}
@@ -809,12 +823,16 @@ local function each_leased(B, client, args, from, width, act, usable, quick)
 end
 
 -- Check the ack ARGV shared by finish, retry and fail: client, maxlen, whole groups of
--- `width` from index `from`, and a worker pid and started_at ('' or digits) at offsets
--- `pid_at`, `pid_at + 1` of each group.
+-- `width` from index `from` (at most MAX_ACKS), and a worker pid and started_at ('' or
+-- digits) at offsets `pid_at`, `pid_at + 1` of each group.
 local function check_acks(args, from, width, pid_at, name)
   check_id(args[2], 'client id')
   local maxlen = whole(args[3], 'events maxlen', MAX_COUNT)
   groups(args, from, width, name)
+  if (#args - from + 1) / width > MAX_ACKS then
+    invalid(name .. ': at most ' .. MAX_ACKS .. ' jobs per call, got ' .. (#args - from + 1)
+      / width)
+  end
   for i = from, #args, width do
     local pid, started = args[i + pid_at], args[i + pid_at + 1]
     -- the usual pid (<= 7 digits) and started_at (13 digits) pass on one find each
@@ -998,6 +1016,10 @@ end
 -- (job n of the batch is the n-th triple; '' is now).
 local function dispatch_triples(args, from, now, name)
   groups(args, from, 3, name)
+  if (#args - from + 1) / 3 > MAX_DISPATCH then
+    invalid(name .. ': at most ' .. MAX_DISPATCH .. ' jobs per call, got ' .. (#args - from + 1)
+      / 3)
+  end
   local run_ats = {}
   strict_json(function()
     local decode = cjson.decode
@@ -1138,7 +1160,8 @@ ARGV[5]  trace: the W3C traceparent current at the dispatch ('' none), kept in e
          record (OpenTelemetry: the job's run continues that trace)
 ARGV[6..] triples: id, data (JSON), run_at (ms, or '' for now)
 Returns: one code per job: 1 created, 2 updated, 3 blocked (new), 4 blocked (updated).
-Refuses: (INVALID, nothing written) a flag or mode not listed, a partial triple, an id that
+Refuses: (INVALID, nothing written) more than MAX_DISPATCH (1000) jobs, a flag or mode not
+         listed, a partial triple, an id that
          breaks the id rules, data that is not JSON, a run_at not integer ms in 0..MAX_MS,
          a trace longer than MAX_TRACE or with other characters than 0-9 a-f and '-'.
 Emits:   a job ready now (code 1 or 2) is pushed to a fresh parked client subscribed to its
@@ -1447,7 +1470,8 @@ KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  client id (the id rules)
 ARGV[3]  nonce: lease tokens are <nonce>.<n> (the id rules)
-ARGV[4]  limit (>= 0; 0 only bumps and sweeps)
+ARGV[4]  limit (>= 0; 0 only bumps and sweeps; above MAX_DEQUEUE (1000), 1000: the leases
+         go to one HSET, and Lua's stack holds 8000 values)
 ARGV[5]  expiry ms (>= 1): the client is alive until now + expiry, fresh for half of it
 ARGV[6]  events maxlen (for events of a sweep)
 ARGV[7]  park '1'|'0' (optional): with '1', when fewer than `limit` jobs are ready the
@@ -1465,7 +1489,7 @@ local function dequeue(keys, args)
   local now = clock(args[1])
   local client = check_id(args[2], 'client id')
   local nonce = check_id(args[3], 'nonce')
-  local limit = whole(args[4], 'limit', MAX_COUNT)
+  local limit = math.min(whole(args[4], 'limit', MAX_COUNT), MAX_DEQUEUE)
   local expiry_ms = whole(args[5], 'expiry ms', MAX_COUNT)
   local maxlen = whole(args[6], 'events maxlen', MAX_COUNT)
   local park = args[7] ~= nil and args[7] ~= '' and flag(args[7], 'park')
@@ -1533,7 +1557,7 @@ ARGV[7]  notify '1'|'0': SPUBLISH B:done:<id> 'finished' for each job (the queue
 ARGV[8..] quintuples: id, token, worker pid ('' or digits), started_at ('' or ms), result
           ('' none, else JSON: the handler's return value, kept in the record)
 Returns: one code per job: 0 ok, 1 stale (lease lost; nothing changed).
-Refuses: a result that is not JSON (INVALID, nothing written).
+Refuses: a result that is not JSON, more than MAX_ACKS (1000) jobs (INVALID, nothing written).
 Emits:   event outcome=finished. A blocked job with the same id becomes waiting. The end
          of a schedule's occurrence is noted in B:schedule (its next: queasy_schedule).
 ]]
@@ -1635,7 +1659,7 @@ ARGV[4..] groups of 9: id, token, run_at, kind, worker pid, started_at, error na
                 its parked slots are cleared and B:wake is SPUBLISHed)
 Returns: one code per job: 0 ok, 1 stale (also for an unknown kind: the lease is kept).
 Refuses: a run_at not integer ms in 0..MAX_MS nor '+' and integer ms, error text over
-         MAX_TEXT bytes (INVALID, nothing written). now + delay is capped at MAX_MS.
+         MAX_TEXT bytes, more than MAX_ACKS (1000) jobs (INVALID, nothing written). now + delay is capped at MAX_MS.
 Emits:   event outcome=retried|timed_out|stalled|released (none for 'return'). A blocked
          job's update is applied to the retried job (data, run_at, counts per its flags).
          The error of a retry, timeout or stall becomes the job's last error.
@@ -1691,8 +1715,8 @@ ARGV[8..] groups of 10: id, token, fail job id (the id rules; '' without F), fai
           (JSON built by the supervisor from the job's record; '' without F), worker pid,
           started_at, error name, error kind, error message, traceback (free text)
 Returns: one code per job: 0 ok, 1 stale (nothing changed, no fail job).
-Refuses: with F, a fail job id that breaks the id rules; error text over MAX_TEXT bytes
-         (INVALID, nothing written).
+Refuses: with F, a fail job id that breaks the id rules; error text over MAX_TEXT bytes;
+         more than MAX_ACKS (1000) jobs (INVALID, nothing written).
 Emits:   event outcome=failed on B; SPUBLISH F:wake. The error is kept in the job's record. The
          end of a schedule's occurrence is noted in B:schedule (its next: queasy_schedule).
 ]]

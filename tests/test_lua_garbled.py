@@ -13,6 +13,7 @@ import pytest
 import redis
 from lua_calls import HOST, KEEP, MAXLEN, NOW, Leased, Lua
 
+from queasy_py.cli.show import event_line
 from queasy_py.records import job_info
 from queasy_py.store import events
 from queasy_py.store.library import ensure_loaded
@@ -130,3 +131,60 @@ def test_an_event_of_an_id_with_spaces_written_around_the_library_reads_whole(
         assert event["outcome"] == "finished" and event["client"] == "c1", event
         assert (event["ended_at"], event["pid"], event["run_at"]) == (NOW + 7, 42, NOW), event
         assert event["started_at"] == NOW + 2 and event["retry_count"] == 0, event
+
+
+#: a number longer than the library writes (15 digits), at each place of a 4.1.0 lease
+LONG = "9" * 350
+
+
+@pytest.mark.parametrize("place", range(6), ids=lambda p: f"number {p + 1}")
+def test_a_lease_number_longer_than_the_library_writes_is_read_from_the_record(
+    lua: Lua, r: redis.Redis, place: int
+) -> None:
+    """Library 4.1.0: finish takes a job's numbers from its lease. One garbled to hundreds of
+    digits went into the finished event as it was, and a reader's float of it overflowed
+    (`queasy events` failed on the stream: cli.show.event_line). Such a lease's numbers are
+    read from the record, as for a 4.0.0 lease (passed(): as written, at most 15 digits)."""
+    leases = {job.id: job.token for job in retried(lua, "a", "b")}
+    key = f"{lua.B}:lease:c1"
+    words = r.hget(key, "a").split(" ")  # token, run_at, enqueued_at, 3 counts, attempts, at
+    assert len(words) == 8, words
+    words[1 + place] = LONG
+    r.hset(key, "a", " ".join(words))
+    head = [NOW + 5, "c1", MAXLEN, *KEEP, HOST, 0]
+    args = [x for id in ("a", "b") for x in (id, leases[id], "42", NOW + 1, "")]
+    assert lua.call("queasy_finish", [lua.B], *head, *args) == [0, 0]
+    read = {e["id"]: e for e in events.page(r, f"{lua.B}:events") if e["outcome"] == "finished"}
+    assert set(read) == {"a", "b"}, read
+    for event in read.values():
+        assert (event["run_at"], event["enqueued_at"]) == (NOW, NOW), event
+        assert (event["retry_count"], event["stall_count"], event["timeout_count"]) == (1, 0, 0)
+        assert event_line(event)  # a reader of the stream does not fail on it
+    a = lua.record("a")
+    assert a is not None and a["state"] == "finished" and a["attempts"] == "2", a
+    assert a["retry_count"] == "1" and a["error_name"] == "ValueError", "kept whole"
+    assert r.hlen(key) == 0 and lua.counts()["active"] == 0
+
+
+@pytest.mark.parametrize("enqueued", ["1 2", "1 2 3 4 5 6 7", "12 ", " 12", "1\t2"], ids=repr)
+def test_an_enqueued_at_garbled_with_spaces_shifts_no_number_of_the_lease(
+    lua: Lua, r: redis.Redis, enqueued: str
+) -> None:
+    """Library 4.1.0 copies a record's enqueued_at into its lease ("<token> <run_at>
+    <enqueued_at> <retry_count> ..."), and finish reads the numbers after the token by their
+    place. An enqueued_at of digits and spaces (written around the library) moved each
+    number after it one place on: the job's end and event had its retry_count for its
+    enqueued_at's second word, its timeout_count for its attempts. Such a record gets a lease
+    of 4.0.0 ("<token> <leased_at>"), and its ack reads the record."""
+    lua.add("a")
+    r.hset(f"{lua.B}:job:a", "enqueued_at", enqueued)
+    (job,) = lua.dequeue("c1", limit=1).jobs
+    assert lua.retry("c1", job, run_at=NOW) == 0  # retry_count 1: its end kept whole
+    (job,) = lua.dequeue("c1", limit=1).jobs
+    assert lua.finish("c1", job, now=NOW + 7) == 0
+    (event,) = [e for e in events.page(r, f"{lua.B}:events") if e["ended_at"] == NOW + 7]
+    assert (event["run_at"], event["enqueued_at"]) == (NOW, None), event
+    assert (event["retry_count"], event["stall_count"], event["timeout_count"]) == (1, 0, 0)
+    a = lua.record("a")
+    assert a is not None and a["state"] == "finished" and a["attempts"] == "2", a
+    assert a["retry_count"] == "1" and a["error_name"] == "ValueError", "kept whole"

@@ -50,6 +50,9 @@ def finish(job: Running, base: str, pid: int, started: int, result: str = "") ->
 
 #: a retry's run_at meaning "now" on the server's clock
 NOW = "+0"
+#: the most jobs one FCALL of finish, retry or fail acks (MAX_ACKS of lua/queasy.lua, which
+#: refuses more): a group of more, as acks kept through an outage make, goes in several
+MAX_ACKS = 1000
 
 
 def after(seconds: float) -> str:
@@ -227,8 +230,9 @@ def ack_headers(specs: dict[str, ListenOptions], host: str) -> dict[tuple[str, s
 def ack_commands(
     client_id: str, acks: list[Ack], headers: dict[tuple[str, str], list]
 ) -> tuple[list[tuple], list[list[Ack]]]:
-    """The FCALLs of `acks`, one per (op, queue, fail queue) group (an ack marked `alone` is
-    its own group), and the acks of each; `headers` as made by ack_headers."""
+    """The FCALLs of `acks`, one per (op, queue, fail queue) group of up to MAX_ACKS (an ack
+    marked `alone` is its own group), and the acks of each; `headers` as made by
+    ack_headers."""
     grouped: dict[tuple, list[Ack]] = defaultdict(list)
     for ack in acks:
         alone = id(ack) if ack.alone else None
@@ -237,10 +241,12 @@ def ack_commands(
     groups = []
     for (op, base, fail_base, _), items in grouped.items():
         keys = [base] if fail_base is None else [base, fail_base]
-        args: list[Any] = ["FCALL", f"queasy_{op}", len(keys), *keys, "", client_id]
-        args.extend(headers[(op, base)])
-        for ack in items:
-            args.extend(ack.args)
-        commands.append(tuple(args))
-        groups.append(items)
+        for start in range(0, len(items), MAX_ACKS):  # (after an outage: many kept acks)
+            chunk = items[start : start + MAX_ACKS]
+            args: list[Any] = ["FCALL", f"queasy_{op}", len(keys), *keys, "", client_id]
+            args.extend(headers[(op, base)])
+            for ack in chunk:
+                args.extend(ack.args)
+            commands.append(tuple(args))
+            groups.append(chunk)
     return commands, groups
