@@ -288,6 +288,30 @@ def test_a_big_high_priority_job_is_not_starved_by_small_lower_priority_ones(rt:
     assert max_units_in_flight(rt.records()) <= 100
 
 
+def test_a_big_job_is_not_starved_by_small_ones_of_its_priority(rt: Runtime) -> None:
+    # as above, at one priority: without its turn held, the small queue (always fitting)
+    # refilled the worker at each result and the big job waited for all 200 to run
+    rt.start(
+        {"big": queue_spec(size=60, priority=100), "small": queue_spec(size=10, priority=100)},
+        workers=1,
+    )
+    # ends spread out: the worker never frees 60 units at once unless it is kept for big
+    small = [
+        {"data": {"tag": "small", "units": 10, "sleep": 0.01 + 0.003 * (i % 7)}}
+        for i in range(200)
+    ]
+    rt.queue("small").dispatch_many(small)
+    rt.wait_records(1, "start", tag="small")  # the worker is full of small jobs
+    rt.queue("big").dispatch({"tag": "big", "units": 60})
+
+    rt.wait_records(1, "end", tag="big", timeout=30)
+    rt.wait_records(200, "end", tag="small", timeout=30)
+    starts = [s["tag"] for s in rt.records("start")]
+    assert starts.count("small") == 200 and starts.count("big") == 1
+    assert starts.index("big") < len(starts) - 50, starts.index("big")
+    assert max_units_in_flight(rt.records()) <= 100
+
+
 # ---------------------------------------------------------------- handlers
 
 

@@ -170,12 +170,18 @@ def test_a_reserved_worker_is_not_used_by_a_lower_priority_that_fits_on_it() -> 
     assert asks(states, [60, 30, 20]) == {"small": [2, 2]}
 
 
-def test_equal_priorities_keep_their_round_robin() -> None:
+def test_a_big_queue_is_not_starved_by_a_smaller_one_of_its_priority() -> None:
+    # its turn (asked longest ago) and it fits nowhere: the smaller queue after it in turn
+    # does not refill the worker it drains; then it takes the drained worker
     states = [state("big", size=100, last_served=1.0), state("small", last_served=2.0)]
+    assert asks(states, [50]) == {}
+    assert asks(states, [100]) == {"big": [0]}
+    # the smaller one's turn first: it takes its share, the big one keeps what is left
+    states = [state("big", size=100, last_served=2.0), state("small", last_served=1.0)]
     assert asks(states, [50]) == {"small": [0] * 5}
-    # and a reservation of a higher priority does not stop equal peers of the reserver
+    # the other workers stay open to its peers; lower priorities get nothing of the kept one
     states = [state("big", 100, 200), state("peer", 10, 200), state("low", 10, 100)]
-    assert asks(states, [50]) == {"peer": [0] * 5}
+    assert asks(states, [50, 30]) == {"peer": [1, 1, 1]}
 
 
 @pytest.mark.parametrize("size", [1, 37, 100])

@@ -6,9 +6,10 @@ first: each dequeue (and the finish that follows it) carries a share, not the fr
 split as many ways as there are busy queues, while over successive rounds each queue gets
 its turn.
 
-Priority holds across sizes: a ready queue that fits on no worker keeps the worker with the
-most free units for itself (a reservation), so lower priorities cannot refill it while it
-drains to that queue's size.
+Priority and turns hold across sizes: a ready queue that fits on no worker keeps the worker
+with the most free units for itself (a reservation), so lower priorities, and the queues of
+its own priority whose turn comes after its own, cannot refill it while it drains to that
+queue's size.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def plan(
     all go to that one queue this round; the others' turns come first in the next rounds).
     A queue known to have a ready job (`known_ready`) that is given no units reserves the
     worker with the most free units left that no higher priority reserved: lower priorities
-    get no units of it, so it drains until that queue fits (equal priorities still share
-    it). A reservation yields no dequeue; it lasts while the evidence does.
+    get no units of it, so it drains until that queue fits; so do the queues of its own
+    priority whose turn comes after its own (asked more recently). A reservation yields no
+    dequeue; it lasts while the evidence does.
     `free` is not modified.
     """
     free = list(free)
@@ -119,9 +121,20 @@ def plan(
         usable = [0 if i in reserved else units for i, units in enumerate(free)]
         slots: dict[QueueState, list[int]] = {s: [] for s in members}
         placing = members  # in turns of up to SHARE jobs each, while some still fit
+        first, kept = True, set()
         while placing:
             still = []
             for state in placing:
+                if first and state.known_ready(now) and place(usable, state.spec.size) is None:
+                    # its turn, and it fits nowhere: the peers after it in turn get no
+                    # units of the worker it drains (a big queue is not starved by a
+                    # smaller one of its priority that keeps every worker full)
+                    index = _most_free(free, reserved)
+                    if index is not None:
+                        reserved.add(index)
+                        usable[index] = 0
+                    kept.add(state)
+                    continue
                 size = state.spec.size
                 got = slots[state]
                 turn = min(SHARE, MAX_BATCH - len(got))
@@ -136,10 +149,10 @@ def plan(
                 else:
                     if len(got) < MAX_BATCH:
                         still.append(state)
-            placing = still
+            placing, first = still, False
         out.extend((s, indexes) for s, indexes in slots.items() if indexes)
         for state in members:
-            if not slots[state] and state.known_ready(now):
+            if not slots[state] and state not in kept and state.known_ready(now):
                 index = _most_free(free, reserved)
                 if index is not None:
                     reserved.add(index)
