@@ -147,6 +147,47 @@ def test_a_frozen_supervisor_is_swept_and_on_waking_kills_its_workers(rt: Runtim
     assert job.last_error is not None and job.last_error["name"] == "StallError"
 
 
+def test_a_swept_supervisor_hands_back_what_its_old_id_still_holds(rt: Runtime) -> None:
+    """A dequeue sent just before a freeze of the server can be applied after it, its reply
+    lost: the jobs are leased to the supervisor's id while that id, swept on another queue
+    meanwhile, is given up (the supervisor starts over under a new id). They went back only
+    at the old id's expiry (seen: a schedule's occurrence 10 s late in the chaos test); now
+    the supervisor hands them back at once, counted as a sweep would count them."""
+    sup = rt.start({"a": queue_spec(), "b": queue_spec()}, workers=1)
+    rt.queue("a").dispatch({"tag": "first"})
+    (first,) = rt.wait_events("a", 1)
+    old = first["client"]
+    a, b = rt.queue("a").keys.base, rt.queue("b").keys.base
+    sup.signal_all(signal.SIGSTOP)
+
+    def now_ms() -> int:
+        seconds, micros = rt.r.time()
+        return seconds * 1000 + micros // 1000
+
+    wait_for(
+        lambda: (rt.r.zscore(f"{a}:expiry", old) or float("inf")) < now_ms(),
+        what="its expiry to pass",
+    )
+    # another client's call on `a` sweeps it there; on `b` a late dequeue leases it a job
+    assert rt.r.fcall("queasy_dequeue", 1, a, "", "sweeper-1", "n1", 0, 1000, 100)[0] == 0
+    assert rt.r.zscore(f"{a}:swept", old) is not None
+    rt.queue("b").dispatch({"tag": "late"}, id="late")
+    reply = rt.r.fcall("queasy_dequeue", 1, b, "", old, "n2", 1, 60_000, 100)
+    assert reply[2] == "late"  # held by the old id until its expiry, 60 s from now
+
+    sup.signal_all(signal.SIGCONT)
+    wait_for(lambda: "was swept as dead" in sup.log(), what="the supervisor to notice")
+    (start,) = rt.wait_records(1, "start", tag="late", timeout=10)
+    assert start["stall_count"] == 1  # counted as a sweep: a stall
+    stalled = rt.wait_events("b", 1)[0]
+    assert (stalled["outcome"], stalled["client"]) == ("stalled", old)
+    # handed back by the supervisor itself, not by a sweep at the old id's expiry (which
+    # its last heartbeat made 1 s here, 10 s with the default heartbeat_interval)
+    assert "gave up client" in stalled["error_message"], stalled
+    assert rt.r.zscore(f"{b}:expiry", old) is None  # and the old id left the queue
+    assert sup.stop() == 0
+
+
 # ---------------------------------------------------------------- shutdown
 
 

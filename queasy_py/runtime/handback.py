@@ -54,10 +54,16 @@ def unpark_all(
 
 
 def hand_back_unknown(
-    r: redis.Redis, states: Mapping[str, QueueState], client_id: str, held: set[str]
+    r: redis.Redis,
+    states: Mapping[str, QueueState],
+    client_id: str,
+    held: set[str],
+    kind: str = "release",
 ) -> None:
-    """Hand back (to waiting, no count) every lease of this client whose token is not in
-    `held` (a dequeue whose reply was lost, a finish the server lost)."""
+    """Hand back to waiting every lease of this client whose token is not in `held` (a
+    dequeue whose reply was lost, a finish the server lost): not counted (`release`), or
+    with `stall` counted as a sweep would (a client this process gave up, its workers
+    killed)."""
     for state in states.values():
         pairs = r.fcall_ro("queasy_leases", 1, state.base, "", client_id)
         lost = [
@@ -66,9 +72,21 @@ def hand_back_unknown(
             if pairs[i + 1].decode() not in held
         ]
         for job_id, token in lost:
-            log.warning(
-                "handing back job %s of %s (its dequeue reply was lost)", job_id, state.name
-            )
-            args = [job_id, token, "+0", "release", "", "", "", "", ""]
+            if kind == "release":
+                log.warning(
+                    "handing back job %s of %s (its dequeue reply was lost)", job_id, state.name
+                )
+                args = [job_id, token, "+0", "release", "", "", "", "", ""]
+            else:
+                log.warning(
+                    "handing back job %s of %s (leased to %s, a client id this process gave up)",
+                    job_id,
+                    state.name,
+                    client_id,
+                )
+                why = f"its supervisor gave up client {client_id} (it was swept as dead)"
+                args = [job_id, token, "+0", kind, "", "", "StallError", why, ""]
             fcall(r, "queasy_retry", [state.base], ["", client_id, state.spec.events_maxlen, *args])
+        if kind != "release":
+            fcall(r, "queasy_leave", [state.base], ["", client_id])
         state.ready_at = 0.0  # dequeue next round, which parks the free slots again

@@ -77,6 +77,7 @@ class Rounds:
         self.checkouts = Checkouts(states, workers, acks, poll_interval, on_swept, clock)
         self.on_messages = self.checkouts.on_messages
         self.reconcile = False
+        self.given_up: list[str] = []  # client ids this process gave up (swept): their leases
         self.outage = Outage()
         self.reload = False  # the library is gone (FUNCTION FLUSH, a restart): load it again
         self.unserved: set[QueueState] = set()  # ready queues the last plan gave no units
@@ -322,6 +323,10 @@ class Rounds:
         held = {j.token for w in self.workers for j in w.jobs.values()}
         held.update(ack.args[1] for ack in self.acks)
         held.update(self.checkouts.twins.tokens())
+        while self.given_up:  # a dequeue of the old id applied late (its reply lost) holds
+            # jobs no worker runs until that id's expiry: they go back now, counted as a sweep
+            hand_back_unknown(self.r, self.states, self.given_up[0], set(), "stall")
+            self.given_up.pop(0)
         hand_back_unknown(self.r, self.states, client_id, held)
         self.reconcile = False
         self.wakeup.recheck()  # a cluster's silent primary keeps its subscriptions: regroup

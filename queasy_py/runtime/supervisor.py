@@ -193,6 +193,8 @@ class Supervisor:
         self.acks.clear()
         self.rounds.checkouts.twins.held.clear()  # leased to the old id: the sweep requeued them
         self.held.clear()  # pushed to the old id: the sweep requeued them
+        self.rounds.given_up.append(self.client.id)
+        self.rounds.reconcile = True  # hands back what the old id still holds
         self.client.id = new_client_id()
         self.wakeup.set_channels(self._channels())
         self.heartbeat.last_ok = time.monotonic()
