@@ -35,13 +35,15 @@ def finished(ended_ms: int, pid: int) -> Event:
     return Event("finished", ended_ms / 1000, str(pid), "1000-abc", (0, 0, 0))
 
 
-def violations(attempts: list[Attempt], events: list[Event]) -> list[str]:
+def violations(
+    attempts: list[Attempt], events: list[Event], faults: tuple[tuple[float, float], ...] = ()
+) -> list[str]:
     records = Records()
     records.attempts[(QUEUE, "schedule")] = attempts
     records.events[(QUEUE, "schedule")] = events
     checker = Checker(records, [], [])
     since, now = attempts[0].t, attempts[-1].t + 1
-    tally: dict[str, Any] = check_schedule(checker, QUEUE, None, [], [], since, now)
+    tally: dict[str, Any] = check_schedule(checker, QUEUE, None, list(faults), [], since, now)
     assert tally["fires"] == len({a.extra["fire"] for a in attempts})
     return list(checker.violations.values())
 
@@ -65,3 +67,13 @@ def test_another_worker_starting_in_the_ms_of_an_end_belongs_to_the_next_occurre
     history = [attempt(300.0, 300.0004, pid=11), attempt(300.0, 300.0008, pid=12)]
     found = violations(history, [finished(300_000, 11), finished(300_001, 12)])
     assert any("fire time 300.000 ran after 300.000 did" in v for v in found), found
+
+
+def test_a_queue_that_does_not_start_while_its_server_is_up_is_flagged() -> None:
+    # 300 ran; 303 to 309 passed over while the occurrence of 300 ran late (8c: an overlap)
+    history = [attempt(300.0, 300.0004, pid=11), attempt(312.0, 312.2, pid=12)]
+    events = [finished(311_000, 11), finished(312_201, 12)]
+    found = violations(history, events)
+    assert len(found) == 1 and "did not start for 12.2s" in found[0], found
+    # the same gap with 7.5 s of it a server fault (frozen, then refusing writes): 4.7 s up
+    assert violations(history, events, ((301.0, 303.7), (303.7, 308.5))) == []

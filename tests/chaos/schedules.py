@@ -17,7 +17,9 @@ occurrence lies between the terminal outcome before it and its own.
      pending occurrence past it (its log says so) once it could not start in time: not before
      SCHEDULE_GRACE after its fire time with catch_up "skip", after the next fire time's
      with "once" (a move any earlier is a violation).
-  8d live: each scheduled queue starts at least once in every PERIODIC_WINDOW seconds.
+  8d live: each scheduled queue starts at least once in every PERIODIC_WINDOW seconds of
+     time its server was up: the time of the server's faults (frozen, refusing writes) in a
+     gap is not counted (faults may follow one another: 4 s frozen, then 5 s refusing).
 """
 
 from __future__ import annotations
@@ -184,7 +186,8 @@ def check_schedule(
     # 8d: live
     times = [a.t for a in attempts if a.t >= since]
     for before, after in zip([since, *times], [*times, now], strict=True):
-        if after - before > PERIODIC_WINDOW:
+        down = sum(max(0.0, min(e, after) - max(b, before)) for b, e in faults)
+        if after - before - down > PERIODIC_WINDOW:
             seen = [
                 f"{e.outcome}@{e.ended:.3f}/{e.client}/{e.counts}"
                 for e in records.events.get(key, ())
@@ -193,7 +196,8 @@ def check_schedule(
             last = [a.describe() for a in attempts if a.t == before]
             flag(
                 ("live", round(before, 3)),
-                f"did not start for {after - before:.1f}s (from {before:.3f}: {last}; "
+                f"did not start for {after - before:.1f}s, {down:.1f}s of it with the server "
+                f"faulted (from {before:.3f}: {last}; "
                 f"outcomes then: {seen}; faults: {[w for w in faults if w[1] >= before - 5]})",
             )
     return tally
