@@ -98,3 +98,16 @@ def r(redis_url: str) -> Iterator[redis.Redis]:
         yield conn
     finally:
         conn.close()
+
+
+@pytest.fixture
+def raw(redis_url: str) -> Iterator[redis.Redis]:
+    """A bytes connection like Client's; the bundled library is restored afterwards."""
+    from queasy_py.store.library import source
+
+    conn = redis.Redis.from_url(redis_url)
+    try:
+        yield conn
+    finally:
+        conn.function_load(source(), replace=True)
+        conn.close()

@@ -6,23 +6,11 @@ VersionMismatch "its queasy_version returned '4.0.0'", seen in tests/test_chaos.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import redis
 
-from queasy_py.store.library import bundled_version, ensure_loaded, probe, source
-
-
-@pytest.fixture
-def raw(redis_url: str) -> Iterator[redis.Redis]:
-    conn = redis.Redis.from_url(redis_url)
-    try:
-        yield conn
-    finally:
-        conn.function_load(source(), replace=True)
-        conn.close()
+from queasy_py.store.library import bundled_version, ensure_loaded, probe
 
 
 def answer(conn: redis.Redis, step: tuple[str, tuple[Any, ...]]) -> tuple[bool, Any]:

@@ -17,7 +17,7 @@ import pytest
 import redis
 from lua_calls import live
 from runtime_helpers import Runtime, queue_spec, wait_for
-from test_lost_reply import Proxy, through, upstream
+from test_lost_reply import Proxy, shut, through, upstream
 
 
 class SilentProxy(Proxy):
@@ -48,19 +48,12 @@ class SilentProxy(Proxy):
                     dst.sendall(chunk)
         except OSError:
             pass
-        for sock in (src, dst):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        shut(src, dst)
 
     def close(self) -> None:
         super().close()
+        shut(*self.socks)
         for sock in self.socks:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             sock.close()
 
 

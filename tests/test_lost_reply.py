@@ -17,6 +17,15 @@ from lua_calls import live
 from queasy_py import Client, ConnectionFailed
 
 
+def shut(*socks: socket.socket) -> None:
+    """Shut both directions of each socket, whatever state it is in."""
+    for sock in socks:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 class Proxy:
     """Forwards one port to the test server. With `on_reply` set, the next reply from the
     server is not forwarded: `on_reply()` runs, then the client's connection is closed."""
@@ -55,20 +64,13 @@ class Proxy:
                 dst.sendall(chunk)
         except OSError:
             pass
+        shut(src, dst)
         for sock in (src, dst):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             sock.close()
 
     def drop_clients(self) -> None:
         """Close every client connection now, as a server restart would."""
-        for sock in self.clients:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        shut(*self.clients)
 
     def close(self) -> None:
         self.closed = True

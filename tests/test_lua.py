@@ -8,7 +8,7 @@ from __future__ import annotations
 import codecs
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -648,17 +648,6 @@ def test_maxlen_0_writes_no_event(lua: Lua, r: redis.Redis) -> None:
 
 
 # ---------------------------------------------------------------- version handshake
-
-
-@pytest.fixture
-def raw(redis_url: str) -> Iterator[redis.Redis]:
-    """A bytes connection like Client's; the bundled library is restored afterwards."""
-    conn = redis.Redis.from_url(redis_url)
-    try:
-        yield conn
-    finally:
-        conn.function_load(source(), replace=True)
-        conn.close()
 
 
 def load_version(conn: redis.Redis, version: str) -> None:
