@@ -1,19 +1,24 @@
 """Profile the hot path: N no-op jobs through one supervisor with 2 workers.
 
-    python benchmarks/profile.py [--n 40000] [--size 10] [--cprofile] [--metrics]
+    python benchmarks/profile.py [--n 40000] [--size 10] [--cprofile] [--metrics] [--syscalls]
 
 Prints the throughput and the CPU seconds each process used (supervisor, each worker, the
 server), and the server's own time in the queasy functions (INFO commandstats: usec of
 FCALL), which shows where a job's cost goes; with --cprofile the supervisor runs under
 cProfile and its top functions are printed (by wall time; with PROFILE_CLOCK=cpu by
 the supervisor's CPU time, so waits are left out); with --metrics the supervisor serves Prometheus
-/metrics (metrics_port), scraped once a second during the run. It starts its own valkey-server.
+/metrics (metrics_port), scraped once a second during the run; with --syscalls `strace -c -f`
+counts the supervisor's system calls per job while the jobs run (a count, not a time: it does
+not depend on the load; strace slows the run, so its jobs/s and CPU are not comparable then).
+It starts its own valkey-server.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,12 +109,25 @@ def command_calls(client: Client) -> dict[str, int]:
     return {k[len("cmdstat_") :]: int(v["calls"]) for k, v in stats.items()}
 
 
+def strace_counts(path: str) -> dict[str, int]:
+    """The calls of each system call in the summary `strace -c -o path` wrote."""
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        m = re.match(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)$", line)
+        if m and m.group(2) != "total":
+            out[m.group(2)] = int(m.group(1))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=40000)
     parser.add_argument("--size", type=int, default=10)
     parser.add_argument("--cprofile", action="store_true")
     parser.add_argument("--metrics", action="store_true", help="serve and scrape /metrics")
+    parser.add_argument(
+        "--syscalls", action="store_true", help="count the supervisor's system calls (strace)"
+    )
     parser.add_argument(
         "--calls", action="store_true", help="also print the commands the library ran per job"
     )
@@ -138,6 +156,14 @@ def main() -> int:
             deadline = time.monotonic() + 600
             while q.counts()["waiting"] == args.n and time.monotonic() < deadline:
                 time.sleep(0.005)
+            tracer, trace_out = None, f"/tmp/queasy-profile-strace-{os.getpid()}.txt"
+            if args.syscalls:
+                if shutil.which("strace") is None:
+                    parser.error("--syscalls needs strace")
+                tracer = subprocess.Popen(
+                    ["strace", "-c", "-f", "-o", trace_out, "-p", str(sup.pid)],
+                    stderr=subprocess.DEVNULL,
+                )
             start = time.perf_counter()
             base = {p.pid: cpu(p) for p in [parent, srv, *parent.children()]}
             fcall_usec = fcall_time(client)
@@ -152,6 +178,9 @@ def main() -> int:
                         reply.read()
                     scrapes += 1
             elapsed = time.perf_counter() - start
+            if tracer is not None:
+                tracer.send_signal(signal.SIGINT)
+                tracer.wait(timeout=60)
             procs = [("supervisor", parent), ("server", srv)]
             procs += [(f"worker {p.pid}", p) for p in parent.children()]
             print(
@@ -171,6 +200,13 @@ def main() -> int:
                 f"  {'server calls':>14}: {fcalls / args.n:.2f} FCALL and "
                 f"{sum(inner.values()) / args.n:.2f} commands inside them per job"
             )
+            if tracer is not None:
+                counts = strace_counts(trace_out)
+                os.unlink(trace_out)
+                total = sum(counts.values())
+                print(f"  {'supervisor':>14}: {total / args.n:.3f} system calls per job (strace)")
+                for name, count in sorted(counts.items(), key=lambda kv: -kv[1]):
+                    print(f"  {name:>14}: {count / args.n:.3f}")
             if args.calls:
                 for name, count in sorted(inner.items(), key=lambda kv: -kv[1]):
                     print(f"  {name:>14}: {count / args.n:.2f}")

@@ -119,3 +119,55 @@ def test_a_non_blocking_read_takes_what_arrived_whole_replies_and_errors_in_orde
         assert got[3] == [[f"{prefix}:later".encode(), b"x"]]
     finally:
         pipe.close()
+
+
+def test_a_round_is_written_and_read_with_one_syscall_each_not_through_the_socket(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop's socket has a timeout (LOOP_REDIS_TIMEOUT), and CPython polls such a socket
+    before every send and recv: two syscalls for one, and a third with the poll the read made
+    first. On a plain connection a round goes out with one write(2) and what arrived is read
+    with one read(2): no method of the socket is called (the replies still come whole, in
+    order, to their batches)."""
+    import select
+
+    pipe = RedisPipe(redis_url)
+    got: list[list] = []
+    try:
+        pipe.send([("PING",)], got.append, pytest.fail)
+        pipe.read(block=True)  # connected
+        sock = pipe.socket()
+        assert sock is not None and sock.gettimeout()  # a socket that polls first
+
+        def refused(*args: object, **kwargs: object) -> None:
+            raise AssertionError("a method of the socket: it polls before the syscall")
+
+        for name in ("send", "sendall", "recv", "recv_into"):
+            monkeypatch.setattr(socket.socket, name, refused)
+        monkeypatch.setattr(select, "poll", refused)
+        pipe.send([("ECHO", "a"), ("ECHO", "b")], got.append, pytest.fail)
+        pipe.send([("ECHO", "c")], got.append, pytest.fail)
+        deadline = time.monotonic() + 10
+        while len(got) < 3 and time.monotonic() < deadline:
+            select.select([sock], [], [], 1.0)  # as the loop's selector: read when readable
+            pipe.read()
+        assert got == [[b"PONG"], [b"a", b"b"], [b"c"]]
+    finally:
+        monkeypatch.undo()
+        pipe.close()
+
+
+def test_a_round_larger_than_the_socket_takes_at_once_is_sent_whole(redis_url: str) -> None:
+    """The one write(2) takes what the socket has room for; the rest goes out as redis-py
+    sends (waiting for room, bounded by the timeout): a round of 16 MiB arrives whole."""
+    pipe = RedisPipe(redis_url)
+    got: list[list] = []
+    big = "y" * (16 << 20)
+    try:
+        pipe.send([("PING",)], got.append, pytest.fail)
+        pipe.read(block=True)
+        pipe.send([("ECHO", big), ("ECHO", "after")], got.append, pytest.fail)
+        pipe.read(block=True)
+        assert got[1] == [big.encode(), b"after"]
+    finally:
+        pipe.close()

@@ -40,6 +40,7 @@ log = logging.getLogger("queasy_py")
 
 #: rounds (acks and dequeues) sent to Redis whose replies have not come back yet, at most
 MAX_ROUNDS = 4
+STALE = int(AckCode.STALE)
 Asks = list[tuple[QueueState, list[WorkerProc]]]
 
 
@@ -256,8 +257,12 @@ class Rounds:
             if isinstance(codes, redis.ResponseError):
                 refused = self._ack_refused(group, codes) or refused
                 continue
+            if STALE not in codes:  # the common case: no pass over the codes in Python
+                if self.metrics is not None:
+                    self.metrics.acked(group, codes)
+                continue
             for ack, code in zip(group, codes, strict=False):
-                if code == AckCode.STALE:
+                if code == STALE:
                     log.warning(
                         "stale %s of job %s (this client lost its lease: it was swept, or "
                         "the server lost it)",

@@ -76,12 +76,12 @@ def next_ready(states: Iterable[QueueState], unserved: Collection[QueueState], n
 
 
 def place(free: list[int], size: int) -> int | None:
-    """Index of the worker with the most free units that fits `size`, or None."""
-    best = None
-    for index, units in enumerate(free):
-        if units >= size and (best is None or units > free[best]):
-            best = index
-    return best
+    """Index of the worker with the most free units that fits `size` (ties: the first), or
+    None. (max() and index() in C: planned once per job of a round.)"""
+    if not free:
+        return None
+    most = max(free)
+    return free.index(most) if most >= size else None
 
 
 def _most_free(free: list[int], taken: set[int]) -> int | None:

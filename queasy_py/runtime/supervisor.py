@@ -238,7 +238,11 @@ class Supervisor:
         wait = min(self.poll_interval, self.workers.next_deadline() - now_mono)
         if not self._alive():  # the heartbeat wakes the loop when it has an answer
             return max(0.0, min(wait, self.next_kick - now_mono))
-        room = any(w.free and w.accepts for w in self.workers.procs)
+        room = False
+        for w in self.workers.procs:  # once per step: a loop, not a generator into any()
+            if w.free and w.accepts:
+                room = True
+                break
         return max(0.0, min(wait, self.rounds.wait(now, now_mono, room)))
 
     def _step(self) -> None:

@@ -136,7 +136,10 @@ class Workers:
     def next_deadline(self) -> float:
         """The monotonic time of the earliest timeout of a running job or a start-up, or of
         the next worker start after a backoff (inf: none)."""
-        deadline = min((w.next_timeout for w in self.procs), default=float("inf"))
+        deadline = float("inf")
+        for proc in self.procs:  # once per step: a loop, not a generator into min()
+            if proc.next_timeout < deadline:
+                deadline = proc.next_timeout
         if self.started:
             deadline = min(deadline, min(self.started.values()) + defaults.WORKER_START_TIMEOUT)
         if self.next_spawn:  # a start held back by a backoff

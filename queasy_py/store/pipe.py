@@ -8,7 +8,7 @@ so workers keep running while a round trip is under way.
 from __future__ import annotations
 
 import logging
-import select
+import os
 import socket
 import time
 from collections import deque
@@ -40,7 +40,7 @@ class Batch:
 
 
 class RedisPipe:
-    _fast: tuple[Any, Any, Any, Any, Any] | None = None  # see _fast_path()
+    _fast: tuple[Any, int, Any, Any, Any] | None = None  # see _fast_path()
 
     def __init__(self, url: str) -> None:
         self._client = loop_client(url)  # a send or a read waits LOOP_REDIS_TIMEOUT at most
@@ -69,7 +69,22 @@ class RedisPipe:
             # hiredis packs str, bytes, int and float as they are (redis-py's packing adds
             # a Python pass over every argument: a tenth of the loop's time under load)
             packed = b"".join([hiredis.pack_command(tuple(c)) for c in commands])
-            self._conn.send_packed_command([packed], check_health=False)
+            fast = self._fast_path()
+            if fast is not None:
+                # one write(2): a socket with a timeout polls before every send (CPython's
+                # sock_call), a syscall per round for a socket that nearly always has room
+                try:
+                    sent = os.write(fast[1], packed)
+                except BlockingIOError:  # no room now (a server not reading)
+                    sent = 0
+                except OSError as exc:  # as redis-py raises it (the connection is reset)
+                    raise redis.ConnectionError(
+                        f"Error {exc.errno} while writing to socket. {exc.strerror}."
+                    ) from exc
+                if sent < len(packed):  # the rest as redis-py sends, waiting for room
+                    self._conn.send_packed_command([packed[sent:]], check_health=False)
+            else:
+                self._conn.send_packed_command([packed], check_health=False)
         except BaseException as exc:
             self.fail(exc)
             raise
@@ -115,12 +130,14 @@ class RedisPipe:
         except (redis.RedisError, OSError) as exc:  # lost, timed out, or a garbled stream
             self.fail(exc)
 
-    def _fast_path(self) -> tuple[Any, Any, Any, Any, Any] | None:
-        """(socket, poller, parser, its hiredis reader, its not-enough-data mark) of the
-        connection when the loop may read it without redis-py's per-reply wrappers (each
-        can_read polled the socket, then polled it again and peeked at it), else None: not
-        connected, a TLS socket (its decrypted bytes wait above the socket, where a poll does
-        not see them) or a parser that is not hiredis's."""
+    def _fast_path(self) -> tuple[Any, int, Any, Any, Any] | None:
+        """(socket, its descriptor, parser, its hiredis reader, its not-enough-data mark) of
+        the connection when the loop may read and write it without redis-py's per-reply
+        wrappers (each can_read polled the socket, then polled it again and peeked at it)
+        and without the poll CPython's socket makes before each recv and send on a socket
+        with a timeout, else None: not connected, a TLS socket (its decrypted bytes wait
+        above the socket, where a poll does not see them), a descriptor in blocking mode (a
+        socket without a timeout: a read would wait) or a parser that is not hiredis's."""
         conn = self._conn
         sock = getattr(conn, "_sock", None)
         fast = self._fast
@@ -131,31 +148,41 @@ class RedisPipe:
         reader = getattr(parser, "_reader", None)
         if type(sock) is not socket.socket or not isinstance(reader, hiredis.Reader):
             return None
+        fd = sock.fileno()
+        if fd < 0 or os.get_blocking(fd):
+            return None
         try:
             from redis._parsers.hiredis import NOT_ENOUGH_DATA
         except ImportError:  # another redis-py: its own path
             return None
 
-        poller = select.poll()
-        poller.register(sock, select.POLLIN)
-        self._fast = (sock, poller, parser, reader, NOT_ENOUGH_DATA)
+        self._fast = (sock, fd, parser, reader, NOT_ENOUGH_DATA)
         return self._fast
 
-    def _read_now(self, sock: Any, poller: Any, parser: Any, reader: Any, more: object) -> None:
+    def _read_now(self, sock: Any, fd: int, parser: Any, reader: Any, more: object) -> None:
         """The replies that have arrived, as redis-py's reader parses them (an error reply is
         its ResponseError, a connection error raised, a RESP3 push handed to the parser as
-        redis-py does); never waits: the socket is read only when a poll finds it readable."""
+        redis-py does); never waits: the descriptor is non-blocking, read with one read(2)
+        (no poll first: the loop reads when its selector found the socket readable, and a
+        read that finds nothing costs what a poll would). A read shorter than RECV_SIZE took
+        all the socket held: no second read for its EAGAIN; what arrives later makes the
+        socket readable again for the loop's selector (level-triggered)."""
         inflight = self.inflight
         push = getattr(hiredis, "PushNotification", None)
+        drained = False
         while inflight:
             reply = reader.gets()
             if reply is more:
-                if not poller.poll(0):
+                if drained:
                     return
-                chunk = sock.recv(RECV_SIZE)
+                try:
+                    chunk = os.read(fd, RECV_SIZE)
+                except (BlockingIOError, InterruptedError):
+                    return
                 if not chunk:
                     raise redis.ConnectionError("Connection closed by server.")
                 reader.feed(chunk)
+                drained = len(chunk) < RECV_SIZE
                 continue
             if isinstance(reply, redis.ConnectionError):
                 raise reply  # as redis-py's read_response (LOADING, ...)
