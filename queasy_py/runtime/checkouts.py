@@ -108,9 +108,9 @@ class Checkouts:
                     token.decode(),
                     data,
                     int(run_at),  # ValueError for b'1e+20', b'x' (the library writes %d)
-                    int(retries),
-                    int(stalls),
-                    int(timeouts),
+                    0 if retries == b"0" else int(retries),  # most counts: b"0" (no int())
+                    0 if stalls == b"0" else int(stalls),
+                    0 if timeouts == b"0" else int(timeouts),
                     size,
                     deadline,
                 )
