@@ -286,10 +286,17 @@ def fcall_usec(r) -> int:
     return int(r.info("commandstats").get("cmdstat_fcall", {}).get("usec", 0))
 
 
+def fcall_calls(r) -> int:
+    """FCALLs the server ran so far (INFO commandstats): a round is one dequeue per queue
+    asked and one finish; rounds spinning empty would show as more calls per job."""
+    return int(r.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0))
+
+
 def cost_snapshot(r, server_pid: int, sups: list[Supervisor]) -> dict:
     workers = [p for sup in sups for p in sup.children()]
     return {
         "fcall": fcall_usec(r),
+        "calls": fcall_calls(r),
         "server": cpu_of(psutil.Process(server_pid)),
         "supervisors": sum(cpu_of(psutil.Process(sup.pid)) for sup in sups),
         "workers": {p.pid: cpu_of(p) for p in workers},
@@ -335,6 +342,7 @@ def run_costs(
     return {
         "rate": jobs_timed / (t_end - t0),
         "fcall": (after["fcall"] - before["fcall"]) / jobs_timed,
+        "calls": (after["calls"] - before["calls"]) / jobs_timed,
         "server": (after["server"] - before["server"]) * per_job,
         "supervisors": (after["supervisors"] - before["supervisors"]) * per_job,
         "workers": workers_cpu * per_job,
@@ -377,20 +385,22 @@ def cost_scenarios(args) -> list[dict]:
     return out  # fmt: skip
 
 
-COST_FIELDS = ("rate", "fcall", "server", "supervisors", "workers")
+COST_FIELDS = ("rate", "fcall", "server", "supervisors", "workers", "calls")
 
 
 def costs_table(plan: list[dict], costs: dict[str, list[dict]]) -> list[str]:
     lines = [
         "| scenario | jobs/s | server FCALL µs/job (commandstats) | server process CPU µs/job"
-        " | supervisor(s) CPU µs/job | workers CPU µs/job |",
-        "|---|---:|---:|---:|---:|---:|",
+        " | supervisor(s) CPU µs/job | workers CPU µs/job | FCALLs per job |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for s in plan:
         runs = costs[s["key"]]
         vals = [median([run[f] for run in runs]) for f in COST_FIELDS]
         lines.append(
-            f"| {s['label']} | {fmt(vals[0])} | " + " | ".join(fmt(v, 1) for v in vals[1:]) + " |"
+            f"| {s['label']} | {fmt(vals[0])} | "
+            + " | ".join(fmt(v, 1) for v in vals[1:-1])
+            + f" | {fmt(vals[-1], 3)} |"
         )
     return lines
 
@@ -676,7 +686,8 @@ def main(argv=None) -> int:
                     log(
                         f"{c['key']:11s} #{k + 1}: {got['rate']:,.0f} jobs/s; µs/job: server"
                         f" FCALL {got['fcall']:.1f}, process {got['server']:.1f};"
-                        f" supervisor(s) {got['supervisors']:.1f}; workers {got['workers']:.1f}"
+                        f" supervisor(s) {got['supervisors']:.1f}; workers {got['workers']:.1f};"
+                        f" {got['calls']:.3f} FCALLs per job"
                         f" [{time.monotonic() - t:.1f} s]"
                     )
                 harness.kill_strays(keep)
