@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from queasy_py import Client, ConnectionFailed
+from queasy_py import Client, ConnectionFailed, InvalidInput
 from queasy_py.runtime.early import start_early
 from queasy_py.runtime.supervisor import Supervisor
 
@@ -122,3 +122,21 @@ def test_workers_started_for_other_handlers_are_stopped_not_adopted(
         sup.r.close()
         sup.events.close()
         client.close()
+
+
+def test_workers_started_first_are_stopped_when_the_supervisor_refuses_the_config(
+    redis_url: str, prefix: str
+) -> None:
+    """A queue listened to as another's fail queue too: the supervisor refuses it
+    (InvalidInput) after run() started the workers, and run() stops them."""
+    client = Client(redis_url, prefix=prefix, workers=2)
+    clash = client.queue("clash")
+    clash.listen(HANDLER, fail_handler=HANDLER)
+    clash.fail_queue.listen(HANDLER)
+    before = worker_children()
+    try:
+        with pytest.raises(InvalidInput, match="listened to twice"):
+            client.run()
+    finally:
+        client.close()
+    assert not (worker_children() - before), "workers left after run() failed"
