@@ -171,20 +171,27 @@ class Client:
         self.listeners[queue.name] = (queue, spec)
 
     def run(self) -> int:
-        """Supervise the listened queues until SIGTERM/SIGINT. Returns an exit code."""
-        from .runtime.supervisor import Supervisor
+        """Supervise the listened queues until SIGTERM/SIGINT. Returns an exit code.
+
+        The first workers are started before anything else (runtime/early.py): their start
+        overlaps connecting, loading the library and the supervisor's own start."""
+        from .runtime.early import start_early
 
         if not self.listeners:
             raise QueasyError("run() needs at least one queue.listen(...) first")
         if self.settings["workers"] == 0:
             raise QueasyError("this client was made with workers=0 (producer only): it cannot run")
-        self.ready()
-        self._supervisor = Supervisor(self)
-        if self.server is not None:
-            self.server.long_lived = True
-        try:
+        early = start_early(self)
+        try:  # the workers not adopted (a refused connection, a bad config) are stopped
+            from .runtime.supervisor import Supervisor
+
+            self.ready()
+            self._supervisor = Supervisor(self, early)
+            if self.server is not None:
+                self.server.long_lived = True
             return self._supervisor.run()
         finally:
+            early.close()
             self._supervisor = None
 
     def stop(self) -> None:

@@ -25,6 +25,7 @@ from ..store.connection import loop_client, new_client_id
 from ..store.library import fcall
 from ..store.loopio import round_pipe, wakeup
 from ..store.pubsub import Message
+from .early import Early, queue_specs, worker_env
 from .events import Events
 from .heartbeat import Heartbeat, expiry_ms
 from .metrics import Tally, serve_metrics
@@ -51,7 +52,8 @@ KICK_INTERVAL = 0.5
 
 
 class Supervisor:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, early: Early | None = None) -> None:
+        """`early`: workers run() started first (runtime/early.py), adopted here."""
         self.client = client
         s = client.settings
         self.heartbeat_interval = float(s["heartbeat_interval"])
@@ -60,12 +62,7 @@ class Supervisor:
         self.expiry_ms = expiry_ms(self.heartbeat_interval)
         self.states: dict[str, QueueState] = {}
         self.queues: dict[str, Queue] = {}
-        for queue, spec in client.listeners.values():
-            fail_base = None
-            if spec.fail_handler is not None:
-                fq = queue.fail_queue
-                fail_base = fq.keys.base
-                self._add_state(fq, spec.fail_spec(fq.name), None)
+        for queue, spec, fail_base in queue_specs(client):
             self._add_state(queue, spec, fail_base)
         self.signals = 0
         self.stopping = False
@@ -75,8 +72,7 @@ class Supervisor:
         self.next_kick = 0.0
         self.r = loop_client(client.url)  # the loop's own calls: each bounded in time
         self.events = Events()
-        env = {defaults.URL_ENV: client.url, defaults.PREFIX_ENV: client.prefix}
-        self.workers = Workers(self.events, self.states, env, s, self.acks)
+        self.workers = Workers(self.events, self.states, worker_env(client), s, self.acks)
         results = [n for n, st in self.states.items() if st.spec.store_results]
         self.registry = Registry(client.prefix, list(self.states), self._snapshot, results)
         self.heartbeat = Heartbeat(
@@ -108,6 +104,8 @@ class Supervisor:
             bases = {name: state.base for name, state in self.states.items()}
             self.tally = Tally(bases, self.heartbeat.clock)
             self.workers.metrics = self.rounds.metrics = self.tally
+        if early is not None:  # last: a failure above leaves them to run(), which stops them
+            self.workers.adopt(early)
 
     def _add_state(self, queue: Queue, spec: ListenOptions, fail_base: str | None) -> None:
         if queue.name in self.states:

@@ -5,7 +5,6 @@ job counts (recycle) and exits (requeue what the worker held)."""
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import defaultdict
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ import orjson
 from .. import defaults
 from ..errors import HandlerError
 from . import outcomes
+from .early import Early, start_at_once
 from .events import Events
 from .pool import Running, WorkerProc, kill_tree, start_worker
 from .scheduler import QueueState, place
@@ -52,7 +52,7 @@ class Workers:
         self.max_jobs_per_worker = int(settings["max_jobs_per_worker"])
         self.max_worker_memory = int(settings["max_worker_memory"])
         #: workers started at once (each start is an interpreter importing its handlers)
-        self.start_at_once = max(1, os.cpu_count() or 1)
+        self.start_at_once = start_at_once()
         self.acks = acks
         self.procs: list[WorkerProc] = []
         self.stopping = False
@@ -77,12 +77,22 @@ class Workers:
 
     def _spawn(self) -> WorkerProc:
         proc = start_worker(self.handlers, self.env, self.results)
+        self._watch(proc)
+        return proc
+
+    def _watch(self, proc: WorkerProc) -> None:
         proc.pipe.buffered = True  # sends never block the loop (flushed when writable)
         self.started[proc] = time.monotonic()
         self.procs.append(proc)
         self.events.register(proc.pipe.fileno(), ("conn", proc))
         self.events.register(proc.sentinel, ("exit", proc))
-        return proc
+
+    def adopt(self, early: Early) -> None:
+        """Take the workers started first (runtime/early.py) as if started here now: their
+        "ready" (or exit) is read by the loop, their start timeout counts from now. Those
+        started for other handlers, result queues or environment are stopped."""
+        for proc in early.take(self.handlers, self.results, self.env):
+            self._watch(proc)
 
     def ensure(self) -> None:
         """Start workers until `target` of them take jobs (not when stopping), at most

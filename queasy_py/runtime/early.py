@@ -1,0 +1,101 @@
+"""Workers started first: `Client.run()` starts its workers before it imports the rest of the
+runtime, connects and loads the function library, and before the supervisor's first
+heartbeat, so a worker's start (an interpreter importing queasy_py and its handlers,
+about 0.1 s of CPU) overlaps all of that on the cores instead of following it.
+
+The supervisor adopts them (Workers.adopt) when they were started for the handlers, result
+queues and environment it would start its own with; it stops them otherwise. Until adopted,
+`Early.close()` stops them (run() failed before its supervisor took them). They are started
+exactly as Workers starts any worker (pool.start_worker: a fresh interpreter, its own
+session, a socketpair): only the moment differs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from .. import defaults
+from .pool import WorkerProc, start_worker
+
+if TYPE_CHECKING:
+    from ..client import Client
+    from ..options import ListenOptions
+    from ..queue import Queue
+
+log = logging.getLogger("queasy_py")
+
+
+def start_at_once() -> int:
+    """How many workers start at a time: the core count (a start is CPU-bound)."""
+    return max(1, os.cpu_count() or 1)
+
+
+def queue_specs(client: Client) -> list[tuple[Queue, ListenOptions, str | None]]:
+    """Every queue the supervisor of `client` runs, with its options and the key base of its
+    fail queue (None: no fail handler): a listened queue's fail queue comes before it."""
+    out: list[tuple[Queue, ListenOptions, str | None]] = []
+    for queue, spec in client.listeners.values():
+        fail_base = None
+        if spec.fail_handler is not None:
+            fail_queue = queue.fail_queue
+            fail_base = fail_queue.keys.base
+            out.append((fail_queue, spec.fail_spec(fail_queue.name), None))
+        out.append((queue, spec, fail_base))
+    return out
+
+
+def worker_env(client: Client) -> dict[str, str]:
+    """What a worker's environment adds to the supervisor's: the Redis URL and key prefix."""
+    return {defaults.URL_ENV: client.url, defaults.PREFIX_ENV: client.prefix}
+
+
+class Early:
+    """Workers started for `handlers` ({queue: module path}), `results` (the queues that
+    store results) and `env`, not yet adopted by a supervisor."""
+
+    def __init__(
+        self, handlers: dict[str, str], results: frozenset[str], env: dict[str, str]
+    ) -> None:
+        self.handlers = handlers
+        self.results = results
+        self.env = env
+        self.procs: list[WorkerProc] = []
+
+    def take(
+        self, handlers: dict[str, str], results: frozenset[str], env: dict[str, str]
+    ) -> list[WorkerProc]:
+        """Hand the workers over when they were started for these handlers, results and
+        environment; stop them otherwise (the caller starts its own). Either way they are
+        no longer this object's."""
+        if (handlers, results, env) != (self.handlers, self.results, self.env):
+            log.debug("workers started first do not match the supervisor's: stopping them")
+            self.close()
+            return []
+        procs, self.procs = self.procs, []
+        return procs
+
+    def close(self) -> None:
+        """Stop the workers not handed over (their jobs: none, they were never sent any)."""
+        procs, self.procs = self.procs, []
+        for proc in procs:
+            proc.kill()
+
+
+def start_early(client: Client) -> Early:
+    """Start the first workers of `client`'s supervisor now: as many as it starts at once
+    (Workers.ensure: at most the core count), for the queues it listens to."""
+    specs = queue_specs(client)
+    handlers = {queue.name: spec.handler for queue, spec, _ in specs}
+    results = frozenset(queue.name for queue, spec, _ in specs if spec.store_results)
+    early = Early(handlers, results, worker_env(client))
+    workers = client.settings["workers"]
+    target = workers if workers is not None else defaults.default_workers()
+    try:
+        for _ in range(min(target, start_at_once())):
+            early.procs.append(start_worker(handlers, early.env, results))
+    except BaseException:
+        early.close()
+        raise
+    return early

@@ -1,0 +1,142 @@
+"""Workers started first (runtime/early.py): run() starts its first workers before it
+connects, loads the library and builds its supervisor, which adopts them; workers no
+supervisor took are stopped, and so are those started for other handlers.
+
+Real worker subprocesses and a real server; the supervisor's loop is not run where a test
+only needs its workers.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+
+from queasy_py import Client, ConnectionFailed, InvalidInput
+from queasy_py.runtime.early import start_early
+from queasy_py.runtime.supervisor import Supervisor
+
+HANDLER = "tests.runtime_handlers.quiet"
+
+
+def worker_children() -> set[int]:
+    """The pids of this process's worker subprocesses (pool.BOOTSTRAP's command line)."""
+    out = set()
+    for child in psutil.Process().children():
+        try:
+            if any("queasy_py.runtime.worker" in part for part in child.cmdline()):
+                out.add(child.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_run_starts_workers_before_connecting_and_stops_them_when_it_cannot(
+    prefix: str,
+) -> None:
+    """Nothing listens at the URL: run() fails connecting (ConnectionFailed after its
+    attempts), yet its workers were started before, and none is left after."""
+    client = Client(f"redis://127.0.0.1:{free_port()}/0", prefix=prefix, workers=2)
+    client.queue("early").listen(HANDLER)
+    before = worker_children()
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.update(worker_children() - before)
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with pytest.raises(ConnectionFailed):
+            client.run()
+    finally:
+        done.set()
+        watcher.join()
+        client.close()
+    assert seen, "no worker was started while run() was connecting"
+    assert not (seen & worker_children()), "workers left after run() failed"
+
+
+def test_the_supervisor_adopts_the_workers_started_first(redis_url: str, prefix: str) -> None:
+    """A queue with a fail handler and one storing results: the supervisor's handlers,
+    result queues and environment are those the workers were started with, so it takes
+    them (the same processes, their "ready" read by it) and starts no others."""
+    client = Client(redis_url, prefix=prefix, workers=2)
+    client.queue("adopt").listen(HANDLER, fail_handler=HANDLER)
+    client.queue("kept").listen(HANDLER, store_results=True)
+    early = start_early(client)
+    pids = {proc.pid for proc in early.procs}
+    assert len(pids) == min(2, psutil.cpu_count() or 1)
+    sup = Supervisor(client, early)
+    workers = sup.workers
+    try:
+        assert {proc.pid for proc in workers.procs} == pids
+        assert not early.procs  # the supervisor's now: closing `early` stops none of them
+        early.close()
+        assert all(psutil.pid_exists(pid) for pid in pids)
+        deadline = time.monotonic() + 60
+        while not all(w.ready for w in workers.procs):
+            assert time.monotonic() < deadline
+            for key, _ in sup.events.select(1.0):
+                kind, proc = key.data
+                if kind == "conn":
+                    workers.receive(proc)
+        assert {proc.pid for proc in workers.procs} == pids
+    finally:
+        workers.kill_all()
+        sup.wakeup.close()
+        sup.rounds.pipe.close()
+        sup.r.close()
+        sup.events.close()
+        client.close()
+
+
+def test_workers_started_for_other_handlers_are_stopped_not_adopted(
+    redis_url: str, prefix: str
+) -> None:
+    client = Client(redis_url, prefix=prefix, workers=1)
+    client.queue("first").listen(HANDLER)
+    early = start_early(client)
+    pids = {proc.pid for proc in early.procs}
+    client.queue("second").listen(HANDLER)  # listened to after they were started
+    sup = Supervisor(client, early)
+    try:
+        assert sup.workers.procs == [] and early.procs == []
+        assert not any(psutil.pid_exists(pid) for pid in pids)
+    finally:
+        sup.workers.kill_all()
+        sup.wakeup.close()
+        sup.rounds.pipe.close()
+        sup.r.close()
+        sup.events.close()
+        client.close()
+
+
+def test_workers_started_first_are_stopped_when_the_supervisor_refuses_the_config(
+    redis_url: str, prefix: str
+) -> None:
+    """A queue listened to as another's fail queue too: the supervisor refuses it
+    (InvalidInput) after run() started the workers, and run() stops them."""
+    client = Client(redis_url, prefix=prefix, workers=2)
+    clash = client.queue("clash")
+    clash.listen(HANDLER, fail_handler=HANDLER)
+    clash.fail_queue.listen(HANDLER)
+    before = worker_children()
+    try:
+        with pytest.raises(InvalidInput, match="listened to twice"):
+            client.run()
+    finally:
+        client.close()
+    assert not (worker_children() - before), "workers left after run() failed"
