@@ -1,6 +1,7 @@
-"""The chaos test's invariant 8b (tests/chaos/schedules.py) on small, known histories: the
-checker must flag two fire times run in one occurrence, and must not flag a history where
-none was, however close an occurrence's end and the next start are."""
+"""The chaos test's invariants 5 (tests/chaos/invariants.py), 8b and 8d
+(tests/chaos/schedules.py) on small, known histories: the checker must flag two fire times run
+in one occurrence, and must not flag a history where none was, however close an occurrence's
+end and the next start are; a gap of starts counts the server's up-time only."""
 
 from __future__ import annotations
 
@@ -77,3 +78,22 @@ def test_a_queue_that_does_not_start_while_its_server_is_up_is_flagged() -> None
     assert len(found) == 1 and "did not start for 12.2s" in found[0], found
     # the same gap with 7.5 s of it a server fault (frozen, then refusing writes): 4.7 s up
     assert violations(history, events, ((301.0, 303.7), (303.7, 308.5))) == []
+
+
+def test_a_periodic_id_that_does_not_start_while_its_server_is_up_is_flagged() -> None:
+    # invariant 5: periodic-1 started at 100.0 and next at 111.5, an 11.5 s gap
+    records = Records()
+    records.periodic_starts["periodic-1"] = [100.0, 111.5]
+    checker = Checker(records, [], [])
+    checker.check_periodic(["periodic-1"], 100.0, 112.0)
+    found = list(checker.violations.values())
+    assert len(found) == 1 and "did not start for 11.5s, 0.0s of it" in found[0], found
+    # the same gap with 2 s of it a server fault (refusing writes): 9.5 s up, not flagged;
+    # a fault outside the gap leaves nothing out
+    records = Records()
+    records.periodic_starts["periodic-1"] = [100.0, 111.5]
+    checker = Checker(records, [], [])
+    checker.check_periodic(["periodic-1"], 100.0, 112.0, [(90.0, 99.0), (104.0, 106.0)])
+    assert list(checker.violations.values()) == []
+    checker.check_periodic(["periodic-1"], 100.0, 112.0, [(90.0, 99.0), (111.6, 113.0)])
+    assert len(checker.violations) == 1

@@ -123,6 +123,13 @@ class ServerFaults:
         self.active, self.until = kind, until
         self.began = time.time()
 
+    def down_windows(self, now: float) -> list[tuple[float, float]]:
+        """The faults' (began, lifted) windows, the one on now (or a cluster thawing) as
+        (began, now)."""
+        if self.active is not None or self.thawing:
+            return [*self.windows, (self.began, now)]
+        return list(self.windows)
+
     def maintain(self, now: float, settled: bool) -> None:
         """Lift the fault whose time is up; make one due when the plan says so; begin the
         due one when `settled` (no supervisor is starting)."""

@@ -21,7 +21,8 @@ supervisor explains why (the group was frozen, swept, and its worker ran on afte
      its fail handler started with its id; every `failed` outcome reached a fail handler (a
      periodic job's once it is GRACE old: periodic jobs keep running through the drain); the
      work queues and their fail queues are empty.
-  5. Periodic ids live: each one starts at least once in every PERIODIC_WINDOW seconds.
+  5. Periodic ids live: each one starts at least once in every PERIODIC_WINDOW seconds of the
+     server's up-time (the time of server faults inside a gap is left out, as for 8d).
   6. Progress: while the highest-priority queue has ready jobs, some job of it starts at least
      once every PROGRESS_WINDOW seconds.
   7. Hostile input refused (tests/chaos/hostile.py flags it): every raw FCALL of the hostile
@@ -39,6 +40,7 @@ supervisor explains why (the group was frozen, swept, and its worker ran on afte
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,16 +314,22 @@ class Checker:
         self.records.new = []
         self.check_terminals()
 
-    def check_periodic(self, ids: list[str], since: float, now: float) -> None:
+    def check_periodic(
+        self, ids: list[str], since: float, now: float, faults: Sequence[tuple[float, float]] = ()
+    ) -> None:
+        """Invariant 5: a gap between two starts counts the time the server was up; the time
+        of server faults (`faults`: (began, lifted) each) inside it is left out, as 8d does:
+        no job starts while the server is frozen, refuses writes or times out."""
         for job_id in ids:
             times = sorted(t for t in self.records.periodic_starts.get(job_id, ()) if t >= since)
             points = [since, *times, now]
             for before, after in zip(points, points[1:], strict=False):
-                if after - before > PERIODIC_WINDOW:
+                down = sum(max(0.0, min(e, after) - max(b, before)) for b, e in faults)
+                if after - before - down > PERIODIC_WINDOW:
                     self.flag(
                         (5, job_id, round(before, 3)),
-                        f"5 periodic: {job_id} did not start for {after - before:.1f}s "
-                        f"(from {before:.3f})",
+                        f"5 periodic: {job_id} did not start for {after - before:.1f}s, "
+                        f"{down:.1f}s of it with the server faulted (from {before:.3f})",
                     )
 
     def check_lost(self, counts: dict[str, dict[str, int]], settled: float) -> dict[str, int]:

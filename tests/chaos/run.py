@@ -163,7 +163,9 @@ class Chaos:
             return
         self.poll()
         self.checker.check_continuous(now - GRACE)
-        self.checker.check_periodic(PERIODIC_IDS, begin + PERIODIC_WINDOW, now - GRACE)
+        self.checker.check_periodic(
+            PERIODIC_IDS, begin + PERIODIC_WINDOW, now - GRACE, self.faults.down_windows(now)
+        )
         high = self.counts(self.queues["high"])
         waiting = 0 if high is None else high["waiting"]
         if high is None:
@@ -341,7 +343,9 @@ class Chaos:
         now = time.time()
         self.poll()
         self.checker.check_all()
-        self.checker.check_periodic(PERIODIC_IDS, begin + PERIODIC_WINDOW, now)
+        self.checker.check_periodic(
+            PERIODIC_IDS, begin + PERIODIC_WINDOW, now, self.faults.down_windows(now)
+        )
         tally = self.checker.check_lost(counts, now - GRACE)
         moves = moves_in(self.cluster.logs())
         for q, info in schedules.items():
