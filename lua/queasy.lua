@@ -344,6 +344,26 @@ local function read_job(key)
   }
 end
 
+-- Whether the string `v` is 1-15 decimal digits (a number as the library writes it). The
+-- strings found so are kept (the library's state lives as long as it is loaded; emptied at
+-- 4096): a value met again (a batch's run_at and enqueued_at, a worker's pid) costs a table
+-- lookup, not a pattern match. A memo of a check on the string alone: what is stored in
+-- Redis does not enter it.
+local NUMERALS, numerals_n = {}, 0
+local function numeral(v)
+  if NUMERALS[v] then
+    return true
+  elseif #v > 15 or not find(v, '^%d+$') then
+    return false
+  end
+  numerals_n = numerals_n + 1
+  if numerals_n > 4096 then
+    NUMERALS, numerals_n = {}, 1
+  end
+  NUMERALS[v] = true
+  return true
+end
+
 -- A number field as the library writes it (1-15 decimal digits) as it is, else ''
 -- (unknown): for fields only passed on, as the enqueued_at of an event. `v` is a field as
 -- read (a string, or false/nil when missing).
@@ -358,7 +378,7 @@ end
 -- field_int reads it (garbage is '0'); cheaper than a round trip through a number. `v` as
 -- in digits; the usual count '0' costs a comparison (Lua strings are interned).
 local function passed(v)
-  if v == '0' or (v and #v <= 15 and find(v, '^%d+$')) then
+  if v == '0' or (v and numeral(v)) then
     return v
   elseif not v then
     return '0'
@@ -374,14 +394,31 @@ end
 -- A record without enqueued_at, or with one longer than 15 characters or with a space
 -- (written around the library: "1 2" would move each number after it one place on), gets a
 -- lease of 4.0.0, "<token> <leased_at>"; one that is not digits otherwise, a lease that
--- lease_of() does not take: an ack of either reads the record.
+-- lease_of() does not take: an ack of either reads the record. A line that lease_of() takes
+-- is kept with what lease_of() reads from it ({token, counts, attempts, whether a count is
+-- not 0}), so that its ack does not parse it: the lines of the last 10,000 to 20,000 leases
+-- taken (two generations: LEASES the newer, LEASES_OLD the older; about 300 bytes of Lua
+-- memory each). A memo of the line alone: a line garbled around the library, a lease taken
+-- before the library was loaded, on another node or by another version, is not in it.
+local LEASES, LEASES_OLD, leases_n = {}, {}, 0
+local LEASES_KEPT = 10000
 local function lease_line(token, run_at, enqueued, retry, stall, timeout, before, now_s)
   if not enqueued or #enqueued > 15 or find(enqueued, ' ', 1, true) then
     return token .. ' ' .. now_s
   end
   local attempts = before == false and '1' or int(field_int(before, MAX_MS) + 1)
-  return token .. ' ' .. run_at .. ' ' .. enqueued .. ' ' .. retry .. ' ' .. stall .. ' '
-    .. timeout .. ' ' .. attempts .. ' ' .. now_s
+  if not numeral(enqueued) then -- (garbled around the library: lease_of() reads the record)
+    return token .. ' ' .. run_at .. ' ' .. enqueued .. ' ' .. retry .. ' ' .. stall .. ' '
+      .. timeout .. ' ' .. attempts .. ' ' .. now_s
+  end
+  local counts = run_at .. ' ' .. enqueued .. ' ' .. retry .. ' ' .. stall .. ' ' .. timeout
+  local line = token .. ' ' .. counts .. ' ' .. attempts .. ' ' .. now_s
+  leases_n = leases_n + 1
+  if leases_n > LEASES_KEPT then
+    LEASES, LEASES_OLD, leases_n = {}, LEASES, 1
+  end
+  LEASES[line] = {token, counts, attempts, retry ~= '0' or stall ~= '0' or timeout ~= '0'}
+  return line
 end
 
 -- Write the fields of `job` that change while it lives (the others stay in the hash).
@@ -731,6 +768,18 @@ end
 -- the record (leased(): a lease of 4.0.0 or 3.x, one garbled around the library, a stale
 -- token). The caller checks that the active record exists (each_leased: one EXISTS).
 local function lease_of(client, id, token, held)
+  local kept, kept_in = nil, LEASES
+  if held then
+    kept = LEASES[held]
+    if kept == nil then
+      kept, kept_in = LEASES_OLD[held], LEASES_OLD
+    end
+  end
+  if kept and kept[1] == token then -- a line as lease_line wrote it: what it kept of it
+    kept_in[held] = nil -- (of the table that has it: a nil set on a missing key adds it)
+    return {id = id, client = client, held = held, counts = kept[2], attempts = kept[3],
+      failed = kept[4], akey = false}
+  end
   if not held or string.byte(held, #token + 1) ~= 32 or find(held, token, 1, true) ~= 1 then
     return nil
   end
@@ -836,7 +885,7 @@ local function check_acks(args, from, width, pid_at, name)
   for i = from, #args, width do
     local pid, started = args[i + pid_at], args[i + pid_at + 1]
     -- the usual pid (<= 7 digits) and started_at (13 digits) pass on one find each
-    if pid ~= '' and not (pid and #pid <= 7 and find(pid, '^%d+$')) then
+    if pid ~= '' and not (pid and #pid <= 7 and numeral(pid)) then
       whole(pid, 'worker pid', MAX_COUNT)
     end
     if started ~= '' and not (started and #started <= 14 and find(started, '^%d+$')) then
@@ -1578,7 +1627,13 @@ local function finish(keys, args)
       break
     end
   end
-  local any_blocked = call('EXISTS', B .. ':blocked') == 1
+  -- the migration guard (entry) with B:blocked in one read, the call's first: its keys
+  -- never exist, so the count is B:blocked's (nothing is read or written when it refuses)
+  local read, found = pcall(call, 'EXISTS', B .. ':blocked', B .. ':guard:1', B .. ':guard:2')
+  if not read then
+    return redis.error_reply('TRYAGAIN the hash slot of ' .. B .. ' is moving; try again')
+  end
+  local any_blocked = found > 0
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
   local scored, done, gone = list(), list(), list()
@@ -1601,7 +1656,10 @@ local function finish(keys, args)
       end
       line = 'finished ' .. ended .. ' ' .. started .. ' ' .. pid .. ' ' .. job.attempts .. ' '
         .. job.counts .. ' ' .. client .. ' ' .. host
-      failed_before = string.sub(job.counts, -6) ~= ' 0 0 0' -- "... <retry> <stall> <timeout>"
+      failed_before = job.failed
+      if failed_before == nil then -- "... <retry> <stall> <timeout>"
+        failed_before = string.sub(job.counts, -6) ~= ' 0 0 0'
+      end
     else
       if pending then -- the events stay in the order of the acks
         call('XADD', events, '*', 'event', pending)
@@ -2315,11 +2373,12 @@ local function guard(B)
 end
 
 -- An entry point as registered: `call` is redis.call while it runs. A call with keys passes
--- the migration guard first (nothing is read or written when it refuses).
-local function entry(fn)
+-- the migration guard first (nothing is read or written when it refuses); with `guarded`,
+-- the function reads the guard's keys itself, with its first read (finish: one EXISTS).
+local function entry(fn, guarded)
   return function(keys, args)
     call, format, find = redis.call, string.format, string.find
-    if keys[1] ~= nil then
+    if keys[1] ~= nil and not guarded then
       local refused = guard(keys[1])
       if refused ~= nil then
         return refused
@@ -2335,7 +2394,7 @@ redis.register_function('queasy_cancel', entry(cancel))
 redis.register_function('queasy_requeue', entry(requeue_failed))
 redis.register_function('queasy_purge', entry(purge))
 redis.register_function('queasy_dequeue', entry(dequeue))
-redis.register_function('queasy_finish', entry(finish))
+redis.register_function('queasy_finish', entry(finish, true))
 redis.register_function('queasy_retry', entry(retry))
 redis.register_function('queasy_fail', entry(fail))
 redis.register_function('queasy_bump', entry(bump))

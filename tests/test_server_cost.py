@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from queasy_py.store.embedded import EmbeddedServer
-from queasy_py.store.library import ensure_loaded
+from queasy_py.store.library import ensure_loaded, source
 from tests.lua_calls import HOST, KEEP, MAXLEN, NOW, Lua
 
 #: commands sent by this module itself, not run inside an FCALL
@@ -240,7 +240,8 @@ def test_finish_reads_a_jobs_numbers_from_its_lease(lua: Lua) -> None:
     ran = inner(lua.r, lambda: codes.extend(finish_all(lua, leases)))
     assert codes == [0] * 10
     assert ran["hmget"] == 2  # the lease hash, the stats
-    assert ran["exists"] == 3  # the migration guard, B:blocked, the ten active records
+    # the migration guard with B:blocked (one read: finish), the ten active records
+    assert ran["exists"] == 2
     lines = [f["event"] for _, f in lua.r.xrange(lua.B + ":events")]
     assert (
         len(lines) == 11
@@ -314,3 +315,52 @@ def test_dispatch_once_keeps_a_batch_of_windows_in_one_hset(lua: Lua) -> None:
     more = [(f"k{i}", '{"n": 1}', "") for i in range(50)]
     ran = inner(lua.r, lambda: lua.dispatch_once(*more, window=60_000, now=NOW + 1))
     assert ran["hmget"] == 1 and ran["hset"] == 51 and "set" not in ran
+
+
+def test_an_ack_writes_the_same_whether_its_lease_line_was_kept_or_parsed(lua: Lua) -> None:
+    """dequeue keeps each lease line it writes with the numbers an ack reads from it (in the
+    library's Lua state: finish does not parse the line); a line not kept (the library
+    loaded again since, as a client's handshake may do) is parsed as before. Both write the
+    same events, ends and records: a count not 0 or a result keeps the record whole."""
+
+    def run(reload: bool) -> tuple[list[str], dict[str, str], dict[str, dict[str, str]]]:
+        lua.r.flushall()
+        lua.dispatch(*[(f"j{i}", '"x"', "") for i in range(4)])
+        first = lua.dequeue("c1", limit=1).jobs[0]
+        assert lua.retry("c1", first, run_at=NOW, kind="timeout") == 0  # j0: timed out once
+        jobs = lua.dequeue("c1", limit=4).jobs
+        if reload:
+            lua.r.function_load(source(), replace=True)
+        args: list[Any] = [NOW + 5, "c1", MAXLEN, *KEEP, HOST, 0]
+        for job in jobs:
+            args += [job.id, job.token, 4242, NOW + 1, '{"r": 1}' if job.id == "j1" else ""]
+        assert lua.call("queasy_finish", [lua.B], *args) == [0] * 4
+        events = [f["event"] for _, f in lua.r.xrange(lua.B + ":events")]
+        records = {k: lua.r.hgetall(k) for k in sorted(lua.r.keys(lua.B + ":ended:*"))}
+        return events, lua.r.hgetall(lua.B + ":ends"), records
+
+    kept, parsed = run(reload=False), run(reload=True)
+    assert kept == parsed
+    events, ends, records = kept
+    assert events[-4] == f"finished j0 {NOW + 5} {NOW + 1} 4242 {NOW} {NOW} 0 0 1 c1"
+    assert ends["j0"].split(" ")[4:10] == ["2", str(NOW), str(NOW), "0", "0", "1"]
+    assert sorted(records) == [lua.B + ":ended:j0", lua.B + ":ended:j1"]
+    assert records[lua.B + ":ended:j1"]["result"] == '{"r": 1}'
+
+
+def test_leases_taken_long_before_their_ack_are_acked_as_any(lua: Lua) -> None:
+    """The library keeps the lines of the last 10,000 to 20,000 leases it took (two
+    generations): an ack of a lease taken before those (its line parsed), of one in the older
+    generation and of the last one are alike."""
+    for i in range(21):
+        lua.dispatch(*[(f"j{i}-{k}", "1", "") for k in range(1000)])
+    leases = [(j.id, j.token) for _ in range(21) for j in lua.dequeue("c1", limit=1000).jobs]
+    assert len(leases) == 21000
+    acked = [leases[0], leases[15000], leases[-1]]
+    assert finish_all(lua, acked) == [0, 0, 0]
+    lines = [f["event"] for _, f in lua.r.xrange(lua.B + ":events")]
+    assert lines == [
+        f"finished {job_id} {NOW + 5} {NOW + 1} 4242 {NOW} {NOW} 0 0 0 c1" for job_id, _ in acked
+    ]
+    ends = lua.r.hmget(lua.B + ":ends", *[job_id for job_id, _ in acked])
+    assert [e.split(" ")[4:10] for e in ends] == [["1", str(NOW), str(NOW), "0", "0", "0"]] * 3
