@@ -913,6 +913,22 @@ local function check_error(args, i, n)
   text(args[i + 2], 'traceback', n)
 end
 
+-- The migration guard's read (see `guard`) joined to the first read of a function: EXISTS
+-- of `key` and the guard's two keys of B (never written, so the count is `key`'s), or nil
+-- while B's slot moves: the function refuses with moving(B), nothing read or written (it
+-- is registered with entry(fn, true): no read of the guard before it).
+local function guarded_exists(B, key)
+  local read, found = pcall(call, 'EXISTS', key, B .. ':guard:1', B .. ':guard:2')
+  if read then
+    return found
+  end
+  return nil
+end
+
+local function moving(B)
+  return redis.error_reply('TRYAGAIN the hash slot of ' .. B .. ' is moving; try again')
+end
+
 -- Sweep one dead client (expiry passed), other than `self`: its active jobs go back to
 -- waiting with stall_count + 1. Bounded: at most one client per call.
 local function sweep_one(B, now, self, maxlen)
@@ -1545,6 +1561,10 @@ local function dequeue(keys, args)
   if expiry_ms < 1 then
     invalid('expiry ms must be >= 1, got 0')
   end
+  local parked = guarded_exists(B, B .. ':parked') -- the call's first read
+  if parked == nil then
+    return moving(B)
+  end
   sweep_one(B, now, client, maxlen)
   if not keep_alive(B, now, client, expiry_ms) then
     return {2, ''}
@@ -1586,7 +1606,7 @@ local function dequeue(keys, args)
     end
     if park and #leases / 2 < limit then
       call('HSET', B .. ':parked', client, int(limit - #leases / 2))
-    else
+    elseif parked > 0 then -- (no B:parked before the call: no slots of this client to clear)
       call('HDEL', B .. ':parked', client)
     end
   end
@@ -1627,11 +1647,9 @@ local function finish(keys, args)
       break
     end
   end
-  -- the migration guard (entry) with B:blocked in one read, the call's first: its keys
-  -- never exist, so the count is B:blocked's (nothing is read or written when it refuses)
-  local read, found = pcall(call, 'EXISTS', B .. ':blocked', B .. ':guard:1', B .. ':guard:2')
-  if not read then
-    return redis.error_reply('TRYAGAIN the hash slot of ' .. B .. ' is moving; try again')
+  local found = guarded_exists(B, B .. ':blocked') -- the call's first read
+  if found == nil then
+    return moving(B)
   end
   local any_blocked = found > 0
   local keep = ends.count > 0 and ends.ms > 0
@@ -2374,7 +2392,8 @@ end
 
 -- An entry point as registered: `call` is redis.call while it runs. A call with keys passes
 -- the migration guard first (nothing is read or written when it refuses); with `guarded`,
--- the function reads the guard's keys itself, with its first read (finish: one EXISTS).
+-- the function reads the guard's keys itself, with its first read (guarded_exists: dequeue,
+-- finish).
 local function entry(fn, guarded)
   return function(keys, args)
     call, format, find = redis.call, string.format, string.find
@@ -2393,7 +2412,7 @@ redis.register_function('queasy_dispatch_once', entry(dispatch_once))
 redis.register_function('queasy_cancel', entry(cancel))
 redis.register_function('queasy_requeue', entry(requeue_failed))
 redis.register_function('queasy_purge', entry(purge))
-redis.register_function('queasy_dequeue', entry(dequeue))
+redis.register_function('queasy_dequeue', entry(dequeue, true))
 redis.register_function('queasy_finish', entry(finish, true))
 redis.register_function('queasy_retry', entry(retry))
 redis.register_function('queasy_fail', entry(fail))

@@ -86,9 +86,15 @@ def test_dequeue_moves_each_record_in_one_command(lua: Lua) -> None:
     lua.dispatch(*[(f"j{i}", "1", "") for i in range(10)])
     ran = inner(lua.r, lambda: lua.dequeue("c1", limit=10))
     assert ran.get("renamenx") == 10
-    # no EXISTS per record: the one EXISTS is the migration guard's (every call)
-    assert ran.get("exists") == 1 and "rename" not in ran
+    # no EXISTS per record: the one EXISTS is the migration guard's (every call), with
+    # B:parked's: none, so no HDEL of this client's parked slots (a dequeue that takes its
+    # limit clears them)
+    assert ran.get("exists") == 1 and "rename" not in ran and "hdel" not in ran
     assert lua.counts()["active"] == 10
+    assert lua.dequeue("c2", limit=10, park=True).jobs == [] and lua.parked() == {"c2": 10}
+    lua.dispatch(*[(f"k{i}", "1", str(NOW + 100)) for i in range(10)])  # (not pushed)
+    ran = inner(lua.r, lambda: lua.dequeue("c2", limit=10, park=True, now=NOW + 100))
+    assert ran.get("hdel") == 1 and lua.parked() == {}
 
 
 def test_finish_drops_leases_and_records_once_per_call(lua: Lua) -> None:
