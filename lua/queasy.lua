@@ -346,9 +346,9 @@ end
 
 -- Whether the string `v` is 1-15 decimal digits (a number as the library writes it). The
 -- strings found so are kept (the library's state lives as long as it is loaded; emptied at
--- 4096): a value met again (a batch's run_at and enqueued_at, a worker's pid) costs a table
--- lookup, not a pattern match. A memo of a check on the string alone: what is stored in
--- Redis does not enter it.
+-- 1,024, a few dozen kilobytes): a value met again (a batch's run_at and enqueued_at, a
+-- worker's pid) costs a table lookup, not a pattern match. A memo of a check on the string
+-- alone: what is stored in Redis does not enter it.
 local NUMERALS, numerals_n = {}, 0
 local function numeral(v)
   if NUMERALS[v] then
@@ -357,7 +357,7 @@ local function numeral(v)
     return false
   end
   numerals_n = numerals_n + 1
-  if numerals_n > 4096 then
+  if numerals_n > 1024 then
     NUMERALS, numerals_n = {}, 1
   end
   NUMERALS[v] = true
@@ -394,31 +394,14 @@ end
 -- A record without enqueued_at, or with one longer than 15 characters or with a space
 -- (written around the library: "1 2" would move each number after it one place on), gets a
 -- lease of 4.0.0, "<token> <leased_at>"; one that is not digits otherwise, a lease that
--- lease_of() does not take: an ack of either reads the record. A line that lease_of() takes
--- is kept with what lease_of() reads from it ({token, counts, attempts, whether a count is
--- not 0}), so that its ack does not parse it: the lines of the last 10,000 to 20,000 leases
--- taken (two generations: LEASES the newer, LEASES_OLD the older; about 300 bytes of Lua
--- memory each). A memo of the line alone: a line garbled around the library, a lease taken
--- before the library was loaded, on another node or by another version, is not in it.
-local LEASES, LEASES_OLD, leases_n = {}, {}, 0
-local LEASES_KEPT = 10000
+-- lease_of() does not take: an ack of either reads the record.
 local function lease_line(token, run_at, enqueued, retry, stall, timeout, before, now_s)
   if not enqueued or #enqueued > 15 or find(enqueued, ' ', 1, true) then
     return token .. ' ' .. now_s
   end
   local attempts = before == false and '1' or int(field_int(before, MAX_MS) + 1)
-  if not numeral(enqueued) then -- (garbled around the library: lease_of() reads the record)
-    return token .. ' ' .. run_at .. ' ' .. enqueued .. ' ' .. retry .. ' ' .. stall .. ' '
-      .. timeout .. ' ' .. attempts .. ' ' .. now_s
-  end
-  local counts = run_at .. ' ' .. enqueued .. ' ' .. retry .. ' ' .. stall .. ' ' .. timeout
-  local line = token .. ' ' .. counts .. ' ' .. attempts .. ' ' .. now_s
-  leases_n = leases_n + 1
-  if leases_n > LEASES_KEPT then
-    LEASES, LEASES_OLD, leases_n = {}, LEASES, 1
-  end
-  LEASES[line] = {token, counts, attempts, retry ~= '0' or stall ~= '0' or timeout ~= '0'}
-  return line
+  return token .. ' ' .. run_at .. ' ' .. enqueued .. ' ' .. retry .. ' ' .. stall .. ' '
+    .. timeout .. ' ' .. attempts .. ' ' .. now_s
 end
 
 -- Write the fields of `job` that change while it lives (the others stay in the hash).
@@ -643,12 +626,14 @@ end
 
 -- Drop `ids` (the first of the index of `state`, about to be removed from it) with their
 -- records and ends: those whose end (B:ends) is of another state are only unindexed.
-local function drop_ends(B, state, ids)
+-- `dels`, if given, collects the records' keys for the caller's one DEL (as end_record's
+-- `gone`), else they go now.
+local function drop_ends(B, state, ids, dels)
   if #ids == 0 then
     return
   end
   local ends = call('HMGET', B .. ':ends', unpack(ids))
-  local gone, records = {}, {}
+  local gone, records = {}, dels or {}
   for i, id in ipairs(ids) do
     if end_state(ends[i]) == state then
       gone[#gone + 1] = id
@@ -656,7 +641,9 @@ local function drop_ends(B, state, ids)
     end
   end
   if #gone > 0 then
-    call('DEL', unpack(records))
+    if dels == nil then
+      call('DEL', unpack(records))
+    end
     call('HDEL', B .. ':ends', unpack(gone))
   end
 end
@@ -664,25 +651,25 @@ end
 -- Drop the oldest entries of B:<state> beyond the newest `count` and those that ended
 -- before now - age_ms: at most `budget` per call (a call that ended n jobs passes n + 2, so
 -- the records shrink back when the retention is lowered).
-local function trim(B, state, now, count, age_ms, budget)
+local function trim(B, state, now, count, age_ms, budget, dels)
   local zkey = B .. ':' .. state
   local n = math.max(call('ZCARD', zkey) - count,
     call('ZCOUNT', zkey, '-inf', '(' .. int(now - age_ms)))
   n = math.min(n, budget)
   if n > 0 then
-    drop_ends(B, state, call('ZRANGE', zkey, 0, n - 1))
+    drop_ends(B, state, call('ZRANGE', zkey, 0, n - 1), dels)
     call('ZREMRANGEBYRANK', zkey, 0, n - 1)
   end
 end
 
 -- Keep the ends of this call's ended jobs (`scored`: {ended_at, id, ...}, `ends`: {id,
--- end, ...}) and trim.
-local function retain(B, state, now, keep_count, keep_ms, scored, ends)
+-- end, ...}) and trim (`dels`: as drop_ends).
+local function retain(B, state, now, keep_count, keep_ms, scored, ends, dels)
   if #scored > 0 and keep_count > 0 and keep_ms > 0 then
     call('ZADD', B .. ':' .. state, unpack(scored))
     call('HSET', B .. ':ends', unpack(ends))
   end
-  trim(B, state, now, keep_count, keep_ms, #scored / 2 + 2)
+  trim(B, state, now, keep_count, keep_ms, #scored / 2 + 2, dels)
 end
 
 -- Count `n` jobs that ended in `state` ('finished'|'failed') at `now`: the total since a
@@ -768,18 +755,6 @@ end
 -- the record (leased(): a lease of 4.0.0 or 3.x, one garbled around the library, a stale
 -- token). The caller checks that the active record exists (each_leased: one EXISTS).
 local function lease_of(client, id, token, held)
-  local kept, kept_in = nil, LEASES
-  if held then
-    kept = LEASES[held]
-    if kept == nil then
-      kept, kept_in = LEASES_OLD[held], LEASES_OLD
-    end
-  end
-  if kept and kept[1] == token then -- a line as lease_line wrote it: what it kept of it
-    kept_in[held] = nil -- (of the table that has it: a nil set on a missing key adds it)
-    return {id = id, client = client, held = held, counts = kept[2], attempts = kept[3],
-      failed = kept[4], akey = false}
-  end
   if not held or string.byte(held, #token + 1) ~= 32 or find(held, token, 1, true) ~= 1 then
     return nil
   end
@@ -1044,6 +1019,8 @@ local function next_run_at(B)
   local first = call('ZRANGE', B .. ':waiting', 0, 0, 'WITHSCORES')
   if first[2] == nil then
     return ''
+  elseif numeral(first[2]) then -- (a score as the library writes it, as the server shows it)
+    return first[2]
   end
   return int(tonumber(first[2]))
 end
@@ -1674,10 +1651,7 @@ local function finish(keys, args)
       end
       line = 'finished ' .. ended .. ' ' .. started .. ' ' .. pid .. ' ' .. job.attempts .. ' '
         .. job.counts .. ' ' .. client .. ' ' .. host
-      failed_before = job.failed
-      if failed_before == nil then -- "... <retry> <stall> <timeout>"
-        failed_before = string.sub(job.counts, -6) ~= ' 0 0 0'
-      end
+      failed_before = string.sub(job.counts, -6) ~= ' 0 0 0' -- "... <retry> <stall> <timeout>"
     else
       if pending then -- the events stay in the order of the acks
         call('XADD', events, '*', 'event', pending)
@@ -1710,13 +1684,14 @@ local function finish(keys, args)
       call('SPUBLISH', B .. ':done:' .. job.id, 'finished')
     end
   end, nil, true)
-  if #gone > 0 then
-    call('DEL', unpack(gone))
-  end
   if pending then -- (MAXLEN ~, as each XADD of outcome_event)
     call('XADD', events, 'MAXLEN', '~', maxlen, '*', 'event', pending)
   end
-  retain(B, 'finished', now, ends.count, ends.ms, scored, done)
+  -- the records of the trimmed ends join `gone`: one DEL for all (nothing reads them between)
+  retain(B, 'finished', now, ends.count, ends.ms, scored, done, gone)
+  if #gone > 0 then
+    call('DEL', unpack(gone))
+  end
   tally(B, 'finished', now, #scored / 2)
   return codes
 end

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from queasy_py.store.embedded import EmbeddedServer
-from queasy_py.store.library import ensure_loaded, source
+from queasy_py.store.library import ensure_loaded
 from tests.lua_calls import HOST, KEEP, MAXLEN, NOW, Lua
 
 #: commands sent by this module itself, not run inside an FCALL
@@ -233,6 +233,25 @@ def test_the_whole_lease_value_is_no_token(lua: Lua) -> None:
     assert lua.r.hget(lua.B + ":ends", "a").split(" ")[4] == "1"  # attempts: this lease
 
 
+def test_finish_deletes_its_records_and_the_trimmed_ones_in_one_del(lua: Lua) -> None:
+    """The records of a call's ended jobs and those of the ends its retention trims go in
+    one DEL (the trim's were a second): keep count 4, ten jobs, those with results (kept
+    whole) j0, j2 ..., the six oldest ends and records dropped, the four newest kept."""
+    lua.dispatch(*[(f"j{i}", "1", str(NOW + i)) for i in range(10)])
+    jobs = lua.dequeue("c1", limit=10, now=NOW + 10).jobs
+    args: list[Any] = [NOW + 20, "c1", MAXLEN, 4, KEEP[1], HOST, 0]
+    for i, job in enumerate(jobs):
+        args += [job.id, job.token, 4242, NOW + 11, "" if i % 2 else f'{{"r": {i}}}']
+    codes: list[int] = []
+    ran = inner(lua.r, lambda: codes.extend(lua.call("queasy_finish", [lua.B], *args)))
+    assert codes == [0] * 10
+    assert ran["del"] == 1 and ran["zremrangebyrank"] == 1
+    assert sorted(lua.r.hkeys(lua.B + ":ends")) == ["j6", "j7", "j8", "j9"]
+    kept = sorted(k.rsplit(":", 1)[1] for k in lua.r.keys(lua.B + ":ended:*"))
+    assert kept == ["j6", "j8"] and lua.r.zcard(lua.B + ":finished") == 4
+    assert not any(lua.r.exists(lua.B + ":active:" + job.id) for job in jobs)
+
+
 def test_finish_reads_a_jobs_numbers_from_its_lease(lua: Lua) -> None:
     """Library 4.1.0: the lease holds the numbers of the record it leases (which does not
     change while active), so finish reads no record: one HMGET of the lease hash for the
@@ -321,52 +340,3 @@ def test_dispatch_once_keeps_a_batch_of_windows_in_one_hset(lua: Lua) -> None:
     more = [(f"k{i}", '{"n": 1}', "") for i in range(50)]
     ran = inner(lua.r, lambda: lua.dispatch_once(*more, window=60_000, now=NOW + 1))
     assert ran["hmget"] == 1 and ran["hset"] == 51 and "set" not in ran
-
-
-def test_an_ack_writes_the_same_whether_its_lease_line_was_kept_or_parsed(lua: Lua) -> None:
-    """dequeue keeps each lease line it writes with the numbers an ack reads from it (in the
-    library's Lua state: finish does not parse the line); a line not kept (the library
-    loaded again since, as a client's handshake may do) is parsed as before. Both write the
-    same events, ends and records: a count not 0 or a result keeps the record whole."""
-
-    def run(reload: bool) -> tuple[list[str], dict[str, str], dict[str, dict[str, str]]]:
-        lua.r.flushall()
-        lua.dispatch(*[(f"j{i}", '"x"', "") for i in range(4)])
-        first = lua.dequeue("c1", limit=1).jobs[0]
-        assert lua.retry("c1", first, run_at=NOW, kind="timeout") == 0  # j0: timed out once
-        jobs = lua.dequeue("c1", limit=4).jobs
-        if reload:
-            lua.r.function_load(source(), replace=True)
-        args: list[Any] = [NOW + 5, "c1", MAXLEN, *KEEP, HOST, 0]
-        for job in jobs:
-            args += [job.id, job.token, 4242, NOW + 1, '{"r": 1}' if job.id == "j1" else ""]
-        assert lua.call("queasy_finish", [lua.B], *args) == [0] * 4
-        events = [f["event"] for _, f in lua.r.xrange(lua.B + ":events")]
-        records = {k: lua.r.hgetall(k) for k in sorted(lua.r.keys(lua.B + ":ended:*"))}
-        return events, lua.r.hgetall(lua.B + ":ends"), records
-
-    kept, parsed = run(reload=False), run(reload=True)
-    assert kept == parsed
-    events, ends, records = kept
-    assert events[-4] == f"finished j0 {NOW + 5} {NOW + 1} 4242 {NOW} {NOW} 0 0 1 c1"
-    assert ends["j0"].split(" ")[4:10] == ["2", str(NOW), str(NOW), "0", "0", "1"]
-    assert sorted(records) == [lua.B + ":ended:j0", lua.B + ":ended:j1"]
-    assert records[lua.B + ":ended:j1"]["result"] == '{"r": 1}'
-
-
-def test_leases_taken_long_before_their_ack_are_acked_as_any(lua: Lua) -> None:
-    """The library keeps the lines of the last 10,000 to 20,000 leases it took (two
-    generations): an ack of a lease taken before those (its line parsed), of one in the older
-    generation and of the last one are alike."""
-    for i in range(21):
-        lua.dispatch(*[(f"j{i}-{k}", "1", "") for k in range(1000)])
-    leases = [(j.id, j.token) for _ in range(21) for j in lua.dequeue("c1", limit=1000).jobs]
-    assert len(leases) == 21000
-    acked = [leases[0], leases[15000], leases[-1]]
-    assert finish_all(lua, acked) == [0, 0, 0]
-    lines = [f["event"] for _, f in lua.r.xrange(lua.B + ":events")]
-    assert lines == [
-        f"finished {job_id} {NOW + 5} {NOW + 1} 4242 {NOW} {NOW} 0 0 0 c1" for job_id, _ in acked
-    ]
-    ends = lua.r.hmget(lua.B + ":ends", *[job_id for job_id, _ in acked])
-    assert [e.split(" ")[4:10] for e in ends] == [["1", str(NOW), str(NOW), "0", "0", "0"]] * 3
