@@ -114,7 +114,11 @@ def server_for(args: argparse.Namespace) -> Iterator[tuple[str, int, Callgrind |
         return
     if shutil.which("valgrind") is None:
         raise SystemExit("--callgrind needs valgrind (and callgrind_control) on PATH")
-    with tempfile.TemporaryDirectory(prefix="server-cost-") as workdir:
+    with contextlib.ExitStack() as stack:
+        workdir = args.keep_dumps or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="server-cost-")
+        )
+        Path(workdir).mkdir(parents=True, exist_ok=True)
         grind = Callgrind(workdir)
         try:
             yield grind.url, grind.pid, grind
@@ -153,6 +157,12 @@ def main() -> int:
     parser.add_argument("--maxlen", type=int, default=100000, help="events kept (0: none)")
     parser.add_argument("--keep", type=int, default=1000, help="finished records kept")
     parser.add_argument("--callgrind", action="store_true", help="count instructions too")
+    parser.add_argument(
+        "--keep-dumps",
+        metavar="DIR",
+        help="with --callgrind: keep the dumps in DIR for callgrind_annotate (cg.out.2 dispatch,"
+        " .4 dequeue, .6 finish, .8 and .10 the sink's two paths; the odd ones between phases)",
+    )
     args = parser.parse_args()
     n, batch = args.n, args.batch
     with server_for(args) as (url, pid, grind), Client(url, prefix="cost") as client:

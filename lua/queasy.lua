@@ -344,6 +344,26 @@ local function read_job(key)
   }
 end
 
+-- Whether the string `v` is 1-15 decimal digits (a number as the library writes it). The
+-- strings found so are kept (the library's state lives as long as it is loaded; emptied at
+-- 1,024, a few dozen kilobytes): a value met again (a batch's run_at and enqueued_at, a
+-- worker's pid) costs a table lookup, not a pattern match. A memo of a check on the string
+-- alone: what is stored in Redis does not enter it.
+local NUMERALS, numerals_n = {}, 0
+local function numeral(v)
+  if NUMERALS[v] then
+    return true
+  elseif #v > 15 or not find(v, '^%d+$') then
+    return false
+  end
+  numerals_n = numerals_n + 1
+  if numerals_n > 1024 then
+    NUMERALS, numerals_n = {}, 1
+  end
+  NUMERALS[v] = true
+  return true
+end
+
 -- A number field as the library writes it (1-15 decimal digits) as it is, else ''
 -- (unknown): for fields only passed on, as the enqueued_at of an event. `v` is a field as
 -- read (a string, or false/nil when missing).
@@ -358,7 +378,7 @@ end
 -- field_int reads it (garbage is '0'); cheaper than a round trip through a number. `v` as
 -- in digits; the usual count '0' costs a comparison (Lua strings are interned).
 local function passed(v)
-  if v == '0' or (v and #v <= 15 and find(v, '^%d+$')) then
+  if v == '0' or (v and numeral(v)) then
     return v
   elseif not v then
     return '0'
@@ -606,12 +626,14 @@ end
 
 -- Drop `ids` (the first of the index of `state`, about to be removed from it) with their
 -- records and ends: those whose end (B:ends) is of another state are only unindexed.
-local function drop_ends(B, state, ids)
+-- `dels`, if given, collects the records' keys for the caller's one DEL (as end_record's
+-- `gone`), else they go now.
+local function drop_ends(B, state, ids, dels)
   if #ids == 0 then
     return
   end
   local ends = call('HMGET', B .. ':ends', unpack(ids))
-  local gone, records = {}, {}
+  local gone, records = {}, dels or {}
   for i, id in ipairs(ids) do
     if end_state(ends[i]) == state then
       gone[#gone + 1] = id
@@ -619,7 +641,9 @@ local function drop_ends(B, state, ids)
     end
   end
   if #gone > 0 then
-    call('DEL', unpack(records))
+    if dels == nil then
+      call('DEL', unpack(records))
+    end
     call('HDEL', B .. ':ends', unpack(gone))
   end
 end
@@ -627,25 +651,25 @@ end
 -- Drop the oldest entries of B:<state> beyond the newest `count` and those that ended
 -- before now - age_ms: at most `budget` per call (a call that ended n jobs passes n + 2, so
 -- the records shrink back when the retention is lowered).
-local function trim(B, state, now, count, age_ms, budget)
+local function trim(B, state, now, count, age_ms, budget, dels)
   local zkey = B .. ':' .. state
   local n = math.max(call('ZCARD', zkey) - count,
     call('ZCOUNT', zkey, '-inf', '(' .. int(now - age_ms)))
   n = math.min(n, budget)
   if n > 0 then
-    drop_ends(B, state, call('ZRANGE', zkey, 0, n - 1))
+    drop_ends(B, state, call('ZRANGE', zkey, 0, n - 1), dels)
     call('ZREMRANGEBYRANK', zkey, 0, n - 1)
   end
 end
 
 -- Keep the ends of this call's ended jobs (`scored`: {ended_at, id, ...}, `ends`: {id,
--- end, ...}) and trim.
-local function retain(B, state, now, keep_count, keep_ms, scored, ends)
+-- end, ...}) and trim (`dels`: as drop_ends).
+local function retain(B, state, now, keep_count, keep_ms, scored, ends, dels)
   if #scored > 0 and keep_count > 0 and keep_ms > 0 then
     call('ZADD', B .. ':' .. state, unpack(scored))
     call('HSET', B .. ':ends', unpack(ends))
   end
-  trim(B, state, now, keep_count, keep_ms, #scored / 2 + 2)
+  trim(B, state, now, keep_count, keep_ms, #scored / 2 + 2, dels)
 end
 
 -- Count `n` jobs that ended in `state` ('finished'|'failed') at `now`: the total since a
@@ -836,7 +860,7 @@ local function check_acks(args, from, width, pid_at, name)
   for i = from, #args, width do
     local pid, started = args[i + pid_at], args[i + pid_at + 1]
     -- the usual pid (<= 7 digits) and started_at (13 digits) pass on one find each
-    if pid ~= '' and not (pid and #pid <= 7 and find(pid, '^%d+$')) then
+    if pid ~= '' and not (pid and #pid <= 7 and numeral(pid)) then
       whole(pid, 'worker pid', MAX_COUNT)
     end
     if started ~= '' and not (started and #started <= 14 and find(started, '^%d+$')) then
@@ -862,6 +886,22 @@ local function check_error(args, i, n)
   text(args[i], 'error name', n)
   text(args[i + 1], 'error message', n)
   text(args[i + 2], 'traceback', n)
+end
+
+-- The migration guard's read (see `guard`) joined to the first read of a function: EXISTS
+-- of `key` and the guard's two keys of B (never written, so the count is `key`'s), or nil
+-- while B's slot moves: the function refuses with moving(B), nothing read or written (it
+-- is registered with entry(fn, true): no read of the guard before it).
+local function guarded_exists(B, key)
+  local read, found = pcall(call, 'EXISTS', key, B .. ':guard:1', B .. ':guard:2')
+  if read then
+    return found
+  end
+  return nil
+end
+
+local function moving(B)
+  return redis.error_reply('TRYAGAIN the hash slot of ' .. B .. ' is moving; try again')
 end
 
 -- Sweep one dead client (expiry passed), other than `self`: its active jobs go back to
@@ -979,6 +1019,8 @@ local function next_run_at(B)
   local first = call('ZRANGE', B .. ':waiting', 0, 0, 'WITHSCORES')
   if first[2] == nil then
     return ''
+  elseif numeral(first[2]) then -- (a score as the library writes it, as the server shows it)
+    return first[2]
   end
   return int(tonumber(first[2]))
 end
@@ -1496,6 +1538,10 @@ local function dequeue(keys, args)
   if expiry_ms < 1 then
     invalid('expiry ms must be >= 1, got 0')
   end
+  local parked = guarded_exists(B, B .. ':parked') -- the call's first read
+  if parked == nil then
+    return moving(B)
+  end
   sweep_one(B, now, client, maxlen)
   if not keep_alive(B, now, client, expiry_ms) then
     return {2, ''}
@@ -1537,7 +1583,7 @@ local function dequeue(keys, args)
     end
     if park and #leases / 2 < limit then
       call('HSET', B .. ':parked', client, int(limit - #leases / 2))
-    else
+    elseif parked > 0 then -- (no B:parked before the call: no slots of this client to clear)
       call('HDEL', B .. ':parked', client)
     end
   end
@@ -1578,7 +1624,11 @@ local function finish(keys, args)
       break
     end
   end
-  local any_blocked = call('EXISTS', B .. ':blocked') == 1
+  local found = guarded_exists(B, B .. ':blocked') -- the call's first read
+  if found == nil then
+    return moving(B)
+  end
+  local any_blocked = found > 0
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
   local scored, done, gone = list(), list(), list()
@@ -1634,13 +1684,14 @@ local function finish(keys, args)
       call('SPUBLISH', B .. ':done:' .. job.id, 'finished')
     end
   end, nil, true)
-  if #gone > 0 then
-    call('DEL', unpack(gone))
-  end
   if pending then -- (MAXLEN ~, as each XADD of outcome_event)
     call('XADD', events, 'MAXLEN', '~', maxlen, '*', 'event', pending)
   end
-  retain(B, 'finished', now, ends.count, ends.ms, scored, done)
+  -- the records of the trimmed ends join `gone`: one DEL for all (nothing reads them between)
+  retain(B, 'finished', now, ends.count, ends.ms, scored, done, gone)
+  if #gone > 0 then
+    call('DEL', unpack(gone))
+  end
   tally(B, 'finished', now, #scored / 2)
   return codes
 end
@@ -2315,11 +2366,13 @@ local function guard(B)
 end
 
 -- An entry point as registered: `call` is redis.call while it runs. A call with keys passes
--- the migration guard first (nothing is read or written when it refuses).
-local function entry(fn)
+-- the migration guard first (nothing is read or written when it refuses); with `guarded`,
+-- the function reads the guard's keys itself, with its first read (guarded_exists: dequeue,
+-- finish).
+local function entry(fn, guarded)
   return function(keys, args)
     call, format, find = redis.call, string.format, string.find
-    if keys[1] ~= nil then
+    if keys[1] ~= nil and not guarded then
       local refused = guard(keys[1])
       if refused ~= nil then
         return refused
@@ -2334,8 +2387,8 @@ redis.register_function('queasy_dispatch_once', entry(dispatch_once))
 redis.register_function('queasy_cancel', entry(cancel))
 redis.register_function('queasy_requeue', entry(requeue_failed))
 redis.register_function('queasy_purge', entry(purge))
-redis.register_function('queasy_dequeue', entry(dequeue))
-redis.register_function('queasy_finish', entry(finish))
+redis.register_function('queasy_dequeue', entry(dequeue, true))
+redis.register_function('queasy_finish', entry(finish, true))
 redis.register_function('queasy_retry', entry(retry))
 redis.register_function('queasy_fail', entry(fail))
 redis.register_function('queasy_bump', entry(bump))

@@ -366,3 +366,41 @@ def test_a_user_who_may_not_read_the_slot_map_is_told_which_acl_to_grant(local_c
         client.ready()
     assert password not in str(err.value)
     client.close()
+
+
+def test_dequeue_and_finish_on_a_moving_slot_are_refused_before_they_read_or_write(
+    local_cluster: Any, cluster_client: Client
+):
+    """queasy_dequeue and queasy_finish read the migration guard's keys with B:parked and
+    B:blocked in one EXISTS (their first read): on the node importing the queue's slot
+    (ASKING, as a client sent there by ASK) they answer TRYAGAIN, nothing read or written
+    there nor on the source, and the lease is acked once the slot is stable again."""
+    q = cluster_client.queue("guarded")
+    q.dispatch({"n": 1}, id="a")
+    base = q.keys.base
+    slot = local_cluster.slot(base)
+    source = local_cluster.owner_of_slot(slot)
+    target = next(p for p in local_cluster.primary_ports() if p != source)
+    src = local_cluster.node(source)
+    reply = src.fcall("queasy_dequeue", 1, base, "", "c1", "n1", 1, 60000, 1000)
+    token = reply[3].decode()
+    dequeue = ("queasy_dequeue", 1, base, "", "c2", "n2", 10, 60000, 1000)
+    finish = ("queasy_finish", 1, base, "", "c1", 1000, 100, 3600000, "host", 0)
+    ack = ("a", token, "", "", "")
+    dst = redis.Redis(port=target, password=local_cluster.password, single_connection_client=True)
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", local_cluster.node_id(source))
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", local_cluster.node_id(target))
+    try:
+        for call in (finish + ack, dequeue):
+            dst.execute_command("ASKING")
+            with pytest.raises(redis.exceptions.TryAgainError, match="is moving; try again"):
+                dst.execute_command("FCALL", *call)
+        assert dst.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+    finally:
+        for node in (dst, src):
+            node.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        dst.close()
+    assert src.hget(base + ":lease:c1", "a") is not None
+    assert src.xlen(base + ":events") == 0 and src.zscore(base + ":expiry", "c2") is None
+    assert src.execute_command("FCALL", *finish, *ack) == [0]
+    assert q.counts()["finished"] == 1

@@ -86,9 +86,15 @@ def test_dequeue_moves_each_record_in_one_command(lua: Lua) -> None:
     lua.dispatch(*[(f"j{i}", "1", "") for i in range(10)])
     ran = inner(lua.r, lambda: lua.dequeue("c1", limit=10))
     assert ran.get("renamenx") == 10
-    # no EXISTS per record: the one EXISTS is the migration guard's (every call)
-    assert ran.get("exists") == 1 and "rename" not in ran
+    # no EXISTS per record: the one EXISTS is the migration guard's (every call), with
+    # B:parked's: none, so no HDEL of this client's parked slots (a dequeue that takes its
+    # limit clears them)
+    assert ran.get("exists") == 1 and "rename" not in ran and "hdel" not in ran
     assert lua.counts()["active"] == 10
+    assert lua.dequeue("c2", limit=10, park=True).jobs == [] and lua.parked() == {"c2": 10}
+    lua.dispatch(*[(f"k{i}", "1", str(NOW + 100)) for i in range(10)])  # (not pushed)
+    ran = inner(lua.r, lambda: lua.dequeue("c2", limit=10, park=True, now=NOW + 100))
+    assert ran.get("hdel") == 1 and lua.parked() == {}
 
 
 def test_finish_drops_leases_and_records_once_per_call(lua: Lua) -> None:
@@ -227,6 +233,25 @@ def test_the_whole_lease_value_is_no_token(lua: Lua) -> None:
     assert lua.r.hget(lua.B + ":ends", "a").split(" ")[4] == "1"  # attempts: this lease
 
 
+def test_finish_deletes_its_records_and_the_trimmed_ones_in_one_del(lua: Lua) -> None:
+    """The records of a call's ended jobs and those of the ends its retention trims go in
+    one DEL (the trim's were a second): keep count 4, ten jobs, those with results (kept
+    whole) j0, j2 ..., the six oldest ends and records dropped, the four newest kept."""
+    lua.dispatch(*[(f"j{i}", "1", str(NOW + i)) for i in range(10)])
+    jobs = lua.dequeue("c1", limit=10, now=NOW + 10).jobs
+    args: list[Any] = [NOW + 20, "c1", MAXLEN, 4, KEEP[1], HOST, 0]
+    for i, job in enumerate(jobs):
+        args += [job.id, job.token, 4242, NOW + 11, "" if i % 2 else f'{{"r": {i}}}']
+    codes: list[int] = []
+    ran = inner(lua.r, lambda: codes.extend(lua.call("queasy_finish", [lua.B], *args)))
+    assert codes == [0] * 10
+    assert ran["del"] == 1 and ran["zremrangebyrank"] == 1
+    assert sorted(lua.r.hkeys(lua.B + ":ends")) == ["j6", "j7", "j8", "j9"]
+    kept = sorted(k.rsplit(":", 1)[1] for k in lua.r.keys(lua.B + ":ended:*"))
+    assert kept == ["j6", "j8"] and lua.r.zcard(lua.B + ":finished") == 4
+    assert not any(lua.r.exists(lua.B + ":active:" + job.id) for job in jobs)
+
+
 def test_finish_reads_a_jobs_numbers_from_its_lease(lua: Lua) -> None:
     """Library 4.1.0: the lease holds the numbers of the record it leases (which does not
     change while active), so finish reads no record: one HMGET of the lease hash for the
@@ -240,7 +265,8 @@ def test_finish_reads_a_jobs_numbers_from_its_lease(lua: Lua) -> None:
     ran = inner(lua.r, lambda: codes.extend(finish_all(lua, leases)))
     assert codes == [0] * 10
     assert ran["hmget"] == 2  # the lease hash, the stats
-    assert ran["exists"] == 3  # the migration guard, B:blocked, the ten active records
+    # the migration guard with B:blocked (one read: finish), the ten active records
+    assert ran["exists"] == 2
     lines = [f["event"] for _, f in lua.r.xrange(lua.B + ":events")]
     assert (
         len(lines) == 11
