@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import psutil
+import redis
 
 REPO = Path(__file__).resolve().parent.parent
 # benchmarks/profile.py would shadow the standard library's profile (pyspark imports cProfile)
@@ -71,7 +72,7 @@ def cpu(proc: psutil.Process, tree: bool = False) -> float:
     return total
 
 
-def server_counts(r) -> dict[str, int]:  # noqa: ANN001
+def server_counts(r: redis.Redis) -> dict[str, int]:
     """What the server was sent so far: bytes read, reads, and the calls of each command."""
     stats = r.info("stats")
     out = {
@@ -87,8 +88,13 @@ class Meter:
     """Wall time and CPU of the server, this process and the JVM tree over a measured span,
     the server's counters and, under callgrind, its instructions."""
 
-    def __init__(self, r, server_pid: int, jvm: psutil.Process | None,  # noqa: ANN001
-                 grind: Callgrind | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        r: redis.Redis,
+        server_pid: int,
+        jvm: psutil.Process | None,
+        grind: Callgrind | None = None,
+    ) -> None:
         self.r = r
         self.server = psutil.Process(server_pid)
         self.me = psutil.Process()
