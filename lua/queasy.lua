@@ -1082,11 +1082,12 @@ local function dispatch_triples(args, from, now, name)
   return run_ats
 end
 
--- A new waiting job `id` dispatched at `now` (it has no record and is not active). Returns
--- code 1, its run_at, and true when its id is left for the caller to add to B:waiting
--- (`deferred`: dispatch_jobs adds a batch's new ids in one ZADD), else it is added now.
-local function create_job(B, id, data, run_at, now, trace, deferred)
-  new_record(B .. ':job:' .. id, id, data, run_at, now, trace)
+-- A new waiting job `id` (its record's key `jkey`, the caller's) dispatched at `now` (it has
+-- no record and is not active). Returns code 1, its run_at, and true when its id is left for
+-- the caller to add to B:waiting (`deferred`: dispatch_jobs adds a batch's new ids in one
+-- ZADD), else it is added now.
+local function create_job(B, jkey, id, data, run_at, now, trace, deferred)
+  new_record(jkey, id, data, run_at, now, trace)
   if deferred then
     return 1, run_at, true
   end
@@ -1105,7 +1106,7 @@ local function put_job(B, id, data, run_at, update_data, mode, reset, now, trace
     is_active = call('EXISTS', akey) == 1
   end
   if existing == nil and not is_active then
-    return create_job(B, id, data, run_at, now, trace, deferred)
+    return create_job(B, jkey, id, data, run_at, now, trace, deferred)
   end
   if existing == nil then -- the id is active: a blocked job waits for it
     new_record(jkey, id, data, run_at, now, trace)
@@ -1318,15 +1319,8 @@ local function dispatch_once(keys, args)
   local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch_once')
   local now_s = int(now)
   local open = open_windows(B, now, args, 6)
+  -- the windows to write: `ready` (id, end, ...) of the jobs ready now, `later` id -> end
   local ready, later, ready_end, n = {}, {}, int(now + window), 0
-  local function mark(id, at) -- the window of `id`, dispatched with run_at `at`
-    if at <= now then
-      ready[n + 1], ready[n + 2] = id, ready_end
-      n = n + 2
-    else
-      later[id] = at + window
-    end
-  end
   local codes = dispatch_jobs(B, now, args, 6, run_ats, function(id, data, run_at)
     local akey, jkey, okey = B .. ':active:' .. id, B .. ':job:' .. id, B .. ':once:' .. id
     local found = call('EXISTS', akey, jkey, okey)
@@ -1341,14 +1335,24 @@ local function dispatch_once(keys, args)
       if found == 1 then -- that window ended (not yet expired on the server's clock) or is garbled
         call('DEL', okey)
       end
-      mark(id, run_at)
-      return create_job(B, id, data, run_at, now_s, '', true)
+      if run_at <= now then -- (as below, inline: the usual row)
+        ready[n + 1], ready[n + 2] = id, ready_end
+        n = n + 2
+      else
+        later[id] = run_at + window
+      end
+      return create_job(B, jkey, id, data, run_at, now_s, '', true)
     end
     if call('EXISTS', akey) == 1 then
       return 5
     end
     local code, at = put_job(B, id, data, run_at, update_data, mode, reset, now_s)
-    mark(id, at)
+    if at <= now then -- its window, from the run_at it now has
+      ready[n + 1], ready[n + 2] = id, ready_end
+      n = n + 2
+    else
+      later[id] = at + window
+    end
     return code, at
   end)
   write_windows(B, now, window, ready, later)
