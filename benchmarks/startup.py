@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from firstjob import run_first_job  # noqa: E402
 
 from queasy_py import Client  # noqa: E402
 from queasy_py.store.embedded import EmbeddedServer  # noqa: E402
@@ -38,42 +37,22 @@ def handle(data, job):
 """
 
 
+def dispatch(url: str, prefix: str, data: dict) -> None:
+    with Client(url, prefix=prefix) as client:
+        client.queue("start").dispatch(data)
+
+
 def first_job(url: str, workers: int, tmp: Path, n: int) -> float:
     """Seconds from starting `queasy run` to the handler's run of a job waiting already."""
     out = tmp / f"ran-{workers}-{n}.txt"
-    prefix = f"startup{n}w{workers}"
-    config = tmp / "queasy.toml"
-    config.write_text(
-        f'redis = "{url}"\nprefix = "{prefix}"\nworkers = {workers}\n'
-        '[queues.start]\nhandler = "startup_handler"\n'
-    )
-    with Client(url, prefix=prefix) as client:
-        client.queue("start").dispatch({"path": str(out)})
     # this checkout's queasy_py (not an installed one): `python -m queasy_py.cli`, as the
     # `queasy` console script runs it
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    started = time.time()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "queasy_py.cli", "run", str(config), "--log-level", "WARNING"],
-        cwd=tmp,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
+    entry = ["-m", "queasy_py.cli"]
+    started, done, _ = run_first_job(
+        url, f"startup{n}w{workers}", workers, tmp, out, entry, env, dispatch
     )
-    try:
-        deadline = time.monotonic() + 60
-        while not out.exists() or not out.read_text().strip():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"no job ran (exit code {proc.returncode})")
-            time.sleep(0.002)
-        return float(out.read_text().split()[0]) - started
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    return done - started
 
 
 def main() -> int:

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from firstjob import run_first_job
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -127,46 +126,25 @@ def handle(data, job):
 def one_run(url: str, repo: Path, workers: int, tmp: Path, n: int) -> list[tuple[str, float]]:
     """The marks of one run: (label, seconds after the start), in time order; a label that
     several processes mark is numbered by its order ('... #2')."""
-    from queasy_py import Client
+    from queasy_py import Client  # from --repo's checkout (main puts it first on sys.path)
+
+    def dispatch(url: str, prefix: str, data: dict) -> None:
+        with Client(url, prefix=prefix) as client:
+            client.queue("start").dispatch(data)
 
     out, marks, prefix = tmp / f"ran-{n}.txt", tmp / f"marks-{n}.txt", f"timeline{n}"
-    config = tmp / "queasy.toml"
-    config.write_text(
-        f'redis = "{url}"\nprefix = "{prefix}"\nworkers = {workers}\n'
-        '[queues.start]\nhandler = "startup_handler"\n'
-    )
-    with Client(url, prefix=prefix) as client:
-        client.queue("start").dispatch({"path": str(out)})
     env = {**os.environ, "PYTHONPATH": f"{tmp / 'site'}{os.pathsep}{repo}", "QTL_FILE": str(marks)}
-    started = time.time()
-    proc = subprocess.Popen(
-        [sys.executable, str(tmp / "supervisor.py"), "run", str(config), "--log-level", "WARNING"],
-        cwd=tmp,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
+    entry = [str(tmp / "supervisor.py")]
+    # linger: the marks that follow the job (the second worker's ready)
+    started, done, sup_pid = run_first_job(
+        url, prefix, workers, tmp, out, entry, env, dispatch, linger=0.2
     )
-    try:
-        deadline = time.monotonic() + 60
-        while not out.exists() or not out.read_text().strip():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"no job ran (exit code {proc.returncode})")
-            time.sleep(0.002)
-        done = float(out.read_text().split()[0])
-        time.sleep(0.2)  # the marks that follow the job (the second worker's ready)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     rows = []
     for line in marks.read_text().splitlines():
         pid, at, label = line.split(" ", 2)
         if label == "interpreter up":
             label = (
-                "supervisor: interpreter up" if int(pid) == proc.pid else "worker: interpreter up"
+                "supervisor: interpreter up" if int(pid) == sup_pid else "worker: interpreter up"
             )
         rows.append((float(at) - started, label))
     rows.append((done - started, "the first job ran"))

@@ -317,3 +317,14 @@ class Runtime:
             timeout,
             f"{n} outcome event(s) on {queue}",
         )
+
+
+def close_unrun(sup: Any, client: Client) -> None:
+    """Close what a Supervisor built but never ran holds (its workers, wake-up, round pipe,
+    connection and selector), then its client."""
+    sup.workers.kill_all()
+    sup.wakeup.close()
+    sup.rounds.pipe.close()
+    sup.r.close()
+    sup.events.close()
+    client.close()

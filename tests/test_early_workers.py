@@ -14,6 +14,7 @@ import time
 
 import psutil
 import pytest
+from runtime_helpers import close_unrun
 
 from queasy_py import Client, ConnectionFailed, InvalidInput
 from queasy_py.runtime.early import start_early
@@ -95,12 +96,7 @@ def test_the_supervisor_adopts_the_workers_started_first(redis_url: str, prefix:
                     workers.receive(proc)
         assert {proc.pid for proc in workers.procs} == pids
     finally:
-        workers.kill_all()
-        sup.wakeup.close()
-        sup.rounds.pipe.close()
-        sup.r.close()
-        sup.events.close()
-        client.close()
+        close_unrun(sup, client)
 
 
 def test_workers_started_for_other_handlers_are_stopped_not_adopted(
@@ -116,12 +112,7 @@ def test_workers_started_for_other_handlers_are_stopped_not_adopted(
         assert sup.workers.procs == [] and early.procs == []
         assert not any(psutil.pid_exists(pid) for pid in pids)
     finally:
-        sup.workers.kill_all()
-        sup.wakeup.close()
-        sup.rounds.pipe.close()
-        sup.r.close()
-        sup.events.close()
-        client.close()
+        close_unrun(sup, client)
 
 
 def test_workers_started_first_are_stopped_when_the_supervisor_refuses_the_config(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+from runtime_helpers import close_unrun
+
 from queasy_py import Client
 from queasy_py.runtime.supervisor import Supervisor
 
@@ -40,12 +42,7 @@ def test_workers_start_a_few_at_a_time_and_the_next_as_one_is_ready(
         assert most_starting == 1
         assert len({w.pid for w in workers.procs}) == 3
     finally:
-        workers.kill_all()
-        sup.wakeup.close()
-        sup.rounds.pipe.close()
-        sup.r.close()
-        sup.events.close()
-        client.close()
+        close_unrun(sup, client)
 
 
 def test_free_units_are_those_no_running_job_holds_not_the_loops_reservations() -> None:
