@@ -175,24 +175,28 @@ class Client:
 
         The first workers are started before anything else (runtime/early.py): their start
         overlaps connecting, loading the library and the supervisor's own start."""
-        from .runtime.early import start_early
+        from .runtime.early import early_for, sigterm_interrupts, start_early
 
         if not self.listeners:
             raise QueasyError("run() needs at least one queue.listen(...) first")
         if self.settings["workers"] == 0:
             raise QueasyError("this client was made with workers=0 (producer only): it cannot run")
-        early = start_early(self)
-        try:  # the workers not adopted (a refused connection, a bad config) are stopped
-            from .runtime.supervisor import Supervisor
+        with sigterm_interrupts():  # SIGTERM before the supervisor ran: its workers stopped
+            early, supervisor = early_for(self), None
+            try:  # the workers not adopted (a refused connection, a bad config) are stopped
+                start_early(self, early)
+                from .runtime.supervisor import Supervisor
 
-            self.ready()
-            self._supervisor = Supervisor(self, early)
-            if self.server is not None:
-                self.server.long_lived = True
-            return self._supervisor.run()
-        finally:
-            early.close()
-            self._supervisor = None
+                self.ready()
+                supervisor = self._supervisor = Supervisor(self, early)
+                if self.server is not None:
+                    self.server.long_lived = True
+                return supervisor.run()
+            finally:
+                early.close()
+                if supervisor is not None:  # adopted, but its run() stopped before its
+                    supervisor.workers.kill_all()  # try (Ctrl-C): none left (else a no-op)
+                self._supervisor = None
 
     def stop(self) -> None:
         """Ask a running run() to shut down gracefully (callable from any thread)."""

@@ -8,9 +8,15 @@ only needs its workers.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -131,3 +137,86 @@ def test_workers_started_first_are_stopped_when_the_supervisor_refuses_the_confi
     finally:
         client.close()
     assert not (worker_children() - before), "workers left after run() failed"
+
+
+#: a handler whose import takes 60 s in a worker (not in the process that listens: listen()
+#: imports it too)
+SLOW_IMPORT = """
+import os, time
+if os.environ["LISTENING_PID"] != str(os.getpid()):
+    time.sleep(60)
+
+
+def handle(job):
+    return None
+"""
+
+RUN_UNREACHABLE = """
+import os, socket, sys
+from queasy_py import Client
+os.environ["LISTENING_PID"] = str(os.getpid())
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+client = Client(f"redis://127.0.0.1:{port}/0", prefix=sys.argv[1], workers=2)
+client.queue("early").listen("slow_import_handler")
+client.run()
+"""
+
+
+def test_sigterm_while_run_connects_stops_the_workers_it_started(
+    tmp_path: Path, prefix: str
+) -> None:
+    """SIGTERM to a process whose run() started its workers and is still connecting (no
+    supervisor's handler yet): its workers, still importing a handler that takes 60 s, go
+    with it. SIGTERM's default action ended the process at once and left them to finish
+    their imports (a hung one: for ever)."""
+    (tmp_path / "slow_import_handler.py").write_text(SLOW_IMPORT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    proc = subprocess.Popen([sys.executable, "-c", RUN_UNREACHABLE, prefix], env=env)
+    workers: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers) < min(2, psutil.cpu_count() or 1):
+            assert time.monotonic() < deadline, "run() started no workers"
+            assert proc.poll() is None, "run() ended before it started its workers"
+            workers = [
+                child
+                for child in psutil.Process(proc.pid).children()
+                if any("queasy_py.runtime.worker" in part for part in child.cmdline())
+            ]
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, "workers outlived the process whose run() started them"
+    finally:
+        proc.kill()
+        proc.wait()
+        for worker in workers:
+            with contextlib.suppress(psutil.Error):
+                worker.kill()
+
+
+def test_an_interrupt_after_the_adoption_before_the_loop_runs_leaves_no_worker(
+    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C after the supervisor adopted the workers, before its run() took over the
+    signals (here: as it installs its handlers): run() stops the workers the supervisor
+    holds, as it stops those not adopted."""
+
+    def interrupted(self: Supervisor) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Supervisor, "_install_signals", interrupted)
+    client = Client(redis_url, prefix=prefix, workers=2)
+    client.queue("early").listen(HANDLER)
+    before = worker_children()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            client.run()
+    finally:
+        client.close()
+    left = [psutil.Process(pid) for pid in worker_children() - before]
+    gone, alive = psutil.wait_procs(left, timeout=10)
+    assert not alive, "workers left after run() was interrupted"

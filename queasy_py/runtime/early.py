@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from .. import defaults
 from .pool import WorkerProc, start_worker
@@ -83,18 +87,51 @@ class Early:
             proc.kill()
 
 
-def start_early(client: Client) -> Early:
-    """Start the first workers of `client`'s supervisor now: as many as it starts at once
-    (Workers.ensure: at most the core count), for the queues it listens to."""
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name} before the supervisor ran")
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While run() holds workers no supervisor runs yet (from their start until the
+    supervisor's own handlers are installed, and after it restored them): SIGTERM raises
+    KeyboardInterrupt as SIGINT does, so that run() stops them on its way out. By default
+    SIGTERM ends the process at once, and a worker still importing its handlers outlived it
+    (it exits on its closed pipe only once its imports are done: never, for one that hangs).
+    Only in the main thread (where signals are handled) and only over the default action (a
+    handler the application installed is left as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def early_for(client: Client) -> Early:
+    """The workers `client`'s supervisor will start first, none started yet (start_early)."""
     specs = queue_specs(client)
     handlers = {queue.name: spec.handler for queue, spec, _ in specs}
     results = frozenset(queue.name for queue, spec, _ in specs if spec.store_results)
-    early = Early(handlers, results, worker_env(client))
+    return Early(handlers, results, worker_env(client))
+
+
+def start_early(client: Client, early: Early | None = None) -> Early:
+    """Start the first workers of `client`'s supervisor now: as many as it starts at once
+    (Workers.ensure: at most the core count), for the queues it listens to, into `early`
+    (run() makes it first, so that an interrupt between the start and its try finds them)."""
+    if early is None:
+        early = early_for(client)
     workers = client.settings["workers"]
     target = workers if workers is not None else defaults.default_workers()
     try:
         for _ in range(min(target, start_at_once())):
-            early.procs.append(start_worker(handlers, early.env, results))
+            early.procs.append(start_worker(early.handlers, early.env, early.results))
     except BaseException:
         early.close()
         raise
