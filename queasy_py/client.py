@@ -85,6 +85,7 @@ class Client:
         self.id = new_client_id()
         self._queues: dict[str, Queue] = {}
         self._supervisor: Supervisor | None = None
+        self._running = threading.Lock()  # held by run(): one supervisor per client
         self.listeners: dict[str, tuple[Queue, ListenOptions]] = {}
 
     def ready(self, attempts: int = defaults.CONNECT_ATTEMPTS) -> Client:
@@ -175,12 +176,22 @@ class Client:
 
         The first workers are started before anything else (runtime/early.py): their start
         overlaps connecting, loading the library and the supervisor's own start."""
-        from .runtime.early import early_for, sigterm_interrupts, start_early
-
         if not self.listeners:
             raise QueasyError("run() needs at least one queue.listen(...) first")
         if self.settings["workers"] == 0:
             raise QueasyError("this client was made with workers=0 (producer only): it cannot run")
+        if not self._running.acquire(blocking=False):
+            # two supervisors under one client id would share its leases and heartbeat,
+            # neither knowing the jobs the other runs
+            raise QueasyError("run() is already running on this client (one supervisor each)")
+        try:
+            return self._run()
+        finally:
+            self._running.release()
+
+    def _run(self) -> int:
+        from .runtime.early import early_for, sigterm_interrupts, start_early
+
         with sigterm_interrupts():  # SIGTERM before the supervisor ran: its workers stopped
             early, supervisor = early_for(self), None
             try:  # the workers not adopted (a refused connection, a bad config) are stopped

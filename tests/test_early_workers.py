@@ -22,7 +22,7 @@ import psutil
 import pytest
 from runtime_helpers import close_unrun
 
-from queasy_py import Client, ConnectionFailed, InvalidInput
+from queasy_py import Client, ConnectionFailed, InvalidInput, QueasyError
 from queasy_py.runtime.early import start_early
 from queasy_py.runtime.supervisor import Supervisor
 
@@ -220,3 +220,44 @@ def test_an_interrupt_after_the_adoption_before_the_loop_runs_leaves_no_worker(
     left = [psutil.Process(pid) for pid in worker_children() - before]
     gone, alive = psutil.wait_procs(left, timeout=10)
     assert not alive, "workers left after run() was interrupted"
+
+
+def test_run_while_run_runs_is_refused_and_starts_no_workers(redis_url: str, prefix: str) -> None:
+    """run() while this client's run() runs (another thread): refused (QueasyError), no
+    second set of workers started, the first supervisor left running. A second supervisor
+    under the same client id would share its leases and heartbeat."""
+    client = Client(redis_url, prefix=prefix, workers=1)
+    client.queue("twice").listen(HANDLER)
+    before = worker_children()
+    outcomes: dict[str, object] = {}
+
+    def run(name: str) -> None:
+        try:
+            outcomes[name] = client.run()
+        except BaseException as exc:  # noqa: BLE001 (the outcome is what is asserted)
+            outcomes[name] = exc
+
+    first = threading.Thread(target=run, args=("first",))
+    first.start()
+    second = None
+    try:
+        deadline = time.monotonic() + 60
+        while client._supervisor is None or len(worker_children() - before) < 1:
+            assert time.monotonic() < deadline and first.is_alive()
+            time.sleep(0.02)
+        running = worker_children() - before
+        second = threading.Thread(target=run, args=("second",))
+        second.start()
+        second.join(timeout=30)
+        assert not second.is_alive(), "a second run() runs alongside the first"
+        assert isinstance(outcomes["second"], QueasyError)
+        assert "already running" in str(outcomes["second"])
+        assert worker_children() - before == running and first.is_alive()
+    finally:
+        deadline = time.monotonic() + 60
+        for thread in (first, second):
+            while thread is not None and thread.is_alive() and time.monotonic() < deadline:
+                client.stop()
+                thread.join(timeout=0.5)
+        client.close()
+    assert outcomes["first"] == 0
