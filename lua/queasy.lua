@@ -1321,6 +1321,14 @@ local function dispatch_once(keys, args)
   local open = open_windows(B, now, args, 6)
   -- the windows to write: `ready` (id, end, ...) of the jobs ready now, `later` id -> end
   local ready, later, ready_end, n = {}, {}, int(now + window), 0
+  local function mark(id, at) -- the window of `id`, dispatched with run_at `at`
+    if at <= now then
+      ready[n + 1], ready[n + 2] = id, ready_end
+      n = n + 2
+    else
+      later[id] = at + window
+    end
+  end
   local codes = dispatch_jobs(B, now, args, 6, run_ats, function(id, data, run_at)
     local akey, jkey, okey = B .. ':active:' .. id, B .. ':job:' .. id, B .. ':once:' .. id
     local found = call('EXISTS', akey, jkey, okey)
@@ -1335,24 +1343,14 @@ local function dispatch_once(keys, args)
       if found == 1 then -- that window ended (not yet expired on the server's clock) or is garbled
         call('DEL', okey)
       end
-      if run_at <= now then -- (as below, inline: the usual row)
-        ready[n + 1], ready[n + 2] = id, ready_end
-        n = n + 2
-      else
-        later[id] = run_at + window
-      end
+      mark(id, run_at)
       return create_job(B, jkey, id, data, run_at, now_s, '', true)
     end
     if call('EXISTS', akey) == 1 then
       return 5
     end
     local code, at = put_job(B, id, data, run_at, update_data, mode, reset, now_s)
-    if at <= now then -- its window, from the run_at it now has
-      ready[n + 1], ready[n + 2] = id, ready_end
-      n = n + 2
-    else
-      later[id] = at + window
-    end
+    mark(id, at) -- its window, from the run_at it now has
     return code, at
   end)
   write_windows(B, now, window, ready, later)
@@ -2363,8 +2361,8 @@ end
 -- keys): the call is refused with TRYAGAIN before any read or write, and the caller tries
 -- again after a backoff. On a single server, or a slot that is not moving, it reads nothing.
 local function guard(B)
-  if not pcall(redis.call, 'EXISTS', B .. ':guard:1', B .. ':guard:2') then
-    return redis.error_reply('TRYAGAIN the hash slot of ' .. B .. ' is moving; try again')
+  if not pcall(call, 'EXISTS', B .. ':guard:1', B .. ':guard:2') then
+    return moving(B)
   end
   return nil
 end
