@@ -27,6 +27,7 @@ import redis
 from queasy_py.store.embedded import find_server_binary
 
 PASSWORD = "cl-pw/s3cret"  # a '/' that a URL must percent-encode
+_MAX_RESPAWNS = 5
 
 
 def _free_port_pair() -> int:
@@ -61,6 +62,7 @@ class LocalCluster:
         self.ports: list[int] = []
         self.down: set[int] = set()  # killed or frozen: not asked about the cluster
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.respawns = 0  # nodes started again on another port (theirs was taken)
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="queasy-cluster-"))
         self.server = find_server_binary()
         self.cli = os.path.join(os.path.dirname(self.server), "valkey-cli")
@@ -79,14 +81,22 @@ class LocalCluster:
         return self.node(next(p for p in self.ports if p not in self.down))
 
     def start(self, timeout: float = 30.0) -> LocalCluster:
+        """Start the nodes and make them a cluster. A start that fails stops every node it
+        started (none is left running for the rest of the session) and raises."""
+        try:
+            return self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout: float) -> LocalCluster:
         for _ in range(self.primaries * (1 + self.replicas)):
-            port = _free_port_pair()
-            (self.dir / str(port)).mkdir()
+            port = self._new_port()
             self.procs.append(self._spawn(port))
             self.ports.append(port)
         deadline = time.monotonic() + timeout
-        for port in self.ports:
-            self._wait(lambda p=port: self.node(p).ping(), deadline)
+        for index in range(len(self.ports)):
+            self._wait(lambda i=index: self._answers(i), deadline)
         if len(self.ports) == 1:  # valkey-cli creates 3 primaries at least: by hand
             self.node(self.ports[0]).execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
         else:
@@ -106,6 +116,30 @@ class LocalCluster:
         if self.replicas:
             self._wait(self._replicas_synced, deadline)
         return self
+
+    def _new_port(self) -> int:
+        port = _free_port_pair()
+        (self.dir / str(port)).mkdir(exist_ok=True)  # (a port tried before, in vain)
+        return port
+
+    def _answers(self, index: int) -> bool:
+        """Whether the `index`th node answers PING. A node that exited before it ever
+        answered lost its port to another process between `_free_port_pair` and its bind:
+        it is started again on another port (a few times at most)."""
+        proc = self.procs[index]
+        if proc.poll() is None:
+            return bool(self.node(self.ports[index]).ping())
+        self.respawns += 1
+        if self.respawns > _MAX_RESPAWNS:
+            log = self.dir / str(self.ports[index]) / "server.log"
+            last = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+            raise RuntimeError(
+                f"a cluster node exited at start (status {proc.returncode}) {self.respawns}"
+                f" times, the last on port {self.ports[index]}: {last}"
+            )
+        self.ports[index] = self._new_port()
+        self.procs[index] = self._spawn(self.ports[index])
+        return False
 
     def _spawn(self, port: int) -> subprocess.Popen[bytes]:
         """The node on `port`, started in its directory (its nodes.conf: a restarted node
