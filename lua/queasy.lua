@@ -914,7 +914,7 @@ local function sweep_one(B, now, self, maxlen)
       local leases = call('HGETALL', lkey)
       for k = 1, #leases, 2 do
         local id, held = leases[k], leases[k + 1]
-        local token = string.match(held, '^%S*')
+        local token = string.match(held, '^[^ ]*') -- (as holds() reads it: to the first space)
         local job = leased(B, client, id, token, held)
         if job ~= nil then
           numbers(job)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import redis
-from lua_calls import HOST, KEEP, MAXLEN, NOW, Leased, Lua
+from lua_calls import EXPIRY, HOST, KEEP, MAXLEN, NOW, Leased, Lua
 
 from queasy_py.cli.show import event_line
 from queasy_py.records import job_info
@@ -188,3 +188,18 @@ def test_an_enqueued_at_garbled_with_spaces_shifts_no_number_of_the_lease(
     a = lua.record("a")
     assert a is not None and a["state"] == "finished" and a["attempts"] == "2", a
     assert a["retry_count"] == "1" and a["error_name"] == "ValueError", "kept whole"
+
+
+@pytest.mark.parametrize("suffix", ["\t" + str(NOW), "\t1 2 3", "\n", "\t"], ids=repr)
+def test_a_sweep_requeues_a_job_whose_lease_has_whitespace_after_its_token(
+    lua: Lua, r: redis.Redis, suffix: str
+) -> None:
+    """The sweep read a lease's token up to any whitespace, and holds() up to a space: a
+    lease garbled as "<token>\\t..." was no lease of its token, and the sweep deleted it with
+    the client's other leases, leaving its job active for good. The job goes back to
+    waiting as any swept job does."""
+    job = lua.take("a", client="c1")
+    r.hset(f"{lua.B}:lease:c1", "a", job.token + suffix)
+    again = lua.dequeue("c2", now=NOW + EXPIRY + 1).jobs
+    assert [(j.id, j.stall_count) for j in again] == [("a", 1)]
+    assert not r.exists(f"{lua.B}:lease:c1")
