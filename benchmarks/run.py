@@ -509,6 +509,37 @@ def queasy_has_listen() -> bool:
 # --- main ----------------------------------------------------------------------------------------
 
 
+#: the last line of what run.py writes at the top of RESULTS.md; what follows it is kept
+REPORT_END = "- See benchmarks/README.md for the method."
+RESULTS = os.path.join(HERE, "RESULTS.md")
+
+
+def report_path(out: str | None, only: str, metrics: list[str]) -> str | None:
+    """Where the report goes: `out` when given; else RESULTS.md for a run of every adapter
+    and metric, and nowhere for a partial one (its table would replace the full one)."""
+    if out is not None:
+        return out
+    return None if only or set(metrics) != set(METRICS) else RESULTS
+
+
+def write_report(path: str, text: str) -> None:
+    """Write the report `text` (ending with REPORT_END) at the top of `path`: what followed
+    the last report there (sections written by hand or by scale.py) is kept as it was."""
+    if os.path.exists(path):
+        with open(path) as f:
+            previous = f.read()
+        end = previous.find("\n" + REPORT_END + "\n")
+        if end >= 0:
+            kept = previous[end + len(REPORT_END) + 2 :].lstrip("\n")
+        else:  # a report without the line: from scale.py's section on, as before
+            marker = previous.find("## Scale (queasy_py only)")
+            kept = previous[marker:] if marker >= 0 else ""
+        if kept:
+            text = text.rstrip("\n") + "\n\n" + kept
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -535,7 +566,10 @@ def main(argv=None) -> int:
         "--timeout", type=float, default=300.0, help="time budget of one run, s (default 300)"
     )
     p.add_argument(
-        "--out", default=os.path.join(HERE, "RESULTS.md"), help="where to write the report"
+        "--out",
+        default=None,
+        help="where to write the report (default benchmarks/RESULTS.md, for a run of every "
+        "adapter and metric only)",
     )
     p.add_argument(
         "--smoke",
@@ -633,19 +667,18 @@ def main(argv=None) -> int:
         "## Notes",
         "",
         *notes(args.repeat),
-        "- See benchmarks/README.md for the method.",
+        REPORT_END,
         "",
     ]
-    text = "\n".join(doc)
-    if os.path.exists(args.out):  # keep the section benchmarks/scale.py writes
-        with open(args.out) as f:
-            previous = f.read()
-        marker = previous.find("## Scale (queasy_py only)")
-        if marker >= 0:
-            text = text.rstrip("\n") + "\n\n" + previous[marker:]
-    with open(args.out, "w") as f:
-        f.write(text)
-    log(f"wrote {args.out}")
+    out = report_path(args.out, args.only, metrics)
+    if out is None:
+        log(
+            "a partial run (--only, --metrics): RESULTS.md's peer table left as it is; "
+            "pass --out PATH to write this report"
+        )
+        return 0
+    write_report(out, "\n".join(doc))
+    log(f"wrote {out}")
     return 0
 
 
