@@ -18,7 +18,7 @@ Key layout (B: a queue's base key, as lua/queasy.lua's; KEYS[1] is B):
   B:rec                hash    (variant 'string', q5_*) id -> the record of each job that
                                lives (waiting, delayed or active: never renamed), one string
                                "<run_at> <enqueued_at> <retry_count> <stall_count>
-                               <timeout_count> <attempts> <trace> <data>" (trace '' none;
+                               <timeout_count>\t<attempts>\t<trace>\t<data>" (trace '' none;
                                data last: it may hold anything). A job is active when it has
                                a record and is not in B:waiting (its lease: B:lease:<client>)
   B:job:<id>           hash    (variant 'hash', q5h_*) the same record as a small hash per
@@ -27,9 +27,8 @@ Key layout (B: a queue's base key, as lua/queasy.lua's; KEYS[1] is B):
   B:blocked            hash    id -> "<u_data> <u_reset> <record string>": the job dispatched
                                while its id is active, with its update flags (one field per
                                id: no key, no set of its own)
-  B:lease:<client>     hash    id -> "<token> <run_at> <enqueued_at> <retry_count>
-                               <stall_count> <timeout_count> <attempts> <leased_at>" (as
-                               4.1.0): finish reads this, never the record
+  B:lease:<client>     hash    id -> "<token> <leased_at>" (as 4.0.0; finish reads the
+                               record for its numbers: one HMGET per call)
   B:events             stream  ONE entry per call: field `events`, the call's outcome lines
                                joined by '\n' (each "<outcome> <id> <ended_at> <started_at>
                                <pid> <run_at> <enqueued_at> <retry_count> <stall_count>
@@ -38,7 +37,9 @@ Key layout (B: a queue's base key, as lua/queasy.lua's; KEYS[1] is B):
                                <run_at> <enqueued_at> <retry_count> <stall_count>
                                <timeout_count> <client> <host>" (as 4.x), + "\n<result>"
                                when the handler returned one (no B:ended:<id> key)
-  B:finished           zset    id -> ended_at: the index the retention trims (as 4.x)
+  B:finished           list    one element per finish call, oldest first: "<ended_at> <id>
+                               <id> ...": the index the retention trims (whole elements;
+                               the count is B:ends's HLEN)
   B:stats              hash    finished, finished:<minute> (as 4.x)
   B:expiry, B:fresh, B:swept, B:parked: as 4.x (a client's liveness; parking is left out:
                                see cost.py's write-up, the pushes are not on this path)
@@ -172,6 +173,12 @@ end
 
 -- ---------------------------------------------------------------- helpers
 
+-- A new list with room for 32 values (lua/queasy.lua's list(): no resize on the way to 32).
+local function list()
+  return {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+    nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+end
+
 local int_n, int_s = nil, nil
 local function int(n)
   if n ~= int_n then
@@ -204,8 +211,11 @@ local function merge_run_at(current, new, mode)
 end
 
 -- A record string's parts: run_at, enqueued_at, retry, stall, timeout, attempts (strings),
--- trace, data; nil for a value that is not a record (written around the library).
-local REC = '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%S*) ()'
+-- trace, data; nil for a value that is not a record (written around the library). A record
+-- is "<run_at> <enqueued_at> <retry> <stall> <timeout>\t<attempts>\t<trace>\t<data>": the
+-- numbers an event repeats first, as one piece, and tabs around the parts the hot path takes
+-- apart with plain finds (a pattern of seven captures cost dequeue ~8k instructions a job).
+local REC = '^(%d+) (%d+) (%d+) (%d+) (%d+)\t(%d+)\t([^\t]*)\t()'
 local function parse(v)
   local run_at, enq, retry, stall, timeout, attempts, trace, p = string.match(v, REC)
   if run_at == nil then
@@ -215,8 +225,8 @@ local function parse(v)
 end
 
 local function record(run_at, enq, retry, stall, timeout, attempts, trace, data)
-  return run_at .. ' ' .. enq .. ' ' .. retry .. ' ' .. stall .. ' ' .. timeout .. ' '
-    .. attempts .. ' ' .. trace .. ' ' .. data
+  return run_at .. ' ' .. enq .. ' ' .. retry .. ' ' .. stall .. ' ' .. timeout .. '\t'
+    .. attempts .. '\t' .. trace .. '\t' .. data
 end
 
 -- The two ways to keep a record ('string': a field of B:rec; 'hash': a key B:job:<id>),
@@ -377,7 +387,7 @@ local function dispatch(B, args, hashed)
     local data, run_at, code = args[3 * k + 4], run_ats[k], nil
     local current = rec[id]
     if current == nil and waiting[id] == nil then -- a new id (or new in this call)
-      rec[id] = int(run_at) .. ' ' .. now_s .. ' 0 0 0 0 ' .. trace .. ' ' .. data
+      rec[id] = int(run_at) .. ' ' .. now_s .. ' 0 0 0\t0\t' .. trace .. '\t' .. data
       recs_new[id] = true
       code = 1
     elseif current ~= nil then -- waiting: an update
@@ -407,7 +417,7 @@ local function dispatch(B, args, hashed)
         codes[k] = 4
       else
         blocks[id] = (update_data and '1' or '0') .. ' ' .. (reset and '1' or '0') .. ' '
-          .. int(run_at) .. ' ' .. now_s .. ' 0 0 0 0 ' .. trace .. ' ' .. data
+          .. int(run_at) .. ' ' .. now_s .. ' 0 0 0\t0\t' .. trace .. '\t' .. data
         codes[k] = 3
       end
       blocked[id] = blocks[id]
@@ -519,7 +529,8 @@ Per call: EXISTS (B:parked + the guard's keys), the sweep's ZRANGE, ZSCORE of B:
 ZADDs (expiry, fresh), ZRANGE of B:waiting, one HMGET of B:rec (variant 'hash': one per
 job), one ZREM, one HSET of B:lease:<client>, ZRANGE for the next run_at. The record is not
 written (no rename: active = a record not in B:waiting).
-Returns {status, next_run_at, id, token, data, run_at, retry, stall, timeout, trace, ...}.
+Returns {status, next_run_at, id, token, record, ...}: the record string as stored (the
+client splits it: its attempts do not count this lease; finish counts it).
 ]]
 local function dequeue(B, args, hashed)
   local now = clock(args[1])
@@ -538,28 +549,23 @@ local function dequeue(B, args, hashed)
   end
   call('ZADD', B .. ':expiry', int(now + expiry_ms), client)
   call('ZADD', B .. ':fresh', int(now + math.floor(expiry_ms / 2)), client)
-  local out = {0, ''}
+  local out = list()
+  out[1], out[2] = 0, ''
   if limit > 0 then
     local ids = call('ZRANGE', B .. ':waiting', '-inf', int(now), 'BYSCORE', 'LIMIT', 0, limit)
     if #ids > 0 then
       local recs = store_of(B, hashed).read(ids)
-      local leases, taken, o, now_s = {}, 0, 2, int(now)
+      local leases, taken, o, now_s = list(), 0, 2, int(now)
       for k, id in ipairs(ids) do
         local v = recs[k]
-        local p, run_at, retry, stall, timeout, attempts, trace, at
-        if v then
-          p, run_at, retry, stall, timeout, attempts, trace, at = string.match(v,
-            '^((%d+) %d+ (%d+) (%d+) (%d+)) (%d+) (%S*) ()')
-        end
-        if p ~= nil then -- (a stray id, or a garbled record: only dropped from B:waiting)
+        if v then -- (a stray id without a record: only dropped from B:waiting)
           taken = taken + 1
           local token = nonce .. '.' .. small(taken)
           leases[2 * taken - 1] = id
-          leases[2 * taken] = token .. ' ' .. p .. ' ' .. small(tonumber(attempts) + 1) .. ' '
-            .. now_s
-          out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, token, string.sub(v, at), run_at
-          out[o + 5], out[o + 6], out[o + 7], out[o + 8] = retry, stall, timeout, trace
-          o = o + 8
+          leases[2 * taken] = token .. ' ' .. now_s
+          -- the record as it is: the client takes it apart (no pattern here)
+          out[o + 1], out[o + 2], out[o + 3] = id, token, v
+          o = o + 3
         end
       end
       call('ZREM', B .. ':waiting', unpack(ids))
@@ -578,42 +584,50 @@ end
 
 -- ---------------------------------------------------------------- q5_finish
 
--- Keep the ends of this call (`scored`: {ended_at, id, ...}, `ends`: {id, end, ...}) and
--- drop the oldest beyond `count` or older than `age_ms`: at most (jobs ended + 2) per call.
--- One ZRANGE WITHSCORES gives both the oldest ids and their ages (4.x: ZCOUNT and ZRANGE).
-local function retain(B, now, count, age_ms, scored, ends)
-  local zkey = B .. ':finished'
-  if #scored > 0 and count > 0 and age_ms > 0 then
-    call('ZADD', zkey, unpack(scored))
-    call('HSET', B .. ':ends', unpack(ends))
+-- Keep the ends of this call (`ids`, `ends`: {id, end, ...}, all ended at `ended`, a
+-- string) and drop the oldest calls' while more than `count` are kept or the oldest is
+-- older than `age_ms`: at most two calls' per call (so what is kept shrinks back after the
+-- retention is lowered). An id whose end is newer than the element that drops it (it ended
+-- again) keeps its end: only the ends whose ended_at is the element's go.
+local function retain(B, now, count, age_ms, ids, ends, ended)
+  local lkey, ekey = B .. ':finished', B .. ':ends'
+  if #ids > 0 and count > 0 and age_ms > 0 then
+    call('HSET', ekey, unpack(ends))
+    call('RPUSH', lkey, ended .. ' ' .. table.concat(ids, ' '))
   end
-  local budget = #scored / 2 + 2
-  local over = call('ZCARD', zkey) - count
-  local oldest = call('ZRANGE', zkey, 0, budget - 1, 'WITHSCORES')
-  local cutoff, old = now - age_ms, 0
-  for k = 2, #oldest, 2 do
-    if tonumber(oldest[k]) < cutoff then
-      old = k / 2
-    end
-  end
-  local n = math.min(math.max(over, old), budget, #oldest / 2)
-  if n > 0 then
-    local ids = {}
-    for k = 1, n do
-      ids[k] = oldest[2 * k - 1]
-    end
-    -- an id whose end is of another state now is only unindexed (as 4.x's drop_ends)
-    local v = call('HMGET', B .. ':ends', unpack(ids))
-    local gone = {}
-    for k, id in ipairs(ids) do
-      if v[k] and string.sub(v[k], 1, 9) == 'finished ' then
-        gone[#gone + 1] = id
+  for _ = 1, 2 do
+    local over = call('HLEN', ekey) > count
+    local oldest = over and call('LPOP', lkey) or nil
+    if not over then -- the age: the oldest element's ended_at (its first word)
+      local first = call('LINDEX', lkey, 0)
+      if first and tonumber(string.sub(first, 1, (find(first, ' ', 1, true) or 1) - 1))
+          < now - age_ms then
+        oldest = call('LPOP', lkey)
       end
     end
-    if #gone > 0 then
-      call('HDEL', B .. ':ends', unpack(gone))
+    if not oldest then
+      return
     end
-    call('ZREMRANGEBYRANK', zkey, 0, n - 1)
+    local dropped, at = {}, nil
+    for word in string.gmatch(oldest, '%S+') do
+      if at == nil then
+        at = 'finished ' .. word .. ' '
+      else
+        dropped[#dropped + 1] = word
+      end
+    end
+    if #dropped > 0 then
+      local v = call('HMGET', ekey, unpack(dropped))
+      local gone = {}
+      for k, id in ipairs(dropped) do
+        if v[k] and find(v[k], at, 1, true) == 1 then
+          gone[#gone + 1] = id
+        end
+      end
+      if #gone > 0 then
+        call('HDEL', ekey, unpack(gone))
+      end
+    end
   end
 end
 
@@ -641,9 +655,10 @@ end
 --[[ q5_finish: jobs completed.
 KEYS[1] B; ARGV as queasy_finish: now, client id, events maxlen, keep count, keep ms, host,
 notify, then quintuples id, token, pid, started_at, result ('' none, else JSON).
-Per call: EXISTS (B:blocked + the guard's keys), HMGET of the lease hash, HDEL of the lease
-hash, HDEL of B:rec (variant 'hash': one DEL of the keys), one XADD of the call's event
-lines, ZADD and HSET of the ends, the trim (ZCARD, ZRANGE, HMGET, HDEL, ZREMRANGEBYRANK),
+Per call: EXISTS (B:blocked + the guard's keys), HMGET of the lease hash, HMGET of B:rec
+(variant 'hash': one HMGET per job), HDEL of the lease hash, HDEL of B:rec (variant 'hash':
+one DEL of the keys), one XADD of the call's event lines, HSET of the ends and RPUSH of
+their ids, the trim (HLEN, LPOP, HMGET and HDEL of the ends; LINDEX when under the count),
 HMGET and HSET of B:stats; with blocked jobs, one HMGET of B:blocked and per call one HSET
 (B:rec), ZADD, HDEL and SPUBLISH for those promoted.
 Returns one code per job: 0 ok, 1 stale.
@@ -657,7 +672,7 @@ local function finish(B, args, hashed)
   local host = text(args[6], 'host')
   local notify = flag(args[7], 'notify')
   groups(args, 8, 5, 'q5_finish')
-  local ids = {}
+  local ids = list()
   for i = 8, #args, 5 do
     local n = (i - 8) / 5 + 1
     ids[n] = args[i]
@@ -674,40 +689,55 @@ local function finish(B, args, hashed)
       end)
     end
   end
-  local codes = {}
+  local codes = list()
   if #ids == 0 then
     return codes
   end
   local any_blocked = call('EXISTS', B .. ':blocked', B .. ':guard:1', B .. ':guard:2') > 0
   local lkey = B .. ':lease:' .. client
   local held = call('HMGET', lkey, unpack(ids))
-  local ended = int(now)
-  local taken, lines, scored, ends, seen = {}, {}, {}, {}, {}
+  local cands, at_k, seen = list(), list(), {}
   for k, id in ipairs(ids) do
-    local i = 8 + (k - 1) * 5
-    local token, v = args[i + 1], held[k]
-    local counts, attempts = nil, nil
-    if v and not seen[id] and find(v, token, 1, true) == 1
-        and string.byte(v, #token + 1) == 32 then
-      counts, attempts = string.match(v, '^(%d+ %d+ %d+ %d+ %d+) (%d+) ', #token + 2)
-    end
-    if counts == nil then
-      codes[k] = 1
-    else
-      codes[k] = 0
+    local token, v = args[8 + (k - 1) * 5 + 1], held[k]
+    -- the lease is "<token> <leased_at>" (a token holds no space)
+    if v and not seen[id] and find(v, token, 1, true) == 1 and string.byte(v, #token + 1) == 32
+        and not find(token, ' ', 1, true) then
       seen[id] = true
+      cands[#cands + 1] = id
+      at_k[#cands] = k
+    end
+    codes[k] = 1
+  end
+  if #cands == 0 then
+    return codes
+  end
+  local store = store_of(B, hashed)
+  local recs = store.read(cands)
+  local ended = int(now)
+  local taken, lines, ends = list(), list(), list()
+  for c, id in ipairs(cands) do
+    local v = recs[c]
+    -- "<run_at> <enqueued_at> <retry> <stall> <timeout>\t<attempts>\t...": two plain finds
+    local t1 = v and find(v, '\t', 1, true)
+    local t2 = t1 and find(v, '\t', t1 + 1, true)
+    local attempts = t2 and tonumber(string.sub(v, t1 + 1, t2 - 1))
+    if attempts then -- (no record, or one garbled around the library: stale)
+      local k = at_k[c]
+      local i = 8 + (k - 1) * 5
+      codes[k] = 0
       taken[#taken + 1] = id
+      local counts = string.sub(v, 1, t1 - 1)
       local pid, started = args[i + 2], args[i + 3]
       pid, started = pid == '' and '-' or pid, started == '' and '-' or started
       local at = ended .. ' ' .. started .. ' ' .. pid .. ' '
       if maxlen > 0 then
         lines[#lines + 1] = 'finished ' .. id .. ' ' .. at .. counts .. ' ' .. client
       end
-      local line = 'finished ' .. at .. attempts .. ' ' .. counts .. ' ' .. client .. ' ' .. host
+      local line = 'finished ' .. at .. small(attempts + 1) .. ' ' .. counts .. ' ' .. client
+        .. ' ' .. host
       if args[i + 4] ~= '' then
         line = line .. '\n' .. args[i + 4]
       end
-      scored[#scored + 1], scored[#scored + 2] = ended, id
       ends[#ends + 1], ends[#ends + 2] = id, line
     end
   end
@@ -715,10 +745,9 @@ local function finish(B, args, hashed)
     return codes
   end
   call('HDEL', lkey, unpack(taken))
-  local store = store_of(B, hashed)
   store.drop(taken)
   append_events(B, maxlen, lines)
-  retain(B, now, keep_count, keep_ms, scored, ends)
+  retain(B, now, keep_count, keep_ms, taken, ends, ended)
   tally(B, now, #taken)
   if any_blocked then -- promote: each blocked job of an id that ended becomes waiting
     local b = call('HMGET', B .. ':blocked', unpack(taken))
