@@ -88,3 +88,17 @@ def test_bad_input_is_refused_with_nothing_written(proto: redis.Redis) -> None:
         with pytest.raises(redis.ResponseError, match=f"^INVALID .*{what}"):
             fcall(proto, *args)
     assert proto.keys("*") == []
+
+
+def test_garbled_values_written_around_it_fail_no_call_half_way(proto: redis.Redis) -> None:
+    """A waiting record and the ends index's head garbled around the prototype: a dispatch
+    replaces the record (a new job), a finish that trims reads the head as not old; neither
+    call fails after a write."""
+    fcall(proto, "q5_dispatch", NOW, 1, "replace", 0, "", "a", "1", "")
+    proto.hset(B + ":rec", "a", "garbage")
+    assert fcall(proto, "q5_dispatch", NOW, 1, "replace", 0, "", "a", "2", "") == [1]
+    got = fcall(proto, "q5_dequeue", NOW, "c1", "n", 5, 60000, 100)
+    assert got[2] == "a" and got[4].endswith("\t2")
+    proto.lpush(B + ":finished", "x y")
+    codes = fcall(proto, "q5_finish", NOW + 1, "c1", 100, 10, 1, "h", 0, "a", got[3], "", "", "")
+    assert codes == [0] and proto.hkeys(B + ":ends") == ["a"]

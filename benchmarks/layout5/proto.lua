@@ -379,7 +379,11 @@ local function dispatch(B, args, hashed)
   local rec = {} -- id -> record string (a waiting or new job's)
   for k, id in ipairs(ids) do
     if rec[id] == nil and recs[k] and waiting[id] then
-      rec[id] = recs[k]
+      if parse(recs[k]) then
+        rec[id] = recs[k]
+      else -- a record garbled around the prototype: replaced as a new one (4.x reads 0s)
+        waiting[id] = nil
+      end
     end
   end
   local zadd, blocks, order, earliest, recs_new = {}, {}, {}, nil, {}
@@ -600,8 +604,9 @@ local function retain(B, now, count, age_ms, ids, ends, ended)
     local oldest = over and call('LPOP', lkey) or nil
     if not over then -- the age: the oldest element's ended_at (its first word)
       local first = call('LINDEX', lkey, 0)
-      if first and tonumber(string.sub(first, 1, (find(first, ' ', 1, true) or 1) - 1))
-          < now - age_ms then
+      -- (an element garbled around the library reads as not old: no error after the writes)
+      local at = first and tonumber(string.sub(first, 1, (find(first, ' ', 1, true) or 1) - 1))
+      if at and at < now - age_ms then
         oldest = call('LPOP', lkey)
       end
     end
