@@ -39,10 +39,11 @@ Key layout (B: a queue's base key, as lua/queasy.lua's; KEYS[1] is B):
                                when the handler returned one (no B:ended:<id> key)
   B:finished           list    one element per finish call, oldest first: "<ended_at> <id>
                                <id> ...": the index the retention trims (whole elements;
-                               the count is B:ends's HLEN)
+                               the count is B:ends's HLEN: with failed and cancelled ends
+                               there too, a 5.0 would count each state in B:stats)
   B:stats              hash    finished, finished:<minute> (as 4.x)
-  B:expiry, B:fresh, B:swept, B:parked: as 4.x (a client's liveness; parking is left out:
-                               see cost.py's write-up, the pushes are not on this path)
+  B:expiry, B:fresh, B:swept, B:parked: as 4.x (a client's liveness; dequeue clears the
+                               client's parked slots, but nothing parks: pushes left out)
 
 Left out (not on a no-op job's path; none changes what that path runs): retry and fail,
 cancel, schedules, dispatch_once windows, pushes to parked clients, results kept whole with
