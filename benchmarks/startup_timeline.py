@@ -42,9 +42,12 @@ if _file:
         "queasy_py.runtime.supervisor": "supervisor: imports the runtime",
     }
     def _hook(event, args):
-        if event == "import" and args[0] in _imports and args[0] not in _seen:
-            _seen.add(args[0])
-            _mark(_imports[args[0]])
+        if event == "import":
+            # redis-py's own modules too: importlib.import_module("redis") raises no event
+            name = "redis" if args[0].startswith("redis.") else args[0]
+            if name in _imports and name not in _seen:
+                _seen.add(name)
+                _mark(_imports[name])
         elif event == "socket.connect" and "connect" not in _seen:
             _seen.add("connect")
             _mark("supervisor: first connect")
