@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -150,3 +151,46 @@ def test_a_url_with_options_is_read_at_once_and_runs(
 def test_a_plain_url_redis_py_would_refuse_is_refused_when_the_client_is_made(url: str) -> None:
     with pytest.raises(ConfigError, match="invalid Redis URL"):
         Client(url, workers=0)
+
+
+def test_queasy_run_stopped_while_waiting_for_redis_leaves_no_worker(tmp_path: Path) -> None:
+    """`queasy run` starts its workers, then waits for a server that does not answer; SIGTERM
+    in that wait stops them with it (exit 130, INTERRUPTED), as Ctrl-C does."""
+    import psutil
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "order_handler.py").write_text(HANDLER)
+    (tmp_path / "entry.py").write_text(CLI_SCRIPT)
+    (tmp_path / "queasy.toml").write_text(
+        f'redis = "redis://127.0.0.1:{port}/0"\nworkers = 2\n'
+        '[queues.q]\nhandler = "order_handler"\n'
+    )
+    log_path = tmp_path / "run.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "QUEASY_REDIS_URL")}
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{ROOT}"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(tmp_path / "entry.py"), "run", "queasy.toml"],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        workers = []
+        wait_for(lambda: "(try 1)" in log_path.read_text(), 30, "the wait for Redis")
+        workers = psutil.Process(proc.pid).children()
+        assert len(workers) == 2, workers  # started before the wait
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == exitcodes.INTERRUPTED, log_path.read_text()
+        assert "interrupted: queasy run stopped" in log_path.read_text()
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, f"workers left running: {alive}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
