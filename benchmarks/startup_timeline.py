@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bytecode import compile_queasy
 from firstjob import run_first_job
 
 REPO = Path(__file__).resolve().parent.parent
@@ -170,6 +171,7 @@ def main() -> int:
     sys.path.insert(0, str(repo))
     from queasy_py.store.embedded import EmbeddedServer
 
+    compile_queasy()  # --repo's, as installed: its bytecode written (benchmarks/bytecode.py)
     load = os.getloadavg()
     runs = []
     with EmbeddedServer() as server, tempfile.TemporaryDirectory() as tmp_name:
