@@ -602,6 +602,10 @@ def main(argv=None) -> int:
         if rc != 0:
             log("setup_peers.sh failed: peers will report null")
 
+    if any(a[0] == "queasy" for a in chosen):
+        from bytecode import compile_queasy
+
+        log(f"queasy_py's bytecode written in {compile_queasy()} (as pip install does for a peer)")
     become_subreaper()
     server = Server().start()
     keep = {server.proc.pid}

@@ -22,6 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bytecode import compile_queasy  # noqa: E402
 from firstjob import run_first_job  # noqa: E402
 
 from queasy_py import Client  # noqa: E402
@@ -61,6 +62,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     counts = [int(x) for x in args.workers.split(",")]
+    compile_queasy()  # as installed: its bytecode written (benchmarks/bytecode.py)
     load = os.getloadavg()
     times: dict[int, list[float]] = {w: [] for w in counts}
     with EmbeddedServer() as server, tempfile.TemporaryDirectory() as tmp_name:

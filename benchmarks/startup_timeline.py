@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bytecode import compile_queasy
 from firstjob import run_first_job
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,9 +43,12 @@ if _file:
         "queasy_py.runtime.supervisor": "supervisor: imports the runtime",
     }
     def _hook(event, args):
-        if event == "import" and args[0] in _imports and args[0] not in _seen:
-            _seen.add(args[0])
-            _mark(_imports[args[0]])
+        if event == "import":
+            # redis-py's own modules too: importlib.import_module("redis") raises no event
+            name = "redis" if args[0].startswith("redis.") else args[0]
+            if name in _imports and name not in _seen:
+                _seen.add(name)
+                _mark(_imports[name])
         elif event == "socket.connect" and "connect" not in _seen:
             _seen.add("connect")
             _mark("supervisor: first connect")
@@ -167,6 +171,7 @@ def main() -> int:
     sys.path.insert(0, str(repo))
     from queasy_py.store.embedded import EmbeddedServer
 
+    compile_queasy()  # --repo's, as installed: its bytecode written (benchmarks/bytecode.py)
     load = os.getloadavg()
     runs = []
     with EmbeddedServer() as server, tempfile.TemporaryDirectory() as tmp_name:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-import redis
 
 from . import defaults, records
 from .errors import InvalidInput, QueasyError
@@ -14,16 +13,26 @@ from .options import check_setting
 from .queue import Queue
 from .resolve import PathLike, Target, resolve
 from .store import fields
-from .store.calls import FastCall
-from .store.cluster import ClusterCall, connect_cluster, is_cluster_url, parse_cluster_url
-from .store.connection import mask_url, new_client_id, producer_client, wait_reachable
+from .store.connection import (
+    check_url,
+    is_cluster_url,
+    mask_url,
+    new_client_id,
+    plain_url,
+    producer_client,
+    wait_reachable,
+)
 from .store.keys import RegistryKeys, schedule_pattern, schedule_queue
 from .store.library import ensure_loaded
 
 if TYPE_CHECKING:
+    import redis
+
     from .job import ScheduleInfo
     from .options import ListenOptions
     from .runtime.supervisor import Supervisor
+    from .store.calls import FastCall
+    from .store.cluster import ClusterCall
     from .store.shared import SharedServer
 
 log = logging.getLogger("queasy_py")
@@ -68,10 +77,17 @@ class Client:
         self.server: SharedServer | None = target.server
         self.url = target.url
         self.cluster = is_cluster_url(self.url)
-        self._redis: Any = None  # a redis.Redis, or a ClusterClient made by ready()
+        # a redis.Redis, or a ClusterClient; made by ready() on a cluster URL and on a plain
+        # one (redis:// or unix:// without options: nothing of it can be refused later), so
+        # that run() starts its workers before redis-py is imported (store/lazyredis.py)
+        self._redis: Any = None
         try:  # a bad URL is a ConfigError now; the connection is made by the first call
             if self.cluster:
+                from .store.cluster import parse_cluster_url
+
                 parse_cluster_url(self.url)
+            elif plain_url(self.url):
+                check_url(self.url)
             else:
                 self._redis = producer_client(self.url)
         except BaseException:
@@ -79,7 +95,7 @@ class Client:
             raise
         # INFO when the URL was found (env, config, the embedded server), not given
         log.log(logging.DEBUG if target.explicit else logging.INFO, "using %s", target.describe())
-        self._fastcall: Any = None if self.cluster else FastCall(self._redis)
+        self._fastcall: Any = None  # made by ready()
         self.library_version: str | None = None  # set by ready()
         self._connecting = threading.Lock()
         self.id = new_client_id()
@@ -94,9 +110,17 @@ class Client:
         AuthenticationFailed, VersionMismatch. A failed try is tried again by the next call."""
         with self._connecting:  # threads making their first calls at once connect once
             if self.library_version is None and self.cluster:
+                from .store.cluster import ClusterCall, connect_cluster
+
                 self._redis, self.library_version = connect_cluster(self.url, attempts)
                 self._fastcall = ClusterCall(self._redis)
             elif self.library_version is None:
+                from .store.calls import FastCall
+
+                if self._redis is None:
+                    self._redis = producer_client(self.url)
+                if self._fastcall is None:
+                    self._fastcall = FastCall(self._redis)
                 wait_reachable(self._redis, self.url, attempts)
                 self.library_version = ensure_loaded(self._redis)
         return self
@@ -171,11 +195,13 @@ class Client:
             raise InvalidInput(f"queue {queue.name!r} is already listened to by this client")
         self.listeners[queue.name] = (queue, spec)
 
-    def run(self) -> int:
+    def run(self, connect: Callable[[Client], object] | None = None) -> int:
         """Supervise the listened queues until SIGTERM/SIGINT. Returns an exit code.
 
         The first workers are started before anything else (runtime/early.py): their start
-        overlaps connecting, loading the library and the supervisor's own start."""
+        overlaps importing redis-py, connecting, loading the library and the supervisor's own
+        start. `connect(client)` connects and loads the library then (default: ready();
+        `queasy run` waits there for a server that is down); its errors stop the workers."""
         if not self.listeners:
             raise QueasyError("run() needs at least one queue.listen(...) first")
         if self.settings["workers"] == 0:
@@ -185,20 +211,20 @@ class Client:
             # neither knowing the jobs the other runs
             raise QueasyError("run() is already running on this client (one supervisor each)")
         try:
-            return self._run()
+            return self._run(connect or Client.ready)
         finally:
             self._running.release()
 
-    def _run(self) -> int:
+    def _run(self, connect: Callable[[Client], object]) -> int:
         from .runtime.early import early_for, sigterm_interrupts, start_early
 
         with sigterm_interrupts():  # SIGTERM before the supervisor ran: its workers stopped
             early, supervisor = early_for(self), None
             try:  # the workers not adopted (a refused connection, a bad config) are stopped
                 start_early(self, early)
+                connect(self)
                 from .runtime.supervisor import Supervisor
 
-                self.ready()
                 supervisor = self._supervisor = Supervisor(self, early)
                 if self.server is not None:
                     self.server.long_lived = True

@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from .errors import InvalidInput
 from .queue import BatchResult
+from .store.lazyredis import redis
 from .store.library import Dispatched, lua_error
 
 if TYPE_CHECKING:

@@ -9,12 +9,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-import redis
-
 from . import records, validate
 from .errors import InvalidInput, ResultTimeout
 from .job import END_STATES, JobInfo
 from .store import events
+from .store.lazyredis import redis
 from .store.library import fcall, lua_error
 
 #: jobs per call of queasy_jobs (the most), queasy_requeue and queasy_purge

@@ -10,14 +10,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from . import defaults, records, validate
 from .errors import InvalidInput
 from .job import JobInfo, ScheduleInfo
 from .operate import Operate, OperateArgs
 from .store import fields
 from .store.keys import QueueKeys, RegistryKeys
+from .store.lazyredis import redis
 from .store.library import Dispatched, fcall, lua_error
 from .tracing import traceparent
 

@@ -182,12 +182,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         prefix=conf.prefix,
         **settings,
     )
-    try:
+
+    def connect(client: Client) -> None:  # once run() started the first workers
         connect_retrying(client)
         log.info("queasy run: %s on %s", conf.source, mask_url(client.url))
+
+    try:
         for name, (handler, options) in conf.queues.items():
             client.queue(name).listen(handler, **options)
-        return client.run()
+        return client.run(connect)
     finally:
         client.close()
 

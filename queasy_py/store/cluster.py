@@ -29,20 +29,16 @@ from redis.retry import Retry
 
 from .. import defaults
 from ..errors import AuthenticationFailed, ConfigError, ConnectionFailed
+from .connection import CLUSTER_SCHEMES
+from .connection import is_cluster_url as is_cluster_url  # its home before
 from .library import ensure_loaded, parse_version
 
 log = logging.getLogger("queasy_py")
 
-#: the URL schemes of a cluster, and the plain scheme each stands for
-CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 #: seconds a producer's call waits for a moving or unserved slot (ClusterClient.slot_wait)
 SLOT_WAIT = 10.0
 #: commands whose keys follow their numkeys argument (name, numkeys, keys...)
 _NUMKEYS_COMMANDS = frozenset({"fcall", "fcall_ro"})
-
-
-def is_cluster_url(url: str) -> bool:
-    return url.partition("://")[0].lower() in CLUSTER_SCHEMES
 
 
 def parse_cluster_url(url: str) -> tuple[list[ClusterNode], dict[str, Any]]:

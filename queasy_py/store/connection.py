@@ -8,13 +8,11 @@ import re
 import time
 import uuid
 from typing import Any, TypeVar
-
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from urllib.parse import urlsplit
 
 from .. import defaults
 from ..errors import AuthenticationFailed, ConfigError, ConnectionFailed, QueasyError
+from .lazyredis import redis  # imported by the first connection, not by this module
 
 log = logging.getLogger("queasy_py")
 
@@ -23,6 +21,8 @@ R = TypeVar("R")
 
 #: the URL schemes redis-py connects with
 SCHEMES = ("redis", "rediss", "unix")
+#: the URL schemes of a cluster, and the plain scheme each stands for (store/cluster.py)
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 #: what may follow the `@` that ends the credentials: a host (name, IPv4 or [IPv6]) and port
 _HOST_AFTER_AT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]*)(:[^/?#@]*)?(?=$|[/?#])")
 #: query arguments that hold secrets (redis-py: password=, ssl_password=, ...)
@@ -61,6 +61,10 @@ def mask_url(url: str) -> str:
     return _SECRET_QUERY.sub(r"\1***", url)
 
 
+def is_cluster_url(url: str) -> bool:
+    return url.partition("://")[0].lower() in CLUSTER_SCHEMES
+
+
 def check_url(url: str) -> None:
     """ConfigError (not an outage: never retried) for a URL redis-py would refuse or misread.
 
@@ -68,7 +72,7 @@ def check_url(url: str) -> None:
     parser, which then takes part of the password for the host or port.
     """
     scheme = url.partition("://")[0].lower() if "://" in url else ""
-    if scheme in ("redis+cluster", "rediss+cluster"):
+    if scheme in CLUSTER_SCHEMES:
         from .cluster import parse_cluster_url
 
         parse_cluster_url(url)  # ConfigError naming what is wrong
@@ -102,6 +106,22 @@ def connect(
         r.close()
         raise
     return r
+
+
+def plain_url(url: str) -> bool:
+    """True for a `redis://` or `unix://` URL without options (no `?`, no `#`) whose host
+    and port parse: redis-py's from_url cannot refuse it (after check_url), so its client can
+    wait for its first use and redis-py's import with it. False for every other URL (TLS, a
+    cluster, options, a bad port): from_url reads it at once, as before."""
+    if not url.startswith(("redis://", "unix://")) or "?" in url or "#" in url:
+        return False
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- ValueError for a port redis-py refuses
+        parts.hostname  # noqa: B018
+    except ValueError:
+        return False
+    return True
 
 
 def producer_client(url: str) -> redis.Redis:
@@ -192,10 +212,13 @@ def loop_client(url: str, timeout: float = defaults.LOOP_REDIS_TIMEOUT) -> redis
     every call gives up after `timeout` seconds, and redis-py does not retry on its own (the
     caller backs off and decides whether a command may be sent again). On a cluster URL: a
     ClusterClient (store/cluster.py) that routes each call by its key, with the same bounds."""
-    from .cluster import is_cluster_url, loop_cluster_client
-
     if is_cluster_url(url):
+        from .cluster import loop_cluster_client
+
         return loop_cluster_client(url, timeout)  # type: ignore[return-value]
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
     return from_url(
         redis.Redis,
         url,

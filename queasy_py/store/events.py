@@ -25,10 +25,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from ..errors import InvalidInput
 from . import fields
+from .lazyredis import redis
 
 #: a stream key: <prefix>:{<tag>}:<queue name>:events (names hold no braces)
 STREAM_KEY = re.compile(r"^(?P<prefix>.+?):\{(?P<tag>[^{}]+)\}:(?P<name>[^{}]+):events$")

@@ -10,9 +10,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from ..errors import InvalidInput, QueasyError, VersionMismatch
+from .lazyredis import redis
 
 
 class Dispatched(enum.IntEnum):
