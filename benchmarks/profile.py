@@ -77,6 +77,8 @@ SUPERVISOR = textwrap.dedent(
             prof.disable()
             stats = pstats.Stats(prof).sort_stats(os.environ.get("PROFILE_SORT", "tottime"))
             stats.print_stats(int(os.environ.get("PROFILE_TOP", "20")))
+            if os.environ.get("PROFILE_DUMP"):  # the raw stats, for pstats' callers view
+                stats.dump_stats(os.environ["PROFILE_DUMP"])
     """
 )
 

@@ -108,6 +108,7 @@ class WorkerProc:
                 j.seq,
                 j.queue,
                 j.id,
+                j.token,
                 j.run_at,
                 j.retry_count,
                 j.stall_count,
