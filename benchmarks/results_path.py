@@ -6,8 +6,8 @@ the round's FCALL (outcomes.ack_commands) and packed as RedisPipe.send packs it.
 
 Times with time.thread_time_ns (this thread's CPU; the load of the machine changes it far
 less than a wall-clock rate). The workers' side (making the batch) is timed apart: it runs
-in the workers, in parallel. Runs against the tree it is started from: with PYTHONPATH set
-to an older tree it measures that one (its batch of results in that tree's format).
+in the workers, in parallel. Runs against the tree it is started from, or the one PYTHONPATH names
+(an older tree, to compare). The min of the repeats is the figure least moved by the load.
 """
 
 from __future__ import annotations
@@ -33,14 +33,6 @@ from queasy_py.runtime.pool import Running, WorkerProc  # noqa: E402
 from queasy_py.runtime.supervisor import Supervisor  # noqa: E402
 from queasy_py.store.embedded import EmbeddedServer  # noqa: E402
 
-try:  # this tree: the worker packs each finish (frames.pack_results)
-    from queasy_py.runtime.results import encode_results, finish_head
-    from queasy_py.store.pipe import Spliced
-
-    SPLICED = True
-except ImportError:  # an older tree: a batch of results is an orjson list
-    SPLICED = False
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -51,42 +43,44 @@ def main() -> None:
     args = ap.parse_args()
     with EmbeddedServer() as server:
         client = Client(server.url, workers=0, prefix="rp")
-        client.queue("bench").listen("benchmarks.peers.tasks.queasy_pass", size=1,
-                                     store_results=args.result)
+        client.queue("bench").listen(
+            "benchmarks.peers.tasks.queasy_pass", size=1, store_results=args.result
+        )
         sup = Supervisor(client)
         ours, theirs = socket.socketpair()
         proc = WorkerProc(process=SimpleNamespace(pid=4242), pipe=Pipe(ours), sentinel=-1)
         sup.workers.procs.append(proc)
-        state = sup.states["bench"]
         headers = sup.rounds.headers
-        packed_heads: dict = {}
         supervisor_ns, worker_ns, jobs = [], [], 0
         value = '{"ok": true, "text": "été\\r\\n"}' if args.result else None
         for _ in range(args.repeat):
             sup_ns = wrk_ns = 0
             for r in range(args.rounds):
-                items, finishes = [], {}
+                items = []
                 for i in range(args.batch):
                     seq = r * args.batch + i + 1
-                    job = Running(seq, "bench", f"job{seq:012d}", f"0123456789ab{seq:x}",
-                                  b"1", 1700000000000, 0, 0, 0, 1, 1e18)
+                    job = Running(
+                        seq,
+                        "bench",
+                        f"job{seq:012d}",
+                        f"0123456789ab{seq:x}",
+                        b"1",
+                        1700000000000,
+                        0,
+                        0,
+                        0,
+                        1,
+                        1e18,
+                    )
                     proc.jobs[seq] = job
                     item = [seq, 1700000000123, None] + ([value] if value else [])
                     items.append(item)
-                    if SPLICED:
-                        finishes[seq] = finish_head(job.id, job.token, 4242)
                 t0 = time.thread_time_ns()
-                frame = encode_results(items, finishes) if SPLICED else orjson.dumps(items)
+                frame = orjson.dumps(items)  # as the worker's sender thread does
                 t1 = time.thread_time_ns()
-                if SPLICED:
-                    sup.workers._results(proc, frame)
-                    commands, _ = outcomes.ack_commands("c1", sup.acks, headers, packed_heads)
-                    packed = b"".join([c.packed if type(c) is Spliced
-                                       else hiredis.pack_command(tuple(c)) for c in commands])
-                else:
-                    sup.workers._handle_message(proc, orjson.loads(frame))
-                    commands, _ = outcomes.ack_commands("c1", sup.acks, headers)
-                    packed = b"".join([hiredis.pack_command(tuple(c)) for c in commands])
+                sup.workers._handle_message(proc, orjson.loads(frame))
+                commands, _ = outcomes.ack_commands("c1", sup.acks, headers)
+                packed = b"".join([hiredis.pack_command(tuple(c)) for c in commands])
                 sup.acks.clear()
                 t2 = time.thread_time_ns()
                 assert packed.startswith(b"*")
@@ -104,12 +98,18 @@ def main() -> None:
         sup.events.close()
         client.close()
     fmt = ", ".join
-    print(f"{'spliced' if SPLICED else 'orjson list'}; batch {args.batch}, "
-          f"result {'stored' if args.result else 'not stored'}; load {os.getloadavg()[0]:.2f}")
-    print(f"  supervisor µs/job: {fmt(f'{x / 1000:.2f}' for x in supervisor_ns)} "
-          f"(median {statistics.median(supervisor_ns) / 1000:.2f})")
-    print(f"  worker (batch) µs/job: {fmt(f'{x / 1000:.2f}' for x in worker_ns)} "
-          f"(median {statistics.median(worker_ns) / 1000:.2f})")
+    print(
+        f"batch {args.batch}, "
+        f"result {'stored' if args.result else 'not stored'}; load {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"  supervisor µs/job: {fmt(f'{x / 1000:.2f}' for x in supervisor_ns)} "
+        f"(median {statistics.median(supervisor_ns) / 1000:.2f})"
+    )
+    print(
+        f"  worker (batch) µs/job: {fmt(f'{x / 1000:.2f}' for x in worker_ns)} "
+        f"(median {statistics.median(worker_ns) / 1000:.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -1,18 +1,11 @@
 """Framing of the pipe between the supervisor and a worker: each message is a 4-byte
-big-endian length, then that many bytes: one orjson document, except a batch of jobs and a
-batch of results.
+big-endian length, then that many bytes: one orjson document, except a batch of jobs.
 
 A batch of jobs (supervisor -> worker) is a 4-byte length, that many bytes of orjson
-header ([[seq, queue, id, token, run_at, retry, stall, timeout, trace, data_length], ...]),
-then the jobs' data, as stored, one after the other. Job data is never parsed as part of the
-header: data that is not JSON (written to Redis by anyone with the key layout) cannot break
-the framing or reach another job; the worker decodes each job's data on its own.
-
-A batch of results (worker -> supervisor) is RESULTS, then the same shape: a 4-byte length,
-an orjson header ([[seq, started_ms, error_or_null, finish_length], ...]), then the finish of
-each job that succeeded: its ARGV group of queasy_finish (id, token, worker pid, started_ms,
-result) as RESP bulk strings, which the supervisor splices into its finish FCALL unread.
-Both ends are always the same install: this format is private between them.
+header ([[seq, queue, id, run_at, retry, stall, timeout, data_length], ...]), then the jobs'
+data, as stored, one after the other. Job data is never parsed as part of the header: data
+that is not JSON (written to Redis by anyone with the key layout) cannot break the framing
+or reach another job; the worker decodes each job's data on its own.
 
 The supervisor reads without blocking and takes every frame that has arrived in one go
 (multiprocessing's Connection.poll() built a selector per call: a quarter of the loop's time
@@ -30,8 +23,6 @@ from typing import Any
 import orjson
 
 HEAD = struct.Struct("!i")
-#: the first byte of a batch of results (no JSON document starts with it)
-RESULTS = b"R"
 #: the most bytes one recv of read_frames takes
 RECV_SIZE = 1 << 18
 
@@ -40,23 +31,6 @@ def pack_jobs(heads: list[list[Any]], datas: Sequence[bytes]) -> bytes:
     """One batch of jobs: `heads[i]` ends with len(datas[i]), the raw data of job i."""
     header = orjson.dumps(heads)
     return b"".join([HEAD.pack(len(header)), header, *datas])
-
-
-def pack_results(heads: list[list[Any]], finishes: Sequence[bytes]) -> bytes:
-    """One batch of results: `heads[i]` ends with the length of its finish in `finishes`."""
-    header = orjson.dumps(heads)
-    return b"".join([RESULTS, HEAD.pack(len(header)), header, *finishes])
-
-
-def result_heads(frame: bytes) -> tuple[list[list[Any]], int]:
-    """The heads of a batch made by pack_results, and where the first finish starts.
-    ValueError when the frame is not one whole batch (its finishes do not end it)."""
-    start = len(RESULTS) + HEAD.size
-    (size,) = HEAD.unpack_from(frame, len(RESULTS))
-    heads = orjson.loads(frame[start : start + size])
-    if start + size + sum(head[-1] for head in heads) != len(frame):
-        raise ValueError("a batch of results whose finishes do not fill its frame")
-    return heads, start + size
 
 
 def job_heads(frame: bytes) -> tuple[list[list[Any]], int]:

@@ -19,7 +19,6 @@ from typing import Any
 import orjson
 
 from ..options import ListenOptions
-from ..store.pipe import bulk_strings, spliced
 from ..validate import ms_not_before
 from .pool import Running
 
@@ -35,9 +34,6 @@ class Ack:
     fail_base: str | None
     args: list[Any]
     alone: bool = False  # sent as its own FCALL (its group was refused: find the bad one)
-    #: `args` as RESP bulk strings, packed by the worker that ran the job (a finish: its
-    #: result is in here only, args[4] is ''), spliced into the FCALL as they are; b'': none
-    raw: bytes = b""
 
 
 def error_dict(
@@ -57,8 +53,6 @@ NOW = "+0"
 #: the most jobs one FCALL of finish, retry or fail acks (MAX_ACKS of lua/queasy.lua, which
 #: refuses more): a group of more, as acks kept through an outage make, goes in several
 MAX_ACKS = 1000
-#: the most packed FCALL heads ack_commands keeps
-MAX_HEADS = 1024
 
 
 def after(seconds: float) -> str:
@@ -234,16 +228,11 @@ def ack_headers(specs: dict[str, ListenOptions], host: str) -> dict[tuple[str, s
 
 
 def ack_commands(
-    client_id: str,
-    acks: list[Ack],
-    headers: dict[tuple[str, str], list],
-    packed: dict[tuple, bytes] | None = None,
+    client_id: str, acks: list[Ack], headers: dict[tuple[str, str], list]
 ) -> tuple[list[tuple], list[list[Ack]]]:
     """The FCALLs of `acks`, one per (op, queue, fail queue) group of up to MAX_ACKS (an ack
     marked `alone` is its own group), and the acks of each; `headers` as made by
-    ack_headers. A group with acks a worker packed (`raw`) is a store.pipe.Spliced FCALL,
-    its head packed once per (op, queue, fail queue, client id) into `packed` (the caller
-    keeps it with `headers`)."""
+    ack_headers."""
     grouped: dict[tuple, list[Ack]] = defaultdict(list)
     last: Ack | None = None
     items: list[Ack] = []
@@ -272,21 +261,8 @@ def ack_commands(
             chunk = items[start : start + MAX_ACKS]
             args: list[Any] = ["FCALL", f"queasy_{op}", len(keys), *keys, "", client_id]
             args.extend(headers[(op, base)])
-            if any(ack.raw for ack in chunk):  # finishes the workers packed: spliced in
-                fragments = [ack.raw or bulk_strings(ack.args) for ack in chunk]
-                count = len(chunk) * len(chunk[0].args)  # one op: as many ARGV each
-                if packed is None:
-                    packed = {}
-                key = (op, base, fail_base, client_id)
-                head = packed.get(key)
-                if head is None:
-                    if len(packed) >= MAX_HEADS:  # client ids replaced by sweeps: bounded
-                        packed.clear()
-                    head = packed[key] = bulk_strings(args)
-                commands.append(spliced(args, count, fragments, head))
-            else:
-                for ack in chunk:
-                    args.extend(ack.args)
-                commands.append(tuple(args))
+            for ack in chunk:
+                args.extend(ack.args)
+            commands.append(tuple(args))
             groups.append(chunk)
     return commands, groups

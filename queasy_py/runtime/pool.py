@@ -108,7 +108,6 @@ class WorkerProc:
                 j.seq,
                 j.queue,
                 j.id,
-                j.token,
                 j.run_at,
                 j.retry_count,
                 j.stall_count,

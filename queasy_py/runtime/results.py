@@ -19,7 +19,6 @@ import orjson
 
 from .. import defaults
 from ..errors import PermanentError
-from .frames import pack_results
 
 log = logging.getLogger("queasy_py.worker")
 
@@ -123,50 +122,21 @@ def unencodable(exc: Exception) -> dict[str, Any]:
     }
 
 
-def bulk(value: bytes) -> bytes:
-    """`value` as a RESP bulk string."""
-    return b"$%d\r\n%s\r\n" % (len(value), value)
-
-
-def finish_head(job_id: str, token: str, pid: int) -> bytes:
-    """The first three arguments of a job's finish (id, token, worker pid) as RESP: made
-    when the job arrives, completed by finish_args when it succeeds."""
-    job, tok, worker = job_id.encode(), token.encode(), b"%d" % pid
-    return b"$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
-        len(job), job, len(tok), tok, len(worker), worker
-    )
-
-
-def finish_args(head: bytes, started: int, value: str | None) -> bytes:
-    """A job's finish ARGV group as RESP: `head`, started_ms, its result ('' not stored)."""
-    at = b"%d" % started
-    if not value:
-        return b"%s$%d\r\n%s\r\n$0\r\n\r\n" % (head, len(at), at)
-    result = value.encode()
-    return b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n" % (head, len(at), at, len(result), result)
-
-
-def encode_results(batch: list[list[Any]], heads: dict[int, bytes]) -> bytes:
-    """A batch of results (frames.pack_results): [seq, started, error, finish_length] each,
-    then the finishes of those that succeeded, packed from `heads` (finish_head by seq,
-    taken out). A result that cannot be encoded becomes a permanent failure of its job
-    (UnencodableResult); the others are sent as they are."""
-    out, finishes = [], []
+def encode_results(batch: list[list[Any]]) -> bytes:
+    """orjson of a batch of results. A result that cannot be encoded becomes a permanent
+    failure of its job (UnencodableResult); the others are sent as they are."""
+    try:
+        return orjson.dumps(batch)
+    except Exception:
+        pass
+    parts = []
     for item in batch:
-        seq, started, error = item[0], item[1], item[2]
-        head = heads.pop(seq, None)
         try:
-            if error is None and head is not None:
-                finish = finish_args(head, started, item[3] if len(item) > 3 else None)
-                out.append([seq, started, None, len(finish)])
-                finishes.append(finish)
-                continue
-            orjson.dumps(error)  # a description that cannot be sent: see below
-            out.append([seq, started, error, 0])
+            parts.append(orjson.dumps(item))
         except Exception as exc:
-            log.error("result of job seq %s cannot be encoded: %s", seq, exc)
-            out.append([seq, started, unencodable(exc), 0])
-    return pack_results(out, finishes)
+            log.error("result of job seq %s cannot be encoded: %s", item[0], exc)
+            parts.append(orjson.dumps([item[0], item[1], unencodable(exc)]))
+    return b"[" + b",".join(parts) + b"]"
 
 
 def check_result(result: Any, job: Any) -> None:

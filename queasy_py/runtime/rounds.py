@@ -66,7 +66,6 @@ class Rounds:
         self.states_by_base = {s.base: s for s in states.values()}
         specs = {s.base: s.spec for s in states.values()}
         self.headers = outcomes.ack_headers(specs, socket.gethostname())
-        self.packed_heads: dict[tuple, bytes] = {}  # ack_commands' heads, packed once
         self.workers = workers
         self.events = events
         self.pipe = pipe
@@ -151,9 +150,7 @@ class Rounds:
             return
         acks = self.acks[:]
         self.acks.clear()
-        commands, ack_groups = outcomes.ack_commands(
-            client_id, acks, self.headers, self.packed_heads
-        )
+        commands, ack_groups = outcomes.ack_commands(client_id, acks, self.headers)
         commands += self.schedules.commands(checks)
         self.rounds_sent += 1
         nonce = f"{self.nonce_prefix}{self.rounds_sent:x}"

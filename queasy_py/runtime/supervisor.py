@@ -25,7 +25,6 @@ from ..store.connection import loop_client, new_client_id
 from ..store.library import fcall
 from ..store.loopio import round_pipe, wakeup
 from ..store.pubsub import Message
-from .collector import loop_collector
 from .early import Early, queue_specs, worker_env
 from .events import Events
 from .heartbeat import Heartbeat, expiry_ms
@@ -315,9 +314,8 @@ class Supervisor:
                 ", ".join(sorted(self.states)),
                 self.workers.target,
             )
-            with loop_collector():  # start-up frozen, fewer young collections
-                while not self.signals and self.workers.fatal is None:
-                    self._step()
+            while not self.signals and self.workers.fatal is None:
+                self._step()
             self._shutdown()
             if self.workers.fatal is not None:
                 raise self.workers.fatal

@@ -2,15 +2,13 @@
 
 Protocol (each message one orjson document in a frame of queasy_py/frames.py):
   supervisor -> worker: a batch of jobs (frames.pack_jobs: a header
-                        [[seq, queue, id, token, run_at, retry, stall, timeout, trace,
+                        [[seq, queue, id, run_at, retry, stall, timeout, trace,
                           data_length], ...]; trace: a W3C traceparent or ''
                         then each job's data as stored)
                         "stop"                              exit (sent when no job is left)
   worker -> supervisor: "ready" | ["import-error", message]              once, at start
-                        a batch of results (frames.pack_results: a header
-                        [[seq, started_ms, error_or_null, finish_length], ...], then
-                        each succeeded job's finish ARGV group, its value_json for a
-                        queue storing results, as RESP: the supervisor splices it)
+                        [[seq, started_ms, error_or_null], ...]          results
+                        ([seq, started_ms, null, value_json] for a queue storing results)
   error = {"name", "message", "kind": "permanent"|"retriable", "retry_at": secs|null,
            "traceback": str|null}
           (queasy_py/runtime/results.py: what a result holds, and how a batch is encoded)
@@ -47,14 +45,7 @@ from ..job import Job
 from ..tracing import traced
 from .frames import Pipe, job_heads
 from .handler import load
-from .results import (
-    check_result,
-    describe_error,
-    encode_results,
-    finish_head,
-    invalid_data,
-    stored_result,
-)
+from .results import check_result, describe_error, encode_results, invalid_data, stored_result
 
 if TYPE_CHECKING:
     import asyncio
@@ -78,9 +69,6 @@ class Runner:
         self.loop_lock = threading.Lock()
         self.outbox: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
         self.backlog: collections.deque[tuple[int, Any, Any, Job]] = collections.deque()
-        #: the head of each job's finish (results.finish_head) by seq, until its result is sent
-        self.finishes: dict[int, bytes] = {}
-        self.pid = os.getpid()
         self.sender = threading.Thread(target=self._send_loop, name="queasy-sender", daemon=True)
         self.sender.start()
 
@@ -107,7 +95,7 @@ class Runner:
                         batch.append(self.outbox.get_nowait())
                     except queue.Empty:
                         break
-                payload = encode_results(batch, self.finishes)
+                payload = encode_results(batch)
             except Exception:
                 log.exception("worker failed encoding results")
                 continue
@@ -212,11 +200,9 @@ class Runner:
         A job whose data does not decode fails permanently (InvalidJobData), alone."""
         plain = 0
         heads, pos = job_heads(frame)
-        finishes, pid = self.finishes, self.pid
-        for seq, queue_name, job_id, token, run_at, retries, stalls, timeouts, trace, size in heads:
+        for seq, queue_name, job_id, run_at, retries, stalls, timeouts, trace, size in heads:
             raw = frame[pos : pos + size]
             pos += size
-            finishes[seq] = finish_head(job_id, token, pid)
             try:
                 data = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:

@@ -5,7 +5,6 @@ job counts (recycle) and exits (requeue what the worker held)."""
 from __future__ import annotations
 
 import logging
-import struct
 import time
 from collections import defaultdict
 from collections.abc import Mapping
@@ -18,7 +17,6 @@ from ..errors import HandlerError
 from . import outcomes
 from .early import Early, start_at_once
 from .events import Events
-from .frames import RESULTS, result_heads
 from .pool import Running, WorkerProc, kill_tree, start_worker
 from .scheduler import QueueState, place
 
@@ -186,10 +184,7 @@ class Workers:
     def receive(self, proc: WorkerProc) -> None:
         """Read every message the worker has sent."""
         for frame in proc.pipe.read_frames():
-            if frame[:1] == RESULTS:
-                self._results(proc, frame)
-            else:
-                self._handle_message(proc, orjson.loads(frame))
+            self._handle_message(proc, orjson.loads(frame))
         if proc.pipe.eof:  # it closed its end: its exit is handled through the sentinel
             self.events.unregister(proc.pipe.fileno())
 
@@ -206,28 +201,16 @@ class Workers:
                 log.error("worker %d could not load its handlers: %s", proc.pid, text)
                 self.import_error = text
             return
-
-    def _results(self, proc: WorkerProc, frame: bytes) -> None:
-        """A batch of results (frames.pack_results): each job's ack. A finish is the
-        worker's packed ARGV group, spliced into the round's FCALL as it is (never unpacked
-        and packed again here)."""
-        try:
-            heads, pos = result_heads(frame)
-        except (ValueError, TypeError, IndexError, struct.error) as exc:
-            # never from a worker of this install: its jobs end at their timeout
-            log.error("worker %d sent a batch of results that does not parse: %s", proc.pid, exc)
-            return
         now = time.time()
         metrics, states, acks, pid = self.metrics, self.states, self.acks, proc.pid
         jobs, Ack = proc.jobs, outcomes.Ack
-        for seq, started, error, size in heads:
-            end = pos + size
-            job = jobs.pop(seq, None)  # proc.take, inline: its units back, one done
+        for item in message:  # [seq, started, error] or [seq, started, None, result]
+            job = jobs.pop(item[0], None)  # proc.take, inline: its units back, one done
             if job is None:
-                pos = end
                 continue
             proc.free += job.size
             proc.done += 1
+            started, error = item[1], item[2]
             if metrics is not None:
                 metrics.ran(job, started, now)
             state = states[job.queue]
@@ -235,15 +218,19 @@ class Workers:
                 state.ready_at = 0.0
             if job.timed_out:  # a result that raced its timeout: the timeout wins
                 acks.append(self.retry_ack(job, "timeout", pid, started))
-            elif error is None:  # the common case, without on_result's decisions
-                args = [job.id, job.token, pid, started, ""]
-                acks.append(Ack("finish", state.base, None, args, False, frame[pos:end]))
-            else:
-                ack = outcomes.on_result(
-                    job, state.spec, state.base, state.fail_base, error, pid, started, now
+                continue
+            result = item[3] if len(item) > 3 and isinstance(item[3], str) else ""
+            if error is None:  # the common case, without on_result's decisions
+                # outcomes.finish, inline: its ARGV group (id, token, pid, started, result)
+                acks.append(
+                    Ack("finish", state.base, None, [job.id, job.token, pid, started, result])
                 )
-                acks.append(ack)
-            pos = end
+                continue
+            acks.append(
+                outcomes.on_result(
+                    job, state.spec, state.base, state.fail_base, error, pid, started, now, result
+                )
+            )
         if self.max_jobs_per_worker and proc.done >= self.max_jobs_per_worker and proc.healthy:
             self._retire(proc, f"ran {proc.done} jobs", "max_jobs")
 

@@ -30,28 +30,6 @@ RECV_SIZE = 1 << 17
 Reply = Any  # a decoded reply, or the redis.ResponseError it was
 
 
-class Spliced(tuple):
-    """A command packed ahead of its send: the tuple holds its first arguments (FCALL, its
-    name, its keys...: what routes it on a cluster), `packed` the whole command as RESP, its
-    later arguments spliced in as they came (a worker's finish, packed by the worker)."""
-
-    packed: bytes
-
-
-def bulk_strings(args: Sequence[Any]) -> bytes:
-    """`args` as RESP bulk strings, without the array header (what Spliced splices)."""
-    packed = hiredis.pack_command(tuple(args))
-    return packed[packed.index(b"\r\n") + 2 :]
-
-
-def spliced(head: Sequence[Any], count: int, fragments: list[bytes], packed: bytes) -> Spliced:
-    """The command `head` + `count` more arguments, packed already in `fragments`;
-    `packed`: bulk_strings(head), which a caller sending the same head every round keeps."""
-    command = Spliced(head)
-    command.packed = b"".join([b"*%d\r\n" % (len(head) + count), packed, *fragments])
-    return command
-
-
 @dataclass(eq=False)
 class Batch:
     size: int
@@ -90,10 +68,7 @@ class RedisPipe:
         try:
             # hiredis packs str, bytes, int and float as they are (redis-py's packing adds
             # a Python pass over every argument: a tenth of the loop's time under load)
-            pack = hiredis.pack_command
-            packed = b"".join(
-                [c.packed if type(c) is Spliced else pack(tuple(c)) for c in commands]
-            )
+            packed = b"".join([hiredis.pack_command(tuple(c)) for c in commands])
             fast = self._fast_path()
             if fast is not None:
                 # one write(2): a socket with a timeout polls before every send (CPython's
