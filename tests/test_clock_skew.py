@@ -12,6 +12,8 @@ import pytest
 import redis
 from runtime_helpers import Runtime, queue_spec, wait_for
 
+from queasy_py.runtime.heartbeat import ServerClock
+
 FAST = 300.0  # a supervisor five minutes fast
 
 
@@ -61,3 +63,27 @@ def test_a_timed_out_job_backs_off_before_its_retry(rt: Runtime) -> None:
     assert second["timeout_count"] == 1
     # 1 s to the timeout, then at least the 3 s backoff (it used to run again at once)
     assert second["t"] - first["t"] >= 4.0
+
+
+def test_a_slow_beat_does_not_move_the_measured_offset() -> None:
+    """A beat whose TIME came back late (a reconnect inside it, a server slow to answer):
+    its measure's error is up to half its round trip. It put the offset 0.275 s ahead, and a
+    schedule's catch-up (the chaos test's invariant 8c) moved an occurrence that early. The
+    offset is the one of the shortest round trip among the last ServerClock.SAMPLES beats;
+    a real skew is still followed."""
+    clock = ServerClock()
+    t = 1_800_000_000.0
+
+    def beat(rtt: float, server_at: float, skew: float = 0.0) -> None:
+        nonlocal t
+        t += 5.0
+        server = t + skew + server_at
+        clock.measure((int(server), round(server % 1 * 1e6)), t, t + rtt)
+
+    beat(0.002, 0.001)  # a quick beat: the server read its clock inside it
+    assert abs(clock.offset) < 0.002
+    beat(0.55, 0.549)  # reconnected for 0.55 s, then TIME: the midpoint is 0.275 s early
+    assert abs(clock.offset) < 0.002, clock.offset
+    for _ in range(ServerClock.SAMPLES):  # a host clock 300 s slow, quick beats
+        beat(0.003, 0.001, skew=FAST)
+    assert abs(clock.offset - FAST) < 0.003, clock.offset
