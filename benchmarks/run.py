@@ -30,9 +30,11 @@ REPO = os.path.dirname(HERE)
 PEERS_DIR = os.path.join(HERE, "peers")
 PEERS_VENV = os.path.join(HERE, ".peers-venv")
 PEERS_PY = os.path.join(PEERS_VENV, "bin", "python")
+#: queasy_py as a user installs it, no extras (setup_queasy.sh); --smoke runs this interpreter
+QUEASY_PY = os.path.join(HERE, ".queasy-venv", "bin", "python")
 METRICS = ("enqueue", "bulk", "process", "latency")
 
-# key, adapter script, extra arguments, which python ("project" = this interpreter, "peers")
+# key, adapter script, extra arguments, which python ("project": QUEASY_PY, "peers")
 ADAPTERS = [
     ("queasy", "queasy_bench.py", [], "project"),
     ("rq", "rq_bench.py", ["--mode", "fork"], "peers"),
@@ -226,7 +228,7 @@ class Server:
 
 
 def run_one(key, script, extra, which, metric, url, args, keep) -> dict:
-    py = sys.executable if which == "project" else PEERS_PY
+    py = args.queasy_python if which == "project" else PEERS_PY
     if not os.path.exists(py):
         note = f"{py} missing: run benchmarks/setup_peers.sh"
         return {"value": None, "note": note, "exit": None, "crashed": True, "seconds": 0.0}
@@ -480,6 +482,9 @@ def notes(repeat: int) -> list[str]:
         " (an in-process counter flushed with INCRBY every 5 ms, the same for every library). Idle"
         " pickup: 200 jobs 10 ms apart to idle, warmed-up workers; time from just before the"
         " enqueue call to the first line of the handler.",
+        "- Each library runs from a venv of its own dependencies only: queasy_py from"
+        " benchmarks/.queasy-venv (`pip install -e .`, no extras: setup_queasy.sh), the peers from"
+        " benchmarks/.peers-venv; queasy_py's bytecode is written first, as pip does for a peer.",
     ]
 
 
@@ -572,6 +577,11 @@ def main(argv=None) -> int:
         "adapter and metric only)",
     )
     p.add_argument(
+        "--python",
+        help="the interpreter of queasy_py's adapter (default benchmarks/.queasy-venv's, made by"
+        " setup_queasy.sh; --smoke: the one running run.py)",
+    )
+    p.add_argument(
         "--smoke",
         action="store_true",
         help="queasy only, a few hundred jobs, one repeat, write nothing; exit 1 if it broke",
@@ -602,6 +612,16 @@ def main(argv=None) -> int:
         if rc != 0:
             log("setup_peers.sh failed: peers will report null")
 
+    args.queasy_python = args.python or sys.executable
+    if any(a[0] == "queasy" for a in chosen) and not (args.smoke or args.python):
+        log("setting up queasy_py's own venv (benchmarks/setup_queasy.sh) ...")
+        rc = subprocess.run(
+            ["bash", os.path.join(HERE, "setup_queasy.sh")], stdout=sys.stderr
+        ).returncode
+        if rc == 0:
+            args.queasy_python = QUEASY_PY
+        else:
+            log("setup_queasy.sh failed: queasy_py runs with this interpreter (its extras too)")
     if any(a[0] == "queasy" for a in chosen):
         if HERE not in sys.path:  # (imported as benchmarks.run: the tests)
             sys.path.insert(0, HERE)
