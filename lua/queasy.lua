@@ -124,7 +124,7 @@ than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond
 call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '4.2.0'
+local VERSION = '4.2.1'
 -- the functions called per job, as locals (a global is two table lookups per use); the
 -- globals exist only while a function runs: `entry` (registration) sets them
 local call, format, find = nil, nil, nil
