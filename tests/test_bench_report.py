@@ -5,10 +5,8 @@ writes RESULTS.md only when told to (--out): its table would replace the full on
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import pytest
 
 from benchmarks import run
 
@@ -43,14 +41,3 @@ def test_a_partial_run_writes_results_md_only_when_told() -> None:
     assert run.report_path(None, "", ["process"]) is None
     assert run.report_path("/tmp/x.md", "queasy", ["process"]) == "/tmp/x.md"
 
-
-def test_a_partial_run_leaves_results_md_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    results = tmp_path / "RESULTS.md"
-    results.write_text("the full table\n")
-    monkeypatch.setattr(run, "RESULTS", str(results))
-    argv = ["--only", "queasy", "--metrics", "enqueue", "--n", "50", "--repeat", "1"]
-    argv += ["--python", sys.executable]  # (not a venv of its own: setup_queasy.sh)
-    assert run.main(argv) == 0
-    assert results.read_text() == "the full table\n"
