@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from benchmarks import run
 
 HAND = "## Idle pickup, a dedicated run\n\nmeasured by hand\n"
