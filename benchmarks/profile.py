@@ -6,8 +6,7 @@ Prints the throughput and the CPU seconds each process used (supervisor, each wo
 server), and the server's own time in the queasy functions (INFO commandstats: usec of
 FCALL), which shows where a job's cost goes; with --cprofile the supervisor runs under
 cProfile and its top functions are printed (by wall time; with PROFILE_CLOCK=cpu by
-the supervisor's CPU time, so waits are left out; PROFILE_GC=1 prints the collections it ran
-and their CPU time); with --metrics the supervisor serves Prometheus
+the supervisor's CPU time, so waits are left out); with --metrics the supervisor serves Prometheus
 /metrics (metrics_port), scraped once a second during the run; with --syscalls `strace -c -f`
 counts the supervisor's system calls per job while the jobs run (a count, not a time: it does
 not depend on the load; strace slows the run, so its jobs/s and CPU are not comparable then).
@@ -65,21 +64,6 @@ SUPERVISOR = textwrap.dedent(
                 print(f"{v:6d} {100 * v / total:5.1f}% {k}", file=sys.stderr)
         import atexit
         atexit.register(report)
-    if os.environ.get("PROFILE_GC"):  # the collections the supervisor ran, and their time
-        import atexit, gc
-        gc_runs, gc_start = {}, [0]
-        def gc_timer(phase, info):
-            if phase == "start":
-                gc_start[0] = time.thread_time_ns()
-            else:
-                n, ns = gc_runs.get(info["generation"], (0, 0))
-                gc_runs[info["generation"]] = (n + 1, ns + time.thread_time_ns() - gc_start[0])
-        gc.callbacks.append(gc_timer)
-        def gc_report():
-            for gen, (n, ns) in sorted(gc_runs.items()):
-                print(f"gc generation {gen}: {n} collections, {ns / 1e6:.1f} ms CPU",
-                      file=sys.stderr)
-        atexit.register(gc_report)
     if profile:
         # PROFILE_CLOCK=cpu: the supervisor's CPU time (time.process_time), not wall time,
         # so time spent waiting in select() or on a loaded machine is left out
@@ -93,8 +77,6 @@ SUPERVISOR = textwrap.dedent(
             prof.disable()
             stats = pstats.Stats(prof).sort_stats(os.environ.get("PROFILE_SORT", "tottime"))
             stats.print_stats(int(os.environ.get("PROFILE_TOP", "20")))
-            if os.environ.get("PROFILE_DUMP"):  # the raw stats, for pstats' callers view
-                stats.dump_stats(os.environ["PROFILE_DUMP"])
     """
 )
 

@@ -109,8 +109,6 @@ def plan(
     dequeue; it lasts while the evidence does.
     `free` is not modified.
     """
-    if not free:  # no worker: nothing placed, nothing to reserve
-        return []
     free = list(free)
     ready = sorted(
         (s for s in states if s.wants(now)),
@@ -140,11 +138,10 @@ def plan(
                 size = state.spec.size
                 got = slots[state]
                 turn = min(SHARE, MAX_BATCH - len(got))
-                while turn:  # place(), inline: once per job of the round
-                    most = max(usable)
-                    if most < size:  # usable units only shrink: it fits no more this plan
+                while turn:
+                    index = place(usable, size)
+                    if index is None:  # usable units only shrink: it fits no more this plan
                         break
-                    index = usable.index(most)
                     usable[index] -= size
                     free[index] -= size
                     got.append(index)
