@@ -1,6 +1,7 @@
 """Benchmark queasy_py side by side with other Python job queues against one valkey-server.
 
-    python benchmarks/run.py [--n 20000] [--repeat 3] [--only queasy,huey,...] [--smoke]
+    python benchmarks/run.py [--n 20000] [--repeat 3] [--only queasy,huey,...] [--workers 2]
+                             [--smoke]
 
 Starts one valkey-server on a free port, runs every adapter (benchmarks/peers/*_bench.py) for
 every metric --repeat times (each run in its own Redis db, flushed first, bounded by --timeout),
@@ -228,7 +229,7 @@ class Server:
 
 
 def run_one(key, script, extra, which, metric, url, args, keep) -> dict:
-    py = args.queasy_python if which == "project" else PEERS_PY
+    py = args.queasy_python if which == "project" else args.peers_python
     if not os.path.exists(py):
         note = f"{py} missing: run benchmarks/setup_peers.sh"
         return {"value": None, "note": note, "exit": None, "crashed": True, "seconds": 0.0}
@@ -243,6 +244,8 @@ def run_one(key, script, extra, which, metric, url, args, keep) -> dict:
         str(args.n),
         "--timeout",
         str(args.timeout),
+        "--workers",
+        str(args.workers),
     ] + extra
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -519,12 +522,13 @@ REPORT_END = "- See benchmarks/README.md for the method."
 RESULTS = os.path.join(HERE, "RESULTS.md")
 
 
-def report_path(out: str | None, only: str, metrics: list[str]) -> str | None:
+def report_path(out: str | None, only: str, metrics: list[str], workers: int = 2) -> str | None:
     """Where the report goes: `out` when given; else RESULTS.md for a run of every adapter
-    and metric, and nowhere for a partial one (its table would replace the full one)."""
+    and metric with the default 2 workers, and nowhere for another one (its table would
+    replace the full one)."""
     if out is not None:
         return out
-    return None if only or set(metrics) != set(METRICS) else RESULTS
+    return None if only or set(metrics) != set(METRICS) or workers != 2 else RESULTS
 
 
 def write_report(path: str, text: str) -> None:
@@ -582,6 +586,19 @@ def main(argv=None) -> int:
         " setup_queasy.sh; --smoke: the one running run.py)",
     )
     p.add_argument(
+        "--peers-python",
+        help="the interpreter of the peers' adapters, their packages and scripts installed "
+        "beside it (default benchmarks/.peers-venv's, made by setup_peers.sh, which then is "
+        "not run)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="worker processes of every library (default 2); queasy_py: one supervisor, "
+        "listen size 5 per worker",
+    )
+    p.add_argument(
         "--smoke",
         action="store_true",
         help="queasy only, a few hundred jobs, one repeat, write nothing; exit 1 if it broke",
@@ -604,7 +621,10 @@ def main(argv=None) -> int:
     if any(m not in METRICS for m in metrics):
         p.error(f"--metrics takes a subset of {','.join(METRICS)}")
 
-    if any(a[3] == "peers" for a in chosen):
+    if args.workers < 1:
+        p.error(f"--workers must be at least 1, not {args.workers}")
+    args.peers_python = args.peers_python or PEERS_PY
+    if any(a[3] == "peers" for a in chosen) and args.peers_python == PEERS_PY:
         log("setting up the peers venv (benchmarks/setup_peers.sh) ...")
         rc = subprocess.run(
             ["bash", os.path.join(HERE, "setup_peers.sh")], stdout=sys.stderr
@@ -641,7 +661,7 @@ def main(argv=None) -> int:
     try:
         log(
             f"valkey {server.version()} on 127.0.0.1:{server.port};"
-            f" n={args.n}, repeat={args.repeat}"
+            f" n={args.n}, repeat={args.repeat}, workers={args.workers}"
         )
         for db, (key, script, extra, which) in enumerate(ADAPTERS):
             if (key, script, extra, which) not in chosen:
@@ -684,6 +704,7 @@ def main(argv=None) -> int:
         "",
         f"`python benchmarks/run.py --n {args.n} --repeat {args.repeat}"
         + (f" --only {args.only}" if args.only else "")
+        + (f" --workers {args.workers}" if args.workers != 2 else "")
         + "`",
         "",
         *machine(version),
@@ -696,10 +717,10 @@ def main(argv=None) -> int:
         REPORT_END,
         "",
     ]
-    out = report_path(args.out, args.only, metrics)
+    out = report_path(args.out, args.only, metrics, args.workers)
     if out is None:
         log(
-            "a partial run (--only, --metrics): RESULTS.md's peer table left as it is; "
+            "a partial run (--only, --metrics, --workers): RESULTS.md's peer table left as it is; "
             "pass --out PATH to write this report"
         )
         return 0

@@ -18,7 +18,9 @@ Starts its own valkey-server (run.py's Server), then, each scenario --repeat tim
    and its process CPU), of the supervisor(s) and of the workers, for 1, 2, 4 and 8
    supervisors on one queue (one worker each), 1, 4 and 16 busy queues (one supervisor, 2
    workers) and 1..--max-workers workers (one supervisor, one queue; default the core
-   count), so the same command on a bigger machine draws the scaling curve.
+   count; --worker-counts picks some), so the same command on a bigger machine draws the
+   scaling curve. With --max-workers of 4 or more, also the N workers split over 2 and
+   over 4 supervisors. A supervisor's listen size is 5 per worker, at least 10.
 
 Prints Markdown tables and replaces (or appends) the "## Scale (queasy_py only)" section of
 benchmarks/RESULTS.md (parts throughput and rss) and its "## Scale: CPU per job" section
@@ -50,6 +52,7 @@ WINDOW_FROM = 0.10  # pre-dispatched runs: the rate is timed from 10% done to 10
 DISPATCH_CHUNK = 5000  # jobs per dispatch_many call
 MAX_BACKLOG = 40000  # RSS run: dispatched - done stays below this
 MiB = 1024 * 1024
+SIZE_PER_WORKER = 5  # costs part: a supervisor's listen size, at least 10 (run.py's too)
 
 # Loaded by _load() (not at import time, so that a `--supervise` process stays lean: its RSS is
 # one of the figures).
@@ -315,7 +318,8 @@ def run_costs(
     deadline = time.monotonic() + budget
     with queasy_py.Client(url, workers=0) as client:
         dispatch(client, jobs)
-    group = [Supervisor(url, workers, queues, NOOP, 10) for _ in range(sups)]
+    size = max(10, SIZE_PER_WORKER * workers)
+    group = [Supervisor(url, workers, queues, NOOP, size) for _ in range(sups)]
     started: list[Supervisor] = []
     try:
         for sup in group:
@@ -372,7 +376,20 @@ def cost_scenarios(args) -> list[dict]:
                 queues=[f"scale-q{i}" for i in range(q)],
             )
         )
-    for w in range(1, args.max_workers + 1):
+    counts = args.worker_counts or list(range(1, args.max_workers + 1))
+    for k in (2, 4):  # a many-core machine's workers split over several supervisors
+        if args.max_workers >= 2 * k:
+            w = args.max_workers // k
+            out.append(
+                dict(
+                    key=f"sup-{k}x{w}",
+                    label=f"{k} supervisors × {w} workers, 1 queue",
+                    sups=k,
+                    workers=w,
+                    queues=["scale-a"],
+                )
+            )
+    for w in counts:
         out.append(
             dict(
                 key=f"w-{w}",
@@ -614,6 +631,16 @@ def write_section(body: str, path: str = RESULTS, section: str = SECTION) -> Non
 # --- main ----------------------------------------------------------------------------------------
 
 
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"worker counts are at least 1: {text!r}")
+    return counts
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -630,6 +657,11 @@ def main(argv=None) -> int:
         help="costs part: runs with 1..N workers (default: the core count)",
     )  # fmt: skip
     p.add_argument(
+        "--worker-counts", type=_counts, default=None,
+        help="costs part: the worker counts of the 1-supervisor runs, e.g. 1,2,4,8,16 "
+        "(default 1..--max-workers)",
+    )  # fmt: skip
+    p.add_argument(
         "--parts", default=",".join(PARTS),
         help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)",
     )  # fmt: skip
@@ -642,7 +674,7 @@ def main(argv=None) -> int:
         args.n, args.repeat, args.cpu_jobs = min(args.n, 400), 1, min(args.cpu_jobs, 10)
         args.rss_jobs, args.timeout = min(args.rss_jobs, 3000), min(args.timeout, 120.0)
         args.rss_timeout = min(args.rss_timeout, 120.0)
-        args.max_workers = min(args.max_workers, 2)
+        args.max_workers, args.worker_counts = min(args.max_workers, 2), None
 
     _load()
     harness.become_subreaper()
@@ -749,8 +781,10 @@ def main(argv=None) -> int:
         write_section(section, args.out)
     if cost_body:
         errs = [f"- {e}" for e in errors]
+        wc = args.worker_counts
+        counts = f" --worker-counts {','.join(map(str, wc))}" if wc else ""
         section = "\n".join(
-            [SECTION_COSTS, "", f"`{cmd} --max-workers {args.max_workers}`", "", *head, "",
+            [SECTION_COSTS, "", f"`{cmd} --max-workers {args.max_workers}{counts}`", "", *head, "",
              f"Medians of {args.repeat} run(s).", "", cost_body, "",
              *(["Errors:", "", *errs, ""] if errs else []), "Notes:", "", *cost_notes(), ""]
         )  # fmt: skip

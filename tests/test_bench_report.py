@@ -38,5 +38,6 @@ def test_a_partial_run_writes_results_md_only_when_told() -> None:
     assert run.report_path(None, "", every) == run.RESULTS
     assert run.report_path(None, "queasy,huey", every) is None
     assert run.report_path(None, "", ["process"]) is None
+    assert run.report_path(None, "", every, 14) is None  # another worker count
     assert run.report_path("/tmp/x.md", "queasy", ["process"]) == "/tmp/x.md"
 

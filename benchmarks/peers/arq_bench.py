@@ -11,7 +11,7 @@ import common
 
 class ArqAdapter(common.Adapter):
     lib = "arq"
-    mode = "2 x `arq WorkerSettings` (max_jobs 10 each)"
+    mode = "{w} x `arq WorkerSettings` (max_jobs 10 each)"
 
     def __init__(self, args):
         super().__init__(args)
@@ -38,7 +38,7 @@ class ArqAdapter(common.Adapter):
 
     def worker_cmds(self):
         bin_ = os.path.join(os.path.dirname(sys.executable), "arq")
-        return [[bin_, "tasks.arq_tasks.WorkerSettings"] for _ in range(2)]
+        return [[bin_, "tasks.arq_tasks.WorkerSettings"] for _ in range(self.args.workers)]
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import common
 
 class BullmqAdapter(common.Adapter):
     lib = "bullmq"
-    mode = "2 processes x `Worker(concurrency=10)`"
+    mode = "{w} processes x `Worker(concurrency=10)`"
     has_bulk = True
 
     def __init__(self, args):
@@ -36,7 +36,7 @@ class BullmqAdapter(common.Adapter):
 
     def worker_cmds(self):
         script = os.path.join(common.HERE, "tasks", "bullmq_worker.py")
-        return [[sys.executable, script] for _ in range(2)]
+        return [[sys.executable, script] for _ in range(self.args.workers)]
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import common
 
 class CeleryAdapter(common.Adapter):
     lib = "celery"
-    mode = "`celery worker -P prefork -c 2`"
+    mode = "`celery worker -P prefork -c {w}`"
 
     def __init__(self, args):
         super().__init__(args)
@@ -41,7 +41,7 @@ class CeleryAdapter(common.Adapter):
                 "-P",
                 "prefork",
                 "-c",
-                "2",
+                str(self.args.workers),
                 "-l",
                 "WARNING",
             ]

@@ -70,6 +70,8 @@ class Adapter:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.url = args.redis_url
+        # a class's mode names its worker count as {w}: --workers
+        self.mode = type(self).mode.format(w=args.workers, s=getattr(self, "size", None))
 
     # --- to override -------------------------------------------------------------------------
     def connect(self):  # may be async
@@ -99,6 +101,13 @@ class Adapter:
 # --- command line and output ---------------------------------------------------------------------
 
 
+def _positive_int(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
 def parse_args(argv=None, extra=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="one benchmark run of one job queue library")
     p.add_argument("--redis-url", required=True)
@@ -107,6 +116,12 @@ def parse_args(argv=None, extra=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300.0, help="time budget of this run, s")
     p.add_argument("--latency-jobs", type=int, default=200)
     p.add_argument("--latency-gap-ms", type=float, default=10.0)
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=2,
+        help="worker processes of the library (default 2; each adapter says how it maps)",
+    )
     if extra:
         extra(p)
     return p.parse_args(argv)

@@ -1,4 +1,4 @@
-"""dramatiq: `dramatiq tasks.dramatiq_tasks --processes 2 --threads 8`."""
+"""dramatiq: `dramatiq tasks.dramatiq_tasks --processes 2 --threads 8` (2: --workers)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import common
 
 class DramatiqAdapter(common.Adapter):
     lib = "dramatiq"
-    mode = "`dramatiq --processes 2 --threads 8`"
+    mode = "`dramatiq --processes {w} --threads 8`"
 
     def __init__(self, args):
         super().__init__(args)
@@ -31,7 +31,9 @@ class DramatiqAdapter(common.Adapter):
 
     def worker_cmds(self):
         bin_ = os.path.join(os.path.dirname(sys.executable), "dramatiq")
-        return [[bin_, "tasks.dramatiq_tasks", "--processes", "2", "--threads", "8"]]
+        return [
+            [bin_, "tasks.dramatiq_tasks", "--processes", str(self.args.workers), "--threads", "8"]
+        ]
 
 
 if __name__ == "__main__":

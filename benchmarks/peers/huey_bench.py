@@ -1,4 +1,4 @@
-"""huey: `huey_consumer tasks.huey_tasks.huey -w 2 -k process`."""
+"""huey: `huey_consumer tasks.huey_tasks.huey -w 2 -k process` (2: --workers)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import common
 
 class HueyAdapter(common.Adapter):
     lib = "huey"
-    mode = "`huey_consumer -w 2 -k process`"
+    mode = "`huey_consumer -w {w} -k process`"
 
     def __init__(self, args):
         super().__init__(args)
@@ -28,7 +28,9 @@ class HueyAdapter(common.Adapter):
 
     def worker_cmds(self):
         bin_ = os.path.join(os.path.dirname(sys.executable), "huey_consumer")
-        return [[bin_, "tasks.huey_tasks.huey", "-w", "2", "-k", "process", "-q"]]
+        return [
+            [bin_, "tasks.huey_tasks.huey", "-w", str(self.args.workers), "-k", "process", "-q"]
+        ]
 
 
 if __name__ == "__main__":

@@ -17,10 +17,13 @@ sys.path.insert(1, common.REPO)  # queasy_py from the source tree when it is not
 
 class QueasyAdapter(common.Adapter):
     lib = "queasy_py"
-    mode = "1 supervisor, `Client(workers=2)`, listen size 10"
+    mode = "1 supervisor, `Client(workers={w})`, listen size {s}"
+    #: the listen size per worker process (10 with the default 2 workers)
+    size_per_worker = 5
     has_bulk = True
 
     def __init__(self, args):
+        self.size = self.size_per_worker * args.workers
         super().__init__(args)
         try:
             import queasy_py
@@ -45,7 +48,8 @@ class QueasyAdapter(common.Adapter):
         self.q.dispatch_many([{"data": {}} for _ in range(n)])
 
     def worker_cmds(self):
-        return [[sys.executable, os.path.join(common.HERE, "queasy_supervisor.py")]]
+        script = os.path.join(common.HERE, "queasy_supervisor.py")
+        return [[sys.executable, script, str(self.args.workers), str(self.size)]]
 
     def classify(self, exc):
         if isinstance(exc, (common.Unavailable, common.WorkersDied)):

@@ -21,9 +21,9 @@ class RqAdapter(common.Adapter):
         self.version = rq.__version__ if hasattr(rq, "__version__") else rq.VERSION
         self.simple = args.mode == "simple"
         self.mode = (
-            "2 x `rq worker -w rq.SimpleWorker`"
+            f"{args.workers} x `rq worker -w rq.SimpleWorker`"
             if self.simple
-            else "2 x `rq worker` (fork per job)"
+            else f"{args.workers} x `rq worker` (fork per job)"
         )
         self.tasks = rq_tasks
         if not self.simple:  # a forked job process exits at once: count each job directly
@@ -45,7 +45,9 @@ class RqAdapter(common.Adapter):
         cmd = [rq_bin, "worker", "--url", self.url, "--quiet"]
         if self.simple:
             cmd += ["--worker-class", "rq.SimpleWorker"]
-        return [cmd + ["--name", f"bench-{os.getpid()}-{k}", "bench"] for k in range(2)]
+        return [
+            cmd + ["--name", f"bench-{os.getpid()}-{k}", "bench"] for k in range(self.args.workers)
+        ]
 
 
 def _extra(p):

@@ -10,7 +10,7 @@ import common
 
 class SaqAdapter(common.Adapter):
     lib = "saq"
-    mode = "`saq --workers 2` (concurrency 10 each)"
+    mode = "`saq --workers {w}` (concurrency 10 each)"
 
     def __init__(self, args):
         super().__init__(args)
@@ -33,7 +33,7 @@ class SaqAdapter(common.Adapter):
 
     def worker_cmds(self):
         bin_ = os.path.join(os.path.dirname(sys.executable), "saq")
-        return [[bin_, "tasks.saq_tasks.settings", "--workers", "2", "--quiet"]]
+        return [[bin_, "tasks.saq_tasks.settings", "--workers", str(self.args.workers), "--quiet"]]
 
 
 def _dist_version(name):
