@@ -596,7 +596,7 @@ def main(argv=None) -> int:
         type=int,
         default=2,
         help="worker processes of every library (default 2); queasy_py: one supervisor, "
-        "listen size 5 per worker",
+        "listen size 10 (10 jobs at once per worker)",
     )
     p.add_argument(
         "--smoke",

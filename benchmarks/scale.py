@@ -20,7 +20,7 @@ Starts its own valkey-server (run.py's Server), then, each scenario --repeat tim
    workers) and 1..--max-workers workers (one supervisor, one queue; default the core
    count; --worker-counts picks some), so the same command on a bigger machine draws the
    scaling curve. With --max-workers of 4 or more, also the N workers split over 2 and
-   over 4 supervisors. A supervisor's listen size is 5 per worker, at least 10.
+   over 4 supervisors. Listen size 10: 10 jobs at once per worker.
 
 Prints Markdown tables and replaces (or appends) the "## Scale (queasy_py only)" section of
 benchmarks/RESULTS.md (parts throughput and rss) and its "## Scale: CPU per job" section
@@ -52,7 +52,6 @@ WINDOW_FROM = 0.10  # pre-dispatched runs: the rate is timed from 10% done to 10
 DISPATCH_CHUNK = 5000  # jobs per dispatch_many call
 MAX_BACKLOG = 40000  # RSS run: dispatched - done stays below this
 MiB = 1024 * 1024
-SIZE_PER_WORKER = 5  # costs part: a supervisor's listen size, at least 10 (run.py's too)
 
 # Loaded by _load() (not at import time, so that a `--supervise` process stays lean: its RSS is
 # one of the figures).
@@ -318,8 +317,7 @@ def run_costs(
     deadline = time.monotonic() + budget
     with queasy_py.Client(url, workers=0) as client:
         dispatch(client, jobs)
-    size = max(10, SIZE_PER_WORKER * workers)
-    group = [Supervisor(url, workers, queues, NOOP, size) for _ in range(sups)]
+    group = [Supervisor(url, workers, queues, NOOP, 10) for _ in range(sups)]
     started: list[Supervisor] = []
     try:
         for sup in group:

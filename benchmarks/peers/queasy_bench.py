@@ -18,12 +18,12 @@ sys.path.insert(1, common.REPO)  # queasy_py from the source tree when it is not
 class QueasyAdapter(common.Adapter):
     lib = "queasy_py"
     mode = "1 supervisor, `Client(workers={w})`, listen size {s}"
-    #: the listen size per worker process (10 with the default 2 workers)
-    size_per_worker = 5
+    #: the units a job takes of a worker's 100 (defaults.WORKER_UNITS): 10 jobs at once per
+    #: worker, as bullmq's, saq's and arq's concurrency of 10 per process here
+    size = 10
     has_bulk = True
 
     def __init__(self, args):
-        self.size = self.size_per_worker * args.workers
         super().__init__(args)
         try:
             import queasy_py
