@@ -36,6 +36,9 @@ if [[ -d "$site" && -z "${QUEASY_PY:-}" ]]; then
     done
     QUEASY_PY="$venv/bin/python"
     PEERS_PY="$venv/bin/python"
+    # their bytecode, as pip install writes it: without it (PYTHONDONTWRITEBYTECODE set, as on
+    # the lent machine) every process of every library compiled redis-py at each start
+    "$QUEASY_PY" -m compileall -q "$site" >/dev/null
 fi
 export PYTHONPATH="$(dirname "$here")${PYTHONPATH:+:$PYTHONPATH}"  # queasy_py: this checkout
 QUEASY_PY="${QUEASY_PY:-$here/.queasy-venv/bin/python}"
