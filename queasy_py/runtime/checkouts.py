@@ -80,6 +80,8 @@ class Checkouts:
         if fields % JOB_FIELDS:
             raise ValueError(f"{fields} fields is not a whole number of jobs")
         count = fields // JOB_FIELDS
+        if count > len(procs):  # checked before any job is taken: none starts, none is lost
+            raise ValueError(f"{count} jobs for {len(procs)} asked")
         if count < len(procs):
             state.ready_at = self.clock.local(int(next_run_at)) if next_run_at else float("inf")
             # a wake-up that came while the dequeue was on its way is not in its reply
