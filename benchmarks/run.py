@@ -436,7 +436,7 @@ def tables(results: dict, order: list[str]) -> str:
     return "\n".join(lines)
 
 
-def machine(server_version: str) -> list[str]:
+def machine(server_version: str, peers_python: str = PEERS_PY) -> list[str]:
     cpu = "?"
     try:
         with open("/proc/cpuinfo") as f:
@@ -453,10 +453,10 @@ def machine(server_version: str) -> list[str]:
     except (OSError, StopIteration, ValueError):
         pass
     peers_py = "?"
-    if os.path.exists(PEERS_PY):
+    if os.path.exists(peers_python):
         try:
             peers_py = subprocess.run(
-                [PEERS_PY, "-c", "import platform; print(platform.python_version())"],
+                [peers_python, "-c", "import platform; print(platform.python_version())"],
                 capture_output=True,
                 text=True,
                 timeout=30,
@@ -467,7 +467,7 @@ def machine(server_version: str) -> list[str]:
         f"- CPUs: {os.cpu_count()} ({cpu})",
         f"- memory: {mem}",
         f"- OS: {platform.system()} {platform.release()}",
-        f"- Python: {platform.python_version()} (queasy_py), {peers_py} (peers venv)",
+        f"- Python: {platform.python_version()} (queasy_py), {peers_py} (peers)",
         f"- server: valkey {server_version} (one for all libraries, 127.0.0.1, no persistence)",
         f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
     ]
@@ -707,7 +707,7 @@ def main(argv=None) -> int:
         + (f" --workers {args.workers}" if args.workers != 2 else "")
         + "`",
         "",
-        *machine(version),
+        *machine(version, args.peers_python),
         "",
         table,
         "",
