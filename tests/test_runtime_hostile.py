@@ -198,18 +198,21 @@ def test_a_decimal_retry_at_is_coerced_and_the_worker_goes_on(rt: Runtime, kind:
     assert len(sup.workers()) == 1
 
 
-def test_the_sender_survives_a_result_it_cannot_encode() -> None:
-    """The worker's sender thread, in this process: a result orjson cannot encode becomes a
-    permanent failure of its job, and the next result is still sent."""
+def test_the_results_survive_a_result_it_cannot_encode() -> None:
+    """The worker's sending of results, in this process (each thread that adds a result
+    sends what waits after it): a result orjson cannot encode becomes a permanent failure
+    of its job, and the next result is still sent."""
     ours, theirs = socket.socketpair()
     ours.settimeout(5.0)
     runner = Runner(Pipe(theirs), {})
     mine = Pipe(ours)
     runner._done(1, 100, {"name": "X", "message": "m", "kind": "retriable", "retry_at": object()})
+    runner.flush()
     (seq, started, error) = orjson.loads(mine.recv_frame())[0]
     assert (seq, started, error["kind"]) == (1, 100, "permanent")
     assert error["name"] == "UnencodableResult"
     runner._done(2, 200, None)
+    runner.flush()
     assert orjson.loads(mine.recv_frame()) == [[2, 200, None]]
     mine.close()
 

@@ -14,11 +14,15 @@ Protocol (each message one orjson document in a frame of queasy_py/frames.py):
           (queasy_py/runtime/results.py: what a result holds, and how a batch is encoded)
 
 Plain handlers run in a thread pool, async ones on one event loop thread, so a worker runs
-several jobs at once. One pool thread at a time reads the pipe (the leader); once it has a
-message it hands the reading to another pool thread, puts the message's plain jobs in a
-backlog and runs them itself one after the other, while helper threads take jobs from the
-backlog in parallel (each helper that finds a job calls in one more). Short jobs so run
-without a thread switch each, long ones still run side by side. When the pipe closes (the
+several jobs at once. One pool thread at a time reads the pipe (the reader): it puts a
+message's plain jobs in a backlog, runs them itself one after the other, sends their results
+in one message and reads the next. A watch thread looks every HAND_OVER_S while messages
+come: a reader still on the same message as at the last look hands the reading to another
+pool thread and the rest of the backlog to helpers (each helper that finds a job calls in
+one more), so the jobs of a batch and of the next ones run side by side. A batch of quick
+jobs so costs no thread switch at all (the switches, 8-10 per message, were most of a
+worker's CPU per job), long ones start side by side within 2-4 ms. Every thread that adds a
+result sends what is waiting after it (no sender thread to wake). When the pipe closes (the
 supervisor died) the worker exits at once with its process group and every process under
 it, so no orphan keeps running a job that will be run again elsewhere.
 """
@@ -28,7 +32,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import queue
 import signal
 import socket
 import sys
@@ -52,14 +55,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("queasy_py.worker")
 
+#: the watch's tick: a reader found on the same message at two looks in a row (2-4 ms on it)
+#: hands the reading to another thread and the rest of its batch to helpers
+HAND_OVER_S = 0.002
+
 
 class Runner:
     """Runs jobs concurrently and sends their results back in batches."""
 
     def __init__(
-        self, pipe: Pipe, handlers: dict[str, str], results: frozenset[str] = frozenset()
+        self,
+        pipe: Pipe,
+        handlers: dict[str, str],
+        results: frozenset[str] = frozenset(),
+        hand_over: float | None = None,
     ) -> None:
         self.pipe = pipe
+        self.hand_over = HAND_OVER_S if hand_over is None else hand_over  # the watch's tick
         self.parent = os.getppid()  # the supervisor: a job starts only while it lives
         self.handlers = {queue: load(path) for queue, path in handlers.items()}
         self.results = results  # the queues whose handlers' return values are stored
@@ -67,10 +79,17 @@ class Runner:
         self.pool = ThreadPoolExecutor(max_workers=defaults.WORKER_UNITS + 1)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_lock = threading.Lock()
-        self.outbox: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
+        self.outbox: collections.deque[list[Any]] = collections.deque()
+        self.send_lock = threading.Lock()
+        self.flush_pending = False  # the event loop's flush of async results is scheduled
         self.backlog: collections.deque[tuple[int, Any, Any, Job]] = collections.deque()
-        self.sender = threading.Thread(target=self._send_loop, name="queasy-sender", daemon=True)
-        self.sender.start()
+        # the reading thread and its watch (_watch): who reads, whether it is running jobs
+        self.lock = threading.Lock()
+        self.reader = 0  # the reading thread's turn: a thread whose turn passed stops reading
+        self.running = False  # the reading thread is on a message (not waiting in recv)
+        self.progress = 0  # messages read: the watch sees whether the reader moves on
+        self.active = threading.Event()  # set while messages come: the watch looks every tick
+        threading.Thread(target=self._watch, name="queasy-watch", daemon=True).start()
 
     def _start_async(self, coro: Any) -> None:
         import asyncio  # only for async handlers: it takes a third of a worker's start
@@ -84,28 +103,39 @@ class Runner:
                     self.loop = loop
         asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def _send_loop(self) -> None:
-        """Send results in batches. Nothing a result holds may end this thread: without it
-        every later job of this worker would be recorded as timed out and run again."""
-        while True:
+    def flush(self) -> None:
+        """Send the results waiting, in one message. Every thread that adds a result flushes
+        after it (a result never waits for a later one). Nothing a result holds may stop
+        this: the worker's later jobs would all be recorded as timed out and run again."""
+        with self.send_lock:
+            if not self.outbox:
+                return
+            batch = []
+            while self.outbox:
+                batch.append(self.outbox.popleft())
             try:
-                batch = [self.outbox.get()]
-                while True:
-                    try:
-                        batch.append(self.outbox.get_nowait())
-                    except queue.Empty:
-                        break
                 payload = encode_results(batch)
             except Exception:
                 log.exception("worker failed encoding results")
-                continue
+                return
             try:
                 self.pipe.send_frame(payload)
             except (OSError, ValueError):
                 exit_with_everything()  # the supervisor is gone
 
+    def _flush_soon(self) -> None:
+        """On the event loop: one flush for the async results of this loop iteration."""
+        if not self.flush_pending:
+            self.flush_pending = True
+            assert self.loop is not None
+            self.loop.call_soon(self._flush_async)
+
+    def _flush_async(self) -> None:
+        self.flush_pending = False
+        self.flush()
+
     def _done(self, seq: int, started: int, error: dict[str, Any] | None) -> None:
-        self.outbox.put([seq, started, error])
+        self.outbox.append([seq, started, error])
 
     def _returned(self, seq: int, started: int, result: Any, job: Job) -> None:
         """A handler returned `result`: sent along when its queue stores results (a value
@@ -118,7 +148,7 @@ class Runner:
         if error is not None:
             self._done(seq, started, error)
         else:
-            self.outbox.put([seq, started, None, value])
+            self.outbox.append([seq, started, None, value])
 
     def run_sync(self, seq: int, handle: Any, data: Any, job: Job) -> None:
         if os.getppid() != self.parent:  # the supervisor died: its leases go to others
@@ -141,6 +171,7 @@ class Runner:
             aw = handle(data, job)
         except BaseException as exc:  # noqa: BLE001
             self._done(seq, started, describe_error(exc))
+            self._flush_soon()
             return
         await self.run_awaitable(seq, started, aw, job)
 
@@ -154,27 +185,61 @@ class Runner:
             self._done(seq, started, describe_error(exc))
         else:
             self._returned(seq, started, result, job)
+        self._flush_soon()
 
     def lead(self) -> None:
-        """Read the next message, hand the reading on, run its jobs (the first plain one in
-        this thread). Any failure here ends the worker: nobody else reads the pipe."""
-        try:
+        """Read messages and run their plain jobs in this thread, one after the other, then
+        send their results; the watch (_watch) hands the reading to another thread, and the
+        rest of the batch to helpers, when one message holds it for a tick. Any failure here
+        ends the worker: nobody else reads the pipe."""
+        while True:
             try:
-                frame = self.pipe.recv_frame()
-            except (EOFError, OSError):
-                exit_with_everything()  # the supervisor is gone: stop at once, jobs included
-            if os.getppid() != self.parent:  # it died after sending: start none of them
-                exit_with_everything()
-            if frame == b'"stop"':  # sent only to a worker with no jobs left
-                os._exit(0)
-            self.pool.submit(self.lead)
-            plain = self.submit(frame)
-        except BaseException:
-            log.exception("worker failed reading its jobs")
-            os._exit(1)
-        if plain > 1:
-            self.pool.submit(self.help)
-        self.drain()
+                try:
+                    frame = self.pipe.recv_frame()
+                except (EOFError, OSError):
+                    exit_with_everything()  # the supervisor is gone: stop at once, jobs too
+                if os.getppid() != self.parent:  # it died after sending: start none of them
+                    exit_with_everything()
+                if frame == b'"stop"':  # sent only to a worker with no jobs left
+                    os._exit(0)
+                with self.lock:
+                    turn = self.reader
+                    self.running = True
+                    self.progress += 1
+                    if not self.active.is_set():
+                        self.active.set()
+                self.submit(frame)
+            except BaseException:
+                log.exception("worker failed reading its jobs")
+                os._exit(1)
+            self.drain()
+            self.flush()
+            with self.lock:
+                if self.reader != turn:  # handed over while it ran a job: another one reads
+                    return
+                self.running = False
+
+    def _watch(self) -> None:
+        """Every HAND_OVER_S while messages come: a reader on the same message as at the
+        last look hands the reading to a new thread and the rest of its batch to helpers,
+        so the jobs of a batch, and of the next ones, run side by side. A quiet tick (no
+        message since the last look, the reader waiting) puts the watch to sleep until the
+        next message."""
+        while True:
+            self.active.wait()
+            seen = self.progress
+            time.sleep(self.hand_over)
+            with self.lock:
+                if self.progress != seen:
+                    continue
+                if not self.running:
+                    self.active.clear()  # idle: no batch came for a tick
+                    continue
+                self.reader += 1  # the reading thread's turn ends with its job
+                self.running = False
+                self.pool.submit(self.lead)
+                if self.backlog:
+                    self.pool.submit(self.help)
 
     def help(self) -> None:
         """Take a job from the backlog, calling in one more helper while jobs are left."""
@@ -186,6 +251,7 @@ class Runner:
             self.pool.submit(self.help)
         self.run_sync(*item)
         self.drain()
+        self.flush()
 
     def drain(self) -> None:
         while True:
