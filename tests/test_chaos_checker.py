@@ -13,7 +13,7 @@ from tests.chaos.schedules import check_schedule
 QUEUE = "sched-skip"  # every 3 s, catch_up skip (tests/chaos/handlers SCHEDULED)
 
 
-def attempt(fire: float, t: float, pid: int) -> Attempt:
+def attempt(fire: float, t: float, pid: int, took: float = 0.0003) -> Attempt:
     return Attempt(
         q=QUEUE,
         id="schedule",
@@ -28,7 +28,7 @@ def attempt(fire: float, t: float, pid: int) -> Attempt:
         holder="1000-abc",
         leased_at=t - 0.0005,
         extra={"fire": repr(fire)},
-        end=t + 0.0003,
+        end=t + took,
     )
 
 
@@ -68,6 +68,15 @@ def test_another_worker_starting_in_the_ms_of_an_end_belongs_to_the_next_occurre
     history = [attempt(300.0, 300.0004, pid=11), attempt(300.0, 300.0008, pid=12)]
     found = violations(history, [finished(300_000, 11), finished(300_001, 12)])
     assert any("fire time 300.000 ran after 300.000 did" in v for v in found), found
+
+
+def test_the_same_worker_starting_the_next_occurrence_in_the_ms_of_an_end() -> None:
+    # CI saw this once the worker ran a message's jobs in its reading thread: the occurrence
+    # of 300 (run late) acked at 303.000x; the same worker began the due 303 in that same
+    # ms (303.0006) and ended it after it (303.0013). The 300 occurrence's own attempts all
+    # ended before its ack, so one that ends past the ms is the next occurrence's.
+    history = [attempt(300.0, 302.9, pid=11), attempt(303.0, 303.0006, pid=11, took=0.0007)]
+    assert violations(history, [finished(303_000, 11), finished(303_001, 11)]) == []
 
 
 def test_a_queue_that_does_not_start_while_its_server_is_up_is_flagged() -> None:

@@ -81,15 +81,20 @@ def ended_before(e: Event, a: Attempt) -> bool:
     """Whether the terminal outcome `e` ended its occurrence before attempt `a` began.
 
     The next occurrence is created after the terminal FCALL, so its attempts start after the
-    end; an attempt of this occurrence started before it. But an end is stored in whole
+    end; an attempt of this occurrence started before it, and ended before it too (its
+    result went to the supervisor, which then acked). But an end is stored in whole
     milliseconds (the server's TIME, truncated): an attempt that began within the millisecond
-    of `ended` is the one `e` ended when its worker is the one `e` names (a job shorter than a
-    millisecond, acked within it), and an attempt of the next occurrence otherwise (two
-    attempts of one occurrence never run at once: invariant 1)."""
+    of `ended` and ended past it is the next occurrence's (the same worker may start it
+    within that millisecond); one that began and ended within it is the one `e` ended when
+    its worker is the one `e` names (a job shorter than a millisecond, acked within it), and
+    an attempt of the next occurrence otherwise (two attempts of one occurrence never run at
+    once: invariant 1)."""
     if a.t >= e.ended + 0.001:
         return True
     if a.t < e.ended:
         return False
+    if a.end is not None and a.end >= e.ended + 0.001:
+        return True
     return e.pid != str(a.pid)
 
 
