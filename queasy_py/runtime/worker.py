@@ -259,7 +259,11 @@ class Runner:
                 item = self.backlog.popleft()
             except IndexError:
                 return
-            self.run_sync(*item)
+            try:
+                self.run_sync(*item)
+            except Exception:  # ours, not the handler's (run_sync reports those): the
+                # reading thread must go on; the job, its result unsent, times out
+                log.exception("worker failed reporting job %s", item[3].id)
 
     def submit(self, frame: bytes) -> int:
         """Start the async jobs of a batch, put the plain ones in the backlog; their number.
