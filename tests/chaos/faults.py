@@ -97,7 +97,7 @@ class ServerFaults:
         return self.due
 
     def start_due(self, now: float) -> None:
-        assert self.due is not None and self.active is None
+        assert self.due is not None and self.active is None and not self.thawing
         kind, self.due = self.due, None
         self.start(kind, now)
 
@@ -132,7 +132,14 @@ class ServerFaults:
 
     def maintain(self, now: float, settled: bool) -> None:
         """Lift the fault whose time is up; make one due when the plan says so; begin the
-        due one when `settled` (no supervisor is starting)."""
+        due one when `settled` (no supervisor is starting) and the last one is over, the
+        cluster ok again included.
+
+        Never one while a cluster is thawing: a primary frozen then would be asked by the
+        next `_cluster_ok` (CLUSTER INFO on every node), which blocks this loop for the
+        client's timeouts and retries (about 50 s) with the primary still frozen, since
+        only this loop thaws it; the chaos phase went by meanwhile with the cluster down
+        (its job count halved, tests/test_chaos_faults.py)."""
         if self.active is not None and now >= self.until:
             self.lift()
         if self.thawing and self._cluster_ok():
@@ -140,7 +147,7 @@ class ServerFaults:
         if self.plan and now >= self.plan[0] and self.due is None and self.active is None:
             self.plan.pop(0)
             self.choose()
-        if self.due is not None and self.active is None and settled:
+        if self.due is not None and self.active is None and not self.thawing and settled:
             self.start_due(now)
 
     def end(self) -> None:

@@ -75,8 +75,12 @@ class Chaos:
         forge_pushes: bool = False,
         planned_faults: tuple[float, ...] = (),
         server_faults: tuple[str, ...] | None = None,
+        coverage: dict[str, int] | None = None,
+        max_seconds: float | None = None,
     ) -> None:
         self.url, self.prefix, self.seconds = url, prefix, seconds
+        self.coverage = dict(coverage or {})
+        self.max_seconds = seconds if max_seconds is None else max(seconds, max_seconds)
         self.seed, self.rate, self.drain_timeout, self.echo = seed, rate, drain_timeout, echo
         self.rng = random.Random(seed)
         self.cluster = Cluster(url, prefix, workdir, seed, records_url)
@@ -188,6 +192,36 @@ class Chaos:
 
     # ---------------------------------------------------------------- load
 
+    def confirmed_jobs(self) -> int:
+        """Work jobs known to be dispatched so far (the orchestrator's that the server took,
+        the handlers' with their `dispatched` record read): a lower bound of the summary's
+        `jobs`, which counts every intent but those never confirmed and never seen."""
+        r = self.records
+        return sum(1 for serial in r.confirmed if r.intents.get(serial, ("",))[0] in WORK_QUEUES)
+
+    def progress(self) -> dict[str, int]:
+        """What the run has covered so far, under the summary's names: `jobs` (confirmed,
+        at most the summary's), `kills`, the server faults begun (`oom`, `flushes`,
+        `redis_freezes`) and the hostile producer's counts (`hostile_<kind>`); none of it
+        asks a server."""
+        figures = {"jobs": self.confirmed_jobs(), "kills": len(self.cluster.kills)}
+        figures.update((k, v) for k, v in self.faults.details().items() if isinstance(v, int))
+        if self.hostile is not None:
+            figures.update((f"hostile_{k}", v) for k, v in self.hostile.counts.items())
+        return figures
+
+    def chaos_over(self, now: float, begin: float) -> bool:
+        """The chaos phase lasts `seconds`, and past them until every figure of `coverage`
+        reached its minimum (a slow or loaded machine, the cluster down for a while: the
+        same coverage takes longer), `max_seconds` at most: a run that ends there short of
+        one fails its bound."""
+        if now < begin + self.seconds:
+            return False
+        if now >= begin + self.max_seconds:
+            return True
+        figures = self.progress()
+        return all(figures[name] >= least for name, least in self.coverage.items())
+
     def dispatch_initial(self, now: float, begin: float) -> None:
         due = int((now - begin) * self.rate) - self.dispatched
         for _ in range(max(0, due)):
@@ -296,6 +330,9 @@ class Chaos:
                 self.hostile.close()
 
     def _run(self) -> Summary:
+        unknown = sorted(set(self.coverage) - set(self.progress()))
+        if unknown:
+            raise ValueError(f"coverage of figures a run does not count live: {unknown}")
         for slot in self.cluster.slots:
             self.cluster.start(slot)
         self.last_start = time.time()
@@ -304,10 +341,9 @@ class Chaos:
             periodic.dispatch({"serial": f"{job_id}-0", "periodic": True}, id=job_id)
         begin = time.time()
         self.faults.plan = [begin + t for t in sorted(self.planned_faults)]
-        end_chaos = begin + self.seconds
         next_action = begin + 3.0  # let the supervisors start first
         next_check = next_hostile = begin
-        while (now := time.time()) < end_chaos:
+        while not self.chaos_over(now := time.time(), begin):
             self.dispatch_initial(now, begin)
             self.maintain(now)
             if now >= next_action:
@@ -320,6 +356,7 @@ class Chaos:
                 self.check(now, begin)
                 next_check = now + CHECK_EVERY
             time.sleep(TICK)
+        end_chaos = now
         # drain: no more load or disruptions; every supervisor runs until the queues are empty
         self.faults.end()
         self.send_pending()
@@ -366,6 +403,7 @@ class Chaos:
                 for a in attempts
                 if not a.held_lease
             ),
+            "chaos_s": round(end_chaos - begin, 1),
             "drain_s": round(now - end_chaos, 1),
             **self.faults.details(),
             "dispatch_oom": self.dispatch_refusals["oom"],
@@ -397,7 +435,9 @@ def run_chaos(
     need it), hostile, fault_weight (scales the server faults' weight in the disruption
     choice), planned_faults (seconds into the chaos phase at which a server fault is made
     due, besides the random ones), server_faults (the kinds allowed: oom, flush,
-    redis_freeze; default all), start_during_faults, forge_pushes (see Chaos). The
+    redis_freeze; default all), start_during_faults, forge_pushes, coverage and
+    max_seconds (the chaos phase goes on past `seconds` until each figure of `coverage`
+    reached its minimum, `max_seconds` at most; Chaos.progress names the figures). The
     server faults need CONFIG on `url` (OOM); those it does not allow are left out."""
     if workdir is None:
         workdir = Path(tempfile.mkdtemp(prefix="queasy-chaos-"))
