@@ -191,7 +191,10 @@ class Runner:
         """Read messages and run their plain jobs in this thread, one after the other, then
         send their results; the watch (_watch) hands the reading to another thread, and the
         rest of the batch to helpers, when one message holds it for a tick. Any failure here
-        ends the worker: nobody else reads the pipe."""
+        ends the worker: nobody else reads the pipe. A reader started by a hand-over first
+        sends what its predecessor's jobs left before it: the results of the quick jobs that
+        ran ahead of the one that held it, which must not wait for that one to end."""
+        self.flush()
         while True:
             try:
                 try:
@@ -212,7 +215,7 @@ class Runner:
             except BaseException:
                 log.exception("worker failed reading its jobs")
                 os._exit(1)
-            self.drain()
+            self.drain(turn)
             self.flush()
             with self.lock:
                 if self.reader != turn:  # handed over while it ran a job: another one reads
@@ -249,21 +252,31 @@ class Runner:
             return
         if self.backlog:
             self.pool.submit(self.help)
-        self.run_sync(*item)
-        self.drain()
+        self._run(item)
         self.flush()
+        self.drain(None)
 
-    def drain(self) -> None:
+    def drain(self, turn: int | None) -> None:
+        """Run the backlog's jobs in this thread. The reader of turn `turn` sends its
+        results together after the last (lead); a helper (turn None), or a reader whose
+        turn passed (it was handed over: its job is a slow one), sends each job's result
+        as soon as it ends, so it never waits for the next job of the backlog. (A result
+        added before the hand-over is sent by the reader the hand-over starts.)"""
         while True:
             try:
                 item = self.backlog.popleft()
             except IndexError:
                 return
-            try:
-                self.run_sync(*item)
-            except Exception:  # ours, not the handler's (run_sync reports those): the
-                # reading thread must go on; the job, its result unsent, times out
-                log.exception("worker failed reporting job %s", item[3].id)
+            self._run(item)
+            if turn is None or self.reader != turn:
+                self.flush()
+
+    def _run(self, item: tuple[int, Any, Any, Job]) -> None:
+        try:
+            self.run_sync(*item)
+        except Exception:  # ours, not the handler's (run_sync reports those): the
+            # thread must go on; the job, its result unsent, times out
+            log.exception("worker failed reporting job %s", item[3].id)
 
     def submit(self, frame: bytes) -> int:
         """Start the async jobs of a batch, put the plain ones in the backlog; their number.
