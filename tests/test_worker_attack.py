@@ -51,18 +51,20 @@ class Worker:
             self.close()
             raise
 
-    def send(self, *jobs: tuple[str, Any] | dict[str, Any]) -> list[int]:
-        """Send one message of jobs: a dict is data for queue q, else (queue, data)."""
+    def send(self, *jobs: tuple[str, Any] | dict[str, Any], trace: str = "") -> list[int]:
+        """Send one message of jobs: a dict is data for queue q, else (queue, data); the
+        first job carries `trace` (a traceparent) when given."""
         heads, raws, seqs = [], [], []
         for job in jobs:
             queue, data = ("q", job) if isinstance(job, dict) else job
             self.seq += 1
             raw = data if isinstance(data, bytes) else orjson.dumps(data)
             heads.append(
-                [self.seq, queue, f"j{self.seq}", 1_700_000_000_000, 0, 0, 0, "", len(raw)]
+                [self.seq, queue, f"j{self.seq}", 1_700_000_000_000, 0, 0, 0, trace, len(raw)]
             )
             raws.append(raw)
             seqs.append(self.seq)
+            trace = ""
         self.pipe.send_frame(pack_jobs(heads, raws))
         return seqs
 
@@ -114,3 +116,159 @@ def test_a_quick_result_does_not_wait_for_a_slow_job_after_it(worker: Worker) ->
     assert [r[0] for r in first] == [quick]
     assert time.monotonic() - t0 < 1.0
     assert [r[0] for r in worker.results(1)] == [slow]
+
+
+def test_a_cpu_bound_job_still_hands_the_reading_over(worker: Worker) -> None:
+    """A handler spinning in pure Python holds the GIL: the watch runs at the switch
+    interval (5 ms) and hands over; a quick job sent behind it comes back first."""
+    (spin,) = worker.send({"spin": 1.5})
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    (quick,) = worker.send({})
+    first = worker.results(1)
+    assert [r[0] for r in first] == [quick]
+    assert time.monotonic() - t0 < 1.0
+    assert [r[0] for r in worker.results(1)] == [spin]
+
+
+def test_a_hundred_short_io_jobs_of_one_message_run_side_by_side(worker: Worker) -> None:
+    """100 jobs of 1-3 ms sleep in one message: after the hand-over they run side by side,
+    far from the 200 ms they take one after the other."""
+    for _ in range(3):  # the pool's threads exist after the first round
+        seqs = worker.send(*({"sleep": 0.001 + 0.002 * (i % 2)} for i in range(100)))
+        t0 = time.monotonic()
+        got = worker.results(100)
+        took = time.monotonic() - t0
+        assert sorted(r[0] for r in got) == seqs
+    assert took < 0.15, took
+    runs = [ran(r) for r in got]
+    assert len({r["thread"] for r in runs}) > 10
+
+
+def test_a_thousand_quick_jobs_in_one_message(worker: Worker) -> None:
+    seqs = worker.send(*({} for _ in range(1000)))
+    got = worker.results(1000)
+    assert sorted(r[0] for r in got) == seqs
+    worker.nothing_more()
+
+
+def test_a_mix_of_async_plain_and_coroutine_returning_jobs(worker: Worker) -> None:
+    """Every kind of job in one message, quick and slow: each result comes exactly once."""
+    jobs: list[Any] = []
+    for i in range(60):
+        kind = i % 4
+        if kind == 0:
+            jobs.append({})
+        elif kind == 1:
+            jobs.append({"sleep": 0.01 * (i % 3)})
+        elif kind == 2:
+            jobs.append(("a", {"sleep": 0.01 * (i % 3)}))
+        else:
+            jobs.append({"coro": 0.01 * (i % 3)})
+    for _ in range(5):
+        seqs = worker.send(*jobs)
+        got = worker.results(len(seqs))
+        assert sorted(r[0] for r in got) == seqs
+        assert all(r[2] is None for r in got), got
+    worker.nothing_more()
+
+
+def test_base_exceptions_unencodable_values_and_bad_data_fail_their_job_alone(
+    worker: Worker,
+) -> None:
+    seqs = worker.send(
+        {"raise": "SystemExit"},
+        {"raise": "KeyboardInterrupt"},
+        {"unencodable": True},
+        ("q", b"{not json"),
+        {},
+    )
+    got = {r[0]: r for r in worker.results(5)}
+    assert sorted(got) == seqs
+    assert got[seqs[0]][2]["name"] == "SystemExit"
+    assert got[seqs[1]][2]["name"] == "KeyboardInterrupt"
+    assert got[seqs[2]][2]["name"] == "InvalidResult"
+    assert got[seqs[3]][2]["name"] == "InvalidJobData"
+    assert got[seqs[4]][2] is None
+    (again,) = worker.send({})  # the worker goes on
+    assert [r[0] for r in worker.results(1)] == [again]
+
+
+def test_results_come_once_each_through_many_hand_overs(worker: Worker) -> None:
+    """Messages of quick and 1-10 ms jobs sent without waiting: hand-overs race the readers'
+    returns to recv; every result comes exactly once."""
+    sent: list[int] = []
+    for i in range(200):
+        sent += worker.send(
+            *({"sleep": 0.001 * ((i + j) % 10)} if (i + j) % 3 else {} for j in range(1 + i % 4))
+        )
+        if i % 20 == 19:
+            time.sleep(0.005)
+    got = worker.results(len(sent), timeout=20)
+    assert sorted(r[0] for r in got) == sent
+    worker.nothing_more()
+
+
+def test_the_worker_exits_at_once_when_its_pipe_closes_under_blocked_jobs() -> None:
+    w = Worker()
+    try:
+        w.send({"sleep": 60}, {"sleep": 60}, ("a", {"sleep": 60}))
+        w.send({"spin": 60})
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        w.pipe.close()
+        w.proc.wait(timeout=5)
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        w.close()
+
+
+def test_slow_jobs_behind_a_slow_to_decode_one_still_run_side_by_side(worker: Worker) -> None:
+    """A job whose data takes the reader longer than the watch's tick to decode (1 MB of
+    small objects: 10-30 ms) comes first: the hand-over happens while the reader decodes,
+    with the backlog still empty. The three 0.6 s jobs after it must still run side by
+    side, not one after the other in the old reader (1.8 s)."""
+    big = {"pad": [{"k": i} for i in range(90_000)]}
+    seqs = worker.send(big, {"sleep": 0.6}, {"sleep": 0.6}, {"sleep": 0.6})
+    got = worker.results(4)
+    assert sorted(r[0] for r in got) == seqs
+    runs = [ran(r) for r in got if r[0] != seqs[0]]
+    first_end = min(r["end"] for r in runs)
+    assert all(r["start"] < first_end for r in runs), runs
+
+
+def test_slow_jobs_handed_over_before_they_are_in_the_backlog_run_side_by_side() -> None:
+    """97 async jobs, then three 0.3 s plain ones, in one message: starting the async jobs
+    keeps the reader in the message, and a reader preempted there for a tick (a loaded
+    machine; here a 0.2 ms tick) is handed over before the plain jobs are in the backlog,
+    with none for helpers. They must still run side by side, not one after the other in
+    the old reader (before the fix: 10 rounds of 10 one after the other)."""
+    worker = Worker(0.0002)
+    try:
+        _side_by_side_behind_async(worker)
+    finally:
+        worker.close()
+
+
+def _side_by_side_behind_async(worker: Worker) -> None:
+    for _ in range(5):
+        seqs = worker.send(*(("a", {}) for _ in range(97)), *({"sleep": 0.3} for _ in range(3)))
+        got = worker.results(100)
+        assert sorted(r[0] for r in got) == seqs
+        runs = [ran(r) for r in got if r[0] in seqs[-3:]]
+        first_end = min(r["end"] for r in runs)
+        assert all(r["start"] < first_end for r in runs), runs
+
+
+def test_slow_jobs_behind_the_first_traced_one_still_run_side_by_side(worker: Worker) -> None:
+    """The first traced job imports opentelemetry while the reader is in the message (tens
+    of ms, the backlog still empty): the watch hands over then, with nothing to hand to
+    helpers. The three 0.6 s jobs after it must still run side by side, not one after the
+    other in the old reader (1.8 s)."""
+    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    seqs = worker.send({}, {"sleep": 0.6}, {"sleep": 0.6}, {"sleep": 0.6}, trace=trace)
+    got = worker.results(4)
+    assert sorted(r[0] for r in got) == seqs
+    runs = [ran(r) for r in got if r[0] != seqs[0]]
+    first_end = min(r["end"] for r in runs)
+    assert all(r["start"] < first_end for r in runs), runs

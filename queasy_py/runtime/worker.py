@@ -212,6 +212,10 @@ class Runner:
                     if not self.active.is_set():
                         self.active.set()
                 self.submit(frame)
+                if self.reader != turn and self.backlog:
+                    # handed over before the batch was in the backlog (the watch found
+                    # none to give helpers): they take it now, not this thread alone
+                    self.pool.submit(self.help)
             except BaseException:
                 log.exception("worker failed reading its jobs")
                 os._exit(1)
