@@ -272,3 +272,14 @@ def test_slow_jobs_behind_the_first_traced_one_still_run_side_by_side(worker: Wo
     runs = [ran(r) for r in got if r[0] != seqs[0]]
     first_end = min(r["end"] for r in runs)
     assert all(r["start"] < first_end for r in runs), runs
+
+
+def test_a_result_whose_check_itself_fails_fails_its_job(worker: Worker) -> None:
+    """A returned dict with a non-str key whose repr raises: the check of the value must
+    fail the job (InvalidResult), not lose its result (the job would time out and run
+    again, each time)."""
+    seqs = worker.send({"bad_key": True}, {"bad_str": True}, {})
+    got = {r[0]: r for r in worker.results(3, timeout=3)}
+    assert sorted(got) == seqs
+    assert got[seqs[0]][2]["name"] == "InvalidResult"
+    assert got[seqs[2]][2] is None

@@ -161,4 +161,7 @@ def stored_result(result: Any, job: Any) -> tuple[str | None, dict[str, Any] | N
         encoded = encode_data(result, defaults.MAX_PAYLOAD_BYTES, "the return value")
     except InvalidInput as exc:
         return None, invalid_result(job, str(exc))
+    except Exception as exc:  # the check itself failed on the value (a key whose repr
+        # raises): the job fails, its result is sent, rather than none and a timeout
+        return None, invalid_result(job, _text(f"{type(exc).__name__}: {exc}", "?"))
     return encoded.decode(), None

@@ -10,6 +10,15 @@ import time
 from typing import Any
 
 
+class _BadRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+class _Str(str):
+    pass
+
+
 def _ran(start: float) -> dict[str, Any]:
     return {"thread": threading.get_ident(), "start": start, "end": time.monotonic()}
 
@@ -28,6 +37,10 @@ def handle(data: dict[str, Any], job: Any) -> Any:
         )
     if data.get("unencodable"):
         return {"x": object()}
+    if data.get("bad_key"):  # a non-str key whose repr fails
+        return {_BadRepr(): 1}
+    if data.get("bad_str"):  # a str subclass: not a str to the check
+        return {"x": _Str("y")}
     if "coro" in data:  # a sync wrapper returning a coroutine
 
         async def later() -> dict[str, Any]:
