@@ -21,8 +21,10 @@ come: a reader still on the same message as at the last look hands the reading t
 pool thread and the rest of the backlog to helpers (each helper that finds a job calls in
 one more), so the jobs of a batch and of the next ones run side by side. A batch of quick
 jobs so costs no thread switch at all (the switches, 8-10 per message, were most of a
-worker's CPU per job), long ones start side by side within 2-4 ms. Every thread that adds a
-result sends what is waiting after it (no sender thread to wake). When the pipe closes (the
+worker's CPU per job), long ones start side by side within 2-4 ms. Every thread that adds
+results sends what is waiting after its last job (no sender thread to wake); a result that
+waits a tick (a slow job ran after it in the same thread) is sent by the watch, or by the
+reader a hand-over starts. When the pipe closes (the
 supervisor died) the worker exits at once with its process group and every process under
 it, so no orphan keeps running a job that will be run again elsewhere.
 """
@@ -103,11 +105,15 @@ class Runner:
                     self.loop = loop
         asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def flush(self) -> None:
+    def flush(self, wait: bool = True) -> None:
         """Send the results waiting, in one message. Every thread that adds a result flushes
-        after it (a result never waits for a later one). Nothing a result holds may stop
-        this: the worker's later jobs would all be recorded as timed out and run again."""
-        with self.send_lock:
+        after the jobs it runs one after the other; the watch (_watch) sends one that waited
+        a tick (a slow job ran after it in the same thread), without waiting for send_lock
+        (`wait` False: whoever holds it sends). Nothing a result holds may stop this: the
+        worker's later jobs would all be recorded as timed out and run again."""
+        if not self.send_lock.acquire(blocking=wait):
+            return
+        try:
             if not self.outbox:
                 return
             batch = []
@@ -122,6 +128,8 @@ class Runner:
                 self.pipe.send_frame(payload)
             except (OSError, ValueError):
                 exit_with_everything()  # the supervisor is gone
+        finally:
+            self.send_lock.release()
 
     def _flush_soon(self) -> None:
         """On the event loop: one flush for the async results of this loop iteration."""
@@ -135,7 +143,12 @@ class Runner:
         self.flush()
 
     def _done(self, seq: int, started: int, error: dict[str, Any] | None) -> None:
-        self.outbox.append([seq, started, error])
+        self._add([seq, started, error])
+
+    def _add(self, result: list[Any]) -> None:
+        self.outbox.append(result)
+        if not self.active.is_set():  # the watch sends a result that waits a tick
+            self.active.set()
 
     def _returned(self, seq: int, started: int, result: Any, job: Job) -> None:
         """A handler returned `result`: sent along when its queue stores results (a value
@@ -148,7 +161,7 @@ class Runner:
         if error is not None:
             self._done(seq, started, error)
         else:
-            self.outbox.append([seq, started, None, value])
+            self._add([seq, started, None, value])
 
     def run_sync(self, seq: int, handle: Any, data: Any, job: Job) -> None:
         if os.getppid() != self.parent:  # the supervisor died: its leases go to others
@@ -219,7 +232,7 @@ class Runner:
             except BaseException:
                 log.exception("worker failed reading its jobs")
                 os._exit(1)
-            self.drain(turn)
+            self.drain()
             self.flush()
             with self.lock:
                 if self.reader != turn:  # handed over while it ran a job: another one reads
@@ -235,18 +248,30 @@ class Runner:
         while True:
             self.active.wait()
             seen = self.progress
+            oldest = self._oldest()
             time.sleep(self.hand_over)
+            if oldest is not None and self._oldest() is oldest:
+                self.flush(wait=False)  # a result waited a tick: its thread is on a slow job
             with self.lock:
                 if self.progress != seen:
                     continue
                 if not self.running:
                     self.active.clear()  # idle: no batch came for a tick
+                    if self.outbox:  # unless results wait (_add): the watch sends them
+                        self.active.set()
                     continue
                 self.reader += 1  # the reading thread's turn ends with its job
                 self.running = False
                 self.pool.submit(self.lead)
                 if self.backlog:
                     self.pool.submit(self.help)
+
+    def _oldest(self) -> list[Any] | None:
+        """The result waiting longest, None when none waits."""
+        try:
+            return self.outbox[0]
+        except IndexError:
+            return None
 
     def help(self) -> None:
         """Take a job from the backlog, calling in one more helper while jobs are left."""
@@ -257,23 +282,19 @@ class Runner:
         if self.backlog:
             self.pool.submit(self.help)
         self._run(item)
+        self.drain()
         self.flush()
-        self.drain(None)
 
-    def drain(self, turn: int | None) -> None:
-        """Run the backlog's jobs in this thread. The reader of turn `turn` sends its
-        results together after the last (lead); a helper (turn None), or a reader whose
-        turn passed (it was handed over: its job is a slow one), sends each job's result
-        as soon as it ends, so it never waits for the next job of the backlog. (A result
-        added before the hand-over is sent by the reader the hand-over starts.)"""
+    def drain(self) -> None:
+        """Run the backlog's jobs in this thread, one after the other. Their results are
+        sent after the last one (lead, help); one that waits a tick for a slow job after it
+        is sent by the watch (_watch)."""
         while True:
             try:
                 item = self.backlog.popleft()
             except IndexError:
                 return
             self._run(item)
-            if turn is None or self.reader != turn:
-                self.flush()
 
     def _run(self, item: tuple[int, Any, Any, Job]) -> None:
         try:
