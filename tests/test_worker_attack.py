@@ -201,9 +201,19 @@ def test_base_exceptions_unencodable_values_and_bad_data_fail_their_job_alone(
     assert [r[0] for r in worker.results(1)] == [again]
 
 
-def test_results_come_once_each_through_many_hand_overs(worker: Worker) -> None:
-    """Messages of quick and 1-10 ms jobs sent without waiting: hand-overs race the readers'
-    returns to recv; every result comes exactly once."""
+@pytest.mark.parametrize("tick", [0.0001, 0.002])
+def test_results_come_once_each_through_many_hand_overs(tick: float) -> None:
+    """Messages of quick and 1-10 ms jobs sent without waiting, with the watch's tick and a
+    0.1 ms one (a hand-over at nearly every message): hand-overs race the readers' returns
+    to recv; every result comes exactly once."""
+    worker = Worker(tick)
+    try:
+        _once_each(worker)
+    finally:
+        worker.close()
+
+
+def _once_each(worker: Worker) -> None:
     sent: list[int] = []
     for i in range(200):
         sent += worker.send(
