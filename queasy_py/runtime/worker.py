@@ -332,7 +332,11 @@ class Runner:
 def exit_with_everything() -> None:
     """Exit at once, taking every process a job started: those still under this worker
     (also in a session of their own) and, the worker being the leader of its own process
-    group (pool.start_worker), the group: background children that init adopted too."""
+    group (pool.start_worker), the group: background children that init adopted too.
+    A job spinning in pure Python holds the GIL for a switch interval (5 ms) each time this
+    thread gives it up for a system call; the walk below makes hundreds of them (the import,
+    a read per process in /proc), which took seconds: a short interval makes it milliseconds."""
+    sys.setswitchinterval(1e-5)
     try:
         import psutil  # only on this path
 
