@@ -79,6 +79,7 @@ def test_chaos_short(
         planned_faults=PLANNED_FAULTS,
         coverage=COVERAGE,
         max_seconds=MAX_SECONDS,
+        start_during_faults=True,  # a supervisor's start may meet a fault (starts_in_fault)
     )
     no_violations(summary)
     covered(summary, COVERAGE)
