@@ -130,3 +130,45 @@ def test_a_dequeue_with_a_limit_over_1000_leases_1000_and_loses_none(
     assert r.hlen(f"{lua.B}:lease:c1") == 1000
     counts = lua.counts()
     assert counts["waiting"] == 4000 and counts["active"] == 1000, counts
+
+
+def test_acks_are_grouped_by_op_queue_and_fail_queue_in_first_seen_order() -> None:
+    """ack_commands groups a round's acks as they come (an ack like the one before it joins
+    its group at once): interleaved queues and ops still make one FCALL per (op, queue, fail
+    queue) in the order first seen, each ack in its order, and an ack sent alone its own."""
+
+    def job(i: int) -> Running:
+        return Running(i, "q", f"j{i}", f"t.{i}", b"1", 0, 0, 0, 0, 1, 0.0)
+
+    a, b = "qa:{a}", "qb:{b}"
+    acks = [
+        outcomes.finish(job(1), a, 7, 1),
+        outcomes.finish(job(2), a, 7, 1),
+        outcomes.finish(job(3), b, 7, 1),
+        outcomes.retry(job(4), a, outcomes.NOW, "retry", 7, 1),
+        outcomes.finish(job(5), a, 7, 1),
+        outcomes.finish(job(6), a, 7, 1),
+        outcomes.fail(job(7), a, b, outcomes.error_dict("E", "m", "permanent"), 7, 1),
+        outcomes.fail(job(8), a, None, outcomes.error_dict("E", "m", "permanent"), 7, 1),
+        outcomes.finish(job(9), a, 7, 1),
+    ]
+    acks[5].alone = True  # j6: its group was refused, it goes on its own
+    headers = {(op, base): [MAXLEN] for op in ("finish", "retry", "fail") for base in (a, b)}
+    commands, groups = outcomes.ack_commands("c1", acks, headers)
+    assert [[ack.args[0] for ack in group] for group in groups] == [
+        ["j1", "j2", "j5", "j9"],
+        ["j3"],
+        ["j4"],
+        ["j6"],
+        ["j7"],
+        ["j8"],
+    ]
+    assert [command[1:5] for command in commands] == [
+        ("queasy_finish", 1, a, ""),
+        ("queasy_finish", 1, b, ""),
+        ("queasy_retry", 1, a, ""),
+        ("queasy_finish", 1, a, ""),
+        ("queasy_fail", 2, a, b),
+        ("queasy_fail", 1, a, ""),
+    ]
+    assert commands[0][6:] == (MAXLEN, *acks[0].args, *acks[1].args, *acks[4].args, *acks[8].args)
