@@ -56,7 +56,6 @@ class Checkouts:
         self.malformed = Throttled()
         self.seq = 0
         self.twins = Twins(workers.procs, acks)  # second leases of a job running here
-        self.batches = 0  # rounds whose jobs went out (WorkerProc.batch)
 
     # ------------------------------------------------------------------ dequeue replies
 
@@ -153,13 +152,8 @@ class Checkouts:
         self.seq = seq
 
     def send(self, batches: Batches) -> None:
-        """One frame per worker; the workers of one round's jobs are marked as its mates."""
-        if not batches:
-            return
-        self.batches += 1
-        mark, at = self.batches, time.monotonic()
+        """One frame per worker."""
         for proc, batch in batches.items():
-            proc.batch, proc.batch_at = mark, at
             try:
                 proc.send(batch)
             except OSError:

@@ -84,10 +84,6 @@ class WorkerProc:
     #: monotonic: no job of it passes its timeout before (a lower bound: lowered as jobs are
     #: sent, made exact by Workers.check_timeouts once reached)
     next_timeout: float = float("inf")
-    #: the batch (Checkouts.send's count) its last frame of jobs came with, and when it was
-    #: sent (monotonic): workers that got jobs from one round reply are its mates
-    batch: int = 0
-    batch_at: float = 0.0
 
     @property
     def pid(self) -> int:

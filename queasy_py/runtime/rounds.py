@@ -41,11 +41,6 @@ log = logging.getLogger("queasy_py")
 #: rounds (acks and dequeues) sent to Redis whose replies have not come back yet, at most
 MAX_ROUNDS = 4
 STALE = int(AckCode.STALE)
-#: a round of acks waits at most this long, and at most HOLD_SHARE of the time the worker
-#: whose results it carries held its jobs, for a worker that took jobs from the same reply
-#: (its results likely come within microseconds): one round for both instead of two
-HOLD_MAX = 0.002
-HOLD_SHARE = 0.5
 Asks = list[tuple[QueueState, list[WorkerProc]]]
 
 
@@ -93,7 +88,6 @@ class Rounds:
         self.rounds_sent = 0
         self.schedules = Schedules(list(states.values()), poll_interval, clock)
         self.metrics: Tally | None = None  # counts for /metrics (runtime/metrics.py): on
-        self.hold_until = 0.0  # monotonic: a round held for a mate's results (_hold)
 
     @property
     def stopping(self) -> bool:
@@ -115,8 +109,6 @@ class Rounds:
         if now < self.outage.retry_at or len(self.pipe.inflight) >= MAX_ROUNDS:
             return
         client_id = self.client.id
-        if self._hold():
-            return
         if self.checkouts.twins.held:  # a second lease of a running job: its first run ended?
             self.checkouts.twins.release_ended()
         if self.reload or self.reconcile:
@@ -194,27 +186,6 @@ class Rounds:
             on_error(exc)
         self.events.watch("redis", self.pipe.socket())
 
-    def _hold(self) -> bool:
-        """Whether to hold the round a little for a mate's results (Workers.mate): only
-        acks of finished jobs wait; never while stopping, reloading or reconciling."""
-        if (
-            not HOLD_MAX
-            or not self.acks
-            or self.stopping
-            or self.reload
-            or self.reconcile
-            or not self.workers.mate()
-        ):
-            self.hold_until = 0.0
-            return False
-        mono = time.monotonic()
-        if not self.hold_until:
-            self.hold_until = mono + min(HOLD_MAX, HOLD_SHARE * self.workers.done_took)
-        if mono < self.hold_until and self.schedules.next_due() > mono:
-            return True
-        self.hold_until = 0.0
-        return False
-
     def wait(self, now: float, now_mono: float, room: bool) -> float:
         """Seconds until the loop may have a round to send (inf: only an event brings one):
         acks waiting, a queue's ready time (with `room`: a worker has free units), a
@@ -225,8 +196,6 @@ class Rounds:
         inflight = len(self.pipe.inflight)
         if inflight >= MAX_ROUNDS or (inflight and (self.reload or self.reconcile)):
             return self.pipe.deadline() - now_mono  # then the reply is taken as lost (expire)
-        if self.hold_until > now_mono:  # a round held for a mate's results: till its end
-            return min(self.hold_until - now_mono, self.pipe.deadline() - now_mono)
         retry_at = self.outage.retry_at
         wait = float("inf")
         if self.acks:

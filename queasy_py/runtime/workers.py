@@ -66,10 +66,6 @@ class Workers:
         self.metrics: Tally | None = None  # counts for /metrics (runtime/metrics.py): on
         #: workers replaced, by why: timeout, crash, memory, max_jobs, start, swept
         self.replaced: dict[str, int] = defaultdict(int)
-        #: the batch whose jobs a worker returned last, all of them, and how long it held
-        #: them (a mate of it that still holds jobs of that batch is expected soon: mate())
-        self.done_batch = -1
-        self.done_took = 0.0
 
     def __iter__(self):
         return iter(list(self.procs))
@@ -143,15 +139,6 @@ class Workers:
         for proc in procs:
             if proc in self.procs:
                 proc.free += size
-
-    def mate(self) -> bool:
-        """Whether a worker that took jobs from the same round reply as the worker that
-        returned all of its jobs last still holds some (its results are likely close)."""
-        done = self.done_batch
-        for w in self.procs:
-            if w.batch == done and w.jobs and w.accepts:
-                return True
-        return False
 
     def running(self) -> int:
         return sum(len(w.jobs) for w in self.procs)
@@ -244,8 +231,6 @@ class Workers:
                     job, state.spec, state.base, state.fail_base, error, pid, started, now, result
                 )
             )
-        if not proc.jobs and proc.batch:
-            self.done_batch, self.done_took = proc.batch, time.monotonic() - proc.batch_at
         if self.max_jobs_per_worker and proc.done >= self.max_jobs_per_worker and proc.healthy:
             self._retire(proc, f"ran {proc.done} jobs", "max_jobs")
 
