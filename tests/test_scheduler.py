@@ -7,8 +7,6 @@ reserves the worker with the most free units, which lower priorities may not ref
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from queasy_py.options import ListenOptions
@@ -18,7 +16,6 @@ from queasy_py.runtime.scheduler import (
     SHARE,
     QueueState,
     next_ready,
-    place,
     plan,
 )
 from queasy_py.store.keys import QueueKeys
@@ -218,25 +215,3 @@ def test_a_ready_queue_the_last_plan_gave_no_units_waits_for_a_worker() -> None:
     ready = state("ready")
     assert next_ready([ready], set(), NOW) == 0.0  # plan it now
     assert next_ready([ready], {ready}, NOW) == float("inf")
-
-
-def test_a_queue_takes_the_workers_place_would_give_job_by_job_in_that_order() -> None:
-    """plan() places a queue's jobs in runs on one worker (scheduler._run); the workers and
-    their order are those of place() called once per job (the first with the most usable
-    units, ties to the first), over many random pools of free units."""
-    rng = random.Random(14)
-    for _ in range(3000):
-        size = rng.choice([1, 2, 3, 5, 7, 10, 25, 33, 50, 100])
-        free = [
-            rng.choice([0, size, 2 * size, rng.randrange(101), 100])
-            for _ in range(rng.randint(1, 5))
-        ]
-        expected, units = [], list(free)
-        while len(expected) < MAX_BATCH:
-            index = place(units, size)
-            if index is None:
-                break
-            units[index] -= size
-            expected.append(index)
-        got = plan([state("a", size=size)], free, NOW)
-        assert (got[0][1] if got else []) == expected, (size, free)

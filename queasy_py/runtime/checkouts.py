@@ -95,13 +95,12 @@ class Checkouts:
         deadline = time.monotonic() + spec.timeout
         # the workers that still take jobs, of those reserved (most rounds: all of them)
         taking = {p for p in set(procs[:count]) if p.accepts and p in self.workers.procs}
-        running = self.twins.ids_of(name) if count else set()
+        running = self.twins.running_ids() if count else set()
         seq = self.seq
-        fields_of = iter(reply)
-        next(fields_of), next(fields_of)  # status and next_run_at
-        # each job's 8 fields as one tuple, made in C (no index arithmetic, no slice)
-        records = zip(procs, *([fields_of] * JOB_FIELDS), strict=False)
-        for proc, job_id, token, data, run_at, retries, stalls, timeouts, trace in records:
+        for i in range(count):
+            at = 2 + i * JOB_FIELDS
+            job_id, token, data, run_at, retries, stalls, timeouts, trace = reply[at : at + 8]
+            proc = procs[i]
             try:
                 seq += 1
                 job = Running(
@@ -130,11 +129,11 @@ class Checkouts:
                 self.acks.append(outcomes.on_dequeue(job, spec, state.base, state.fail_base))
                 self.workers.release(size, [proc])
                 continue
-            if job.id in running:
+            if (name, job.id) in running:
                 self.twins.hold(job, state.base)  # never twice at once here
                 self.workers.release(size, [proc])
                 continue
-            running.add(job.id)
+            running.add((name, job.id))
             if proc not in taking:
                 # its worker went away or stopped accepting since planning: place it again
                 self.workers.release(size, [proc])

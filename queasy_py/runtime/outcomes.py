@@ -234,25 +234,9 @@ def ack_commands(
     marked `alone` is its own group), and the acks of each; `headers` as made by
     ack_headers."""
     grouped: dict[tuple, list[Ack]] = defaultdict(list)
-    last: Ack | None = None
-    items: list[Ack] = []
     for ack in acks:
-        # most acks of a round are finishes of one queue: an ack like the one before it
-        # joins its group without a key made and hashed
-        if (
-            last is not None
-            and ack.op is last.op
-            and ack.base is last.base
-            and ack.fail_base is last.fail_base
-            and not ack.alone
-            and not last.alone
-        ):
-            items.append(ack)
-            continue
         alone = id(ack) if ack.alone else None
-        items = grouped[(ack.op, ack.base, ack.fail_base, alone)]
-        items.append(ack)
-        last = ack
+        grouped[(ack.op, ack.base, ack.fail_base, alone)].append(ack)
     commands: list[tuple] = []
     groups = []
     for (op, base, fail_base, _), items in grouped.items():

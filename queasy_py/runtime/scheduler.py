@@ -109,8 +109,6 @@ def plan(
     dequeue; it lasts while the evidence does.
     `free` is not modified.
     """
-    if not free:  # no worker: nothing placed, nothing to reserve
-        return []
     free = list(free)
     ready = sorted(
         (s for s in states if s.wants(now)),
@@ -140,36 +138,14 @@ def plan(
                 size = state.spec.size
                 got = slots[state]
                 turn = min(SHARE, MAX_BATCH - len(got))
-                while turn:  # place() per job, in runs of jobs on one worker
-                    most = max(usable)
-                    if most < size:  # usable units only shrink: it fits no more this plan
+                while turn:
+                    index = place(usable, size)
+                    if index is None:  # usable units only shrink: it fits no more this plan
                         break
-                    index = usable.index(most)
-                    # it stays place()'s choice while it fits a job and has more units
-                    # than every other worker (as many as one after it: ties go first)
-                    usable[index] = -1
-                    second = max(usable)
-                    if second < size:  # no other fits a job: it takes all it fits
-                        take = min(turn, most // size)
-                    elif second == most:  # level with others: one job each, in order
-                        usable[index] = most
-                        tied = [i for i, units in enumerate(usable) if units == most][:turn]
-                        for i in tied:
-                            usable[i] -= size
-                            free[i] -= size
-                        got += tied
-                        turn -= len(tied)
-                        continue
-                    else:
-                        gap = most - second
-                        take = -(-gap // size)  # jobs while strictly ahead
-                        if gap % size == 0 and index < usable.index(second):
-                            take += 1
-                        take = min(turn, most // size, take)
-                    usable[index] = most - take * size
-                    free[index] -= take * size
-                    got += [index] * take
-                    turn -= take
+                    usable[index] -= size
+                    free[index] -= size
+                    got.append(index)
+                    turn -= 1
                 else:
                     if len(got) < MAX_BATCH:
                         still.append(state)

@@ -33,10 +33,6 @@ class Twins:
         """(queue, id) of every job on a worker."""
         return {(job.queue, job.id) for proc in self.procs for job in proc.jobs.values()}
 
-    def ids_of(self, queue: str) -> set[str]:
-        """The ids of the jobs of `queue` on a worker (no tuple per job: once per reply)."""
-        return {job.id for proc in self.procs for job in proc.jobs.values() if job.queue == queue}
-
     def runs(self, queue: str, job_id: str) -> bool:
         """Whether a worker runs job `job_id` of `queue` (no set built: for one job)."""
         return any(

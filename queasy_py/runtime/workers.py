@@ -202,14 +202,11 @@ class Workers:
                 self.import_error = text
             return
         now = time.time()
-        metrics, states, acks, pid = self.metrics, self.states, self.acks, proc.pid
-        jobs, Ack = proc.jobs, outcomes.Ack
+        metrics, states, acks, take, pid = self.metrics, self.states, self.acks, proc.take, proc.pid
         for item in message:  # [seq, started, error] or [seq, started, None, result]
-            job = jobs.pop(item[0], None)  # proc.take, inline: its units back, one done
+            job = take(item[0])
             if job is None:
                 continue
-            proc.free += job.size
-            proc.done += 1
             started, error = item[1], item[2]
             if metrics is not None:
                 metrics.ran(job, started, now)
@@ -221,10 +218,7 @@ class Workers:
                 continue
             result = item[3] if len(item) > 3 and isinstance(item[3], str) else ""
             if error is None:  # the common case, without on_result's decisions
-                # outcomes.finish, inline: its ARGV group (id, token, pid, started, result)
-                acks.append(
-                    Ack("finish", state.base, None, [job.id, job.token, pid, started, result])
-                )
+                acks.append(outcomes.finish(job, state.base, pid, started, result))
                 continue
             acks.append(
                 outcomes.on_result(
