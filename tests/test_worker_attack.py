@@ -5,102 +5,19 @@ with handlers that sleep, spin, raise, return odd values or coroutines
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
+from worker_process import Worker, ran
 
-from queasy_py.runtime.frames import Pipe, pack_jobs
-
-TESTS = Path(__file__).resolve().parent
 HANDLERS = {"q": "runtime_handlers.attack", "a": "runtime_handlers.attack_async"}
-WORKER = (
-    "import sys; from queasy_py.runtime import worker; "
-    "worker.HAND_OVER_S = float(sys.argv[4]); worker.run(sys.argv[1:4])"
-)
-
-
-class Worker:
-    """A worker process and the supervisor's end of its pipe."""
-
-    def __init__(self, hand_over: float = 0.002) -> None:
-        ours, theirs = socket.socketpair()
-        ours.settimeout(10.0)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(TESTS.parent)])
-        argv = [str(theirs.fileno()), orjson.dumps(HANDLERS).decode(), '["q", "a"]']
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER, *argv, str(hand_over)],
-            pass_fds=[theirs.fileno()],
-            env=env,
-            start_new_session=True,
-        )
-        theirs.close()
-        self.pipe = Pipe(ours)
-        self.seq = 0
-        self.messages = 0  # result messages received
-        try:
-            assert self.pipe.recv_frame() == b'"ready"'
-        except BaseException:
-            self.close()
-            raise
-
-    def send(self, *jobs: tuple[str, Any] | dict[str, Any], trace: str = "") -> list[int]:
-        """Send one message of jobs: a dict is data for queue q, else (queue, data); the
-        first job carries `trace` (a traceparent) when given."""
-        heads, raws, seqs = [], [], []
-        for job in jobs:
-            queue, data = ("q", job) if isinstance(job, dict) else job
-            self.seq += 1
-            raw = data if isinstance(data, bytes) else orjson.dumps(data)
-            heads.append(
-                [self.seq, queue, f"j{self.seq}", 1_700_000_000_000, 0, 0, 0, trace, len(raw)]
-            )
-            raws.append(raw)
-            seqs.append(self.seq)
-            trace = ""
-        self.pipe.send_frame(pack_jobs(heads, raws))
-        return seqs
-
-    def results(self, count: int, timeout: float = 10.0) -> list[list[Any]]:
-        """The results until `count` came, from as many messages as it takes."""
-        self.pipe.sock.settimeout(timeout)
-        got: list[list[Any]] = []
-        while len(got) < count:
-            got.extend(orjson.loads(self.pipe.recv_frame()))
-            self.messages += 1
-        return got
-
-    def nothing_more(self, wait: float = 0.5) -> None:
-        self.pipe.sock.settimeout(wait)
-        with pytest.raises(TimeoutError):
-            extra = self.pipe.recv_frame()
-            pytest.fail(f"unexpected results {extra!r}")
-
-    def close(self) -> None:
-        self.pipe.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def ran(result: list[Any]) -> dict[str, Any]:
-    assert result[2] is None, result
-    return orjson.loads(result[3])
 
 
 @pytest.fixture
 def worker() -> Iterator[Worker]:
-    w = Worker()
+    w = Worker(HANDLERS)
     try:
         yield w
     finally:
@@ -206,7 +123,7 @@ def test_results_come_once_each_through_many_hand_overs(tick: float) -> None:
     """Messages of quick and 1-10 ms jobs sent without waiting, with the watch's tick and a
     0.1 ms one (a hand-over at nearly every message): hand-overs race the readers' returns
     to recv; every result comes exactly once."""
-    worker = Worker(tick)
+    worker = Worker(HANDLERS, tick)
     try:
         _once_each(worker)
     finally:
@@ -226,16 +143,21 @@ def _once_each(worker: Worker) -> None:
     worker.nothing_more()
 
 
+def _exits_at_once(w: Worker) -> None:
+    """The pipe closed, the worker process ends within 2 s, jobs and all."""
+    t0 = time.monotonic()
+    w.pipe.close()
+    w.proc.wait(timeout=5)
+    assert time.monotonic() - t0 < 2.0
+
+
 def test_the_worker_exits_at_once_when_its_pipe_closes_under_blocked_jobs() -> None:
-    w = Worker()
+    w = Worker(HANDLERS)
     try:
         w.send({"sleep": 60}, {"sleep": 60}, ("a", {"sleep": 60}))
         w.send({"spin": 60})
-        time.sleep(0.3)
-        t0 = time.monotonic()
-        w.pipe.close()
-        w.proc.wait(timeout=5)
-        assert time.monotonic() - t0 < 2.0
+        time.sleep(0.3)  # the jobs start (were they not, the exit would be as quick)
+        _exits_at_once(w)
     finally:
         w.close()
 
@@ -260,7 +182,7 @@ def test_slow_jobs_handed_over_before_they_are_in_the_backlog_run_side_by_side()
     machine; here a 0.2 ms tick) is handed over before the plain jobs are in the backlog,
     with none for helpers. They must still run side by side, not one after the other in
     the old reader (before the fix: 10 rounds of 10 one after the other)."""
-    worker = Worker(0.0002)
+    worker = Worker(HANDLERS, 0.0002)
     try:
         _side_by_side_behind_async(worker)
     finally:
@@ -306,7 +228,7 @@ def test_a_result_whose_check_itself_fails_fails_its_job(worker: Worker) -> None
 def test_a_worker_full_of_blocked_jobs_still_reads_its_pipe(per_message: int) -> None:
     """All 100 units taken by blocked jobs (one message of 100, 100 of 1, or of 3 and 1):
     a thread still reads, so the worker sees its pipe close and exits at once."""
-    w = Worker()
+    w = Worker(HANDLERS)
     try:
         left = 100
         while left:
@@ -315,9 +237,6 @@ def test_a_worker_full_of_blocked_jobs_still_reads_its_pipe(per_message: int) ->
             left -= n
             time.sleep(0.01)
         time.sleep(0.5)
-        t0 = time.monotonic()
-        w.pipe.close()
-        w.proc.wait(timeout=5)
-        assert time.monotonic() - t0 < 2.0
+        _exits_at_once(w)
     finally:
         w.close()
