@@ -266,6 +266,11 @@ def test_the_sink_names_the_row_whose_id_or_data_is_refused(
             100,
             "the row with id 'b': job data is 216 bytes encoded, over the limit of 100",
         ),
+        (  # a long id is shown cut: its whole text made every task's error a page long
+            {"k": ["a", "x" * 5000], "t": ["x", "y"]},
+            1 << 20,
+            f"the row with id '{'x' * 100}... (5000 characters)': job id must be 1-256",
+        ),
     ):
         batch = pa.RecordBatch.from_pydict(rows)
         with pytest.raises(InvalidInput) as caught:
@@ -287,6 +292,7 @@ def test_the_sink_names_the_row_whose_id_or_data_is_refused(
         ("n int", {"update_run_at": "later"}, "must be true, false, if_later or if_earlier"),
         ("n int", {"dedup_window": "-1"}, "dedup_window must be a number >= 0"),
         ("n int", {"queue": ""}, "needs the option 'queue'"),
+        ("a int, b int, a string", {}, r"duplicate column names \['a'\]"),
     ],
 )
 def test_sink_options_and_types_are_checked_first(
@@ -681,3 +687,10 @@ def test_bad_options_are_invalid_input_on_the_driver(spark: SparkSession, redis_
         qs.dispatch_dataframe(
             spark.sql("select 1 as n"), "q", data_columns=["n"], data_column="n", url=redis_url
         )
+    # a string was joined letter by letter ("names '', which is not a column")
+    with pytest.raises(InvalidInput, match="a list of column names, not a string: got 'n,m'"):
+        qs.dispatch_dataframe(spark.sql("select 1 as n, 2 as m"), "q", data_columns="n,m")
+    # a name with a comma was split into other columns: data from the wrong ones
+    df = spark.sql("select 1 as a, 2 as b, 3 as `a,b`")
+    with pytest.raises(InvalidInput, match="'a,b' is not a column name the sink can take"):
+        qs.dispatch_dataframe(df, "q", data_columns=["a,b"], url=redis_url)

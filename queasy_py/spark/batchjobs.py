@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from .sink import SinkPlan
 
 
+#: the characters of a refused row's id that its error shows
+MAX_SHOWN_ID = 100
+
+
 def row_error(exc: InvalidInput, jobs_of: BatchJobs, batch: pa.RecordBatch) -> str:
     """The message of `exc`, naming the row's id rather than its index in an Arrow batch."""
     text = str(exc)
@@ -30,6 +34,8 @@ def row_error(exc: InvalidInput, jobs_of: BatchJobs, batch: pa.RecordBatch) -> s
         return text
     name = jobs_of.plan.id_column
     job_id = None if name is None else str(batch.column(name)[int(match[1])].as_py())
+    if job_id is not None and len(job_id) > MAX_SHOWN_ID:  # a page of log per task else
+        job_id = f"{job_id[:MAX_SHOWN_ID]}... ({len(job_id)} characters)"
     where = f"the row with id {job_id!r}" if job_id is not None else "a row"
     return f"{where}: {text[match.end() :]}"
 

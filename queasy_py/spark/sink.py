@@ -94,6 +94,13 @@ class SinkPlan:
     @classmethod
     def build(cls, options: Mapping[str, str], schema: T.StructType) -> SinkPlan:
         opts = Options(options, SINK_OPTIONS, "the queasy sink")
+        names = [f.name for f in schema.fields]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # the Arrow batches could not be made (Spark fails in every task)
+            raise InvalidInput(
+                f"the queasy sink: the DataFrame has duplicate column names {twice}: rename "
+                "or drop them first (df.toDF(...), df.select(...))"
+            )
         columns = {f.name: f.dataType for f in schema.fields}
         queue = opts.required("queue")
         id_column = opts.column("id_column", columns)
@@ -270,6 +277,16 @@ def dispatch_dataframe(
         if value is not None:
             options[key] = value
     if data_columns is not None:
+        if isinstance(data_columns, str):
+            raise InvalidInput(
+                f"data_columns is a list of column names, not a string: got {data_columns!r}"
+            )
+        for name in data_columns:
+            if not isinstance(name, str) or "," in name:
+                raise InvalidInput(
+                    f"data_columns: {name!r} is not a column name the sink can take (a str "
+                    "without commas: rename the column first)"
+                )
         options["data_columns"] = ",".join(data_columns)
     SinkPlan.build(options, df.schema)  # clear errors here, before Spark plans anything
     df.sparkSession.dataSource.register(QueasySink)
