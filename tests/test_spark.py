@@ -425,6 +425,32 @@ def events_reader(spark: SparkSession, url: str, prefix: str, stream: bool = Fal
     return reader.format("queasy-events").option("url", url).option("prefix", prefix)
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"startingOffsets": "{not json"}, "must be 'earliest', 'latest' or a JSON object"),
+        ({"startingOffsets": '{"t": {"id": "0-0", "n": -5}}'}, "offset of 't' must be"),
+        # these reached every task, which failed on the server's error (XRANGE's id, COUNT)
+        ({"startingOffsets": '{"t": {"id": "zzz", "n": 0}}'}, "offset of 't' must be"),
+        ({"endingOffsets": '{"t": {"id": "18446744073709551616-0", "n": 1}}'}, "of 't' must"),
+        ({"startingOffsets": '{"t": {"id": "1-0", "n": true}}'}, "offset of 't' must be"),
+        ({"readChunk": "99999999999999999999"}, "readChunk must be at most 1,000,000"),
+        ({"readChunk": "0"}, "readChunk must be a whole number >= 1"),
+        # read as every queue before
+        ({"queues": ""}, "queues names no queue"),
+        ({"queues": " , "}, "queues names no queue"),
+    ],
+)
+def test_event_source_options_are_checked_on_the_driver(
+    redis_url: str, options: dict, message: str
+) -> None:
+    from queasy_py.spark.events import SourceConfig
+
+    with pytest.raises(InvalidInput, match=message):
+        SourceConfig.build({"url": redis_url, "queues": "t", **options})
+    SourceConfig.build({"url": redis_url, "startingOffsets": '{"t": {"id": "5-1", "n": 2}}'})
+
+
 def test_batch_and_stream_reads_match_xrange(
     spark: SparkSession, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path, client: Client
 ) -> None:

@@ -69,7 +69,8 @@ class Position:
         if (
             not isinstance(value, Mapping)
             or not isinstance(value.get("id"), str)
-            or not isinstance(value.get("n"), int)
+            or not _entry_id(value["id"])
+            or type(value.get("n")) is not int  # not a bool
             or value["n"] < 0
         ):
             raise InvalidInput(
@@ -79,6 +80,15 @@ class Position:
 
 
 START = Position("0-0", 0)
+#: the most entries one XRANGE of a read asks for (readChunk)
+MAX_CHUNK = 1_000_000
+
+
+def _entry_id(text: str) -> bool:
+    """A stream entry id as XRANGE takes it: ms-seq, each below 2**64 (else every task of
+    the read failed on the server's error)."""
+    ms, dash, seq = text.partition("-")
+    return bool(dash) and all(p.isdigit() and p.isascii() and int(p) < 1 << 64 for p in (ms, seq))
 
 
 @dataclass(frozen=True)
@@ -128,12 +138,24 @@ class SourceConfig:
         opts = Options(options, EVENT_OPTIONS, "the queasy-events source")
         queues = opts.get("queues", "*")
         names = None if queues == "*" else tuple(q.strip() for q in queues.split(",") if q.strip())
+        given = opts.values.get("queues")
+        if names == () or (given is not None and not given.strip(" ,")):
+            # an empty option is an unset one elsewhere: here that read every queue
+            raise InvalidInput(
+                f"the queasy-events source: queues names no queue ({given!r}): give queue "
+                "names, comma-separated, or '*' for every queue"
+            )
         starting = opts.get("startingOffsets", "earliest")
         if starting not in ("earliest", "latest"):
             offsets_from_json(starting, "startingOffsets")
         ending = opts.get("endingOffsets", "latest")
         if ending != "latest":
             offsets_from_json(ending, "endingOffsets")
+        chunk = opts.whole("readChunk", 10_000) or 10_000
+        if chunk > MAX_CHUNK:
+            raise InvalidInput(
+                f"the queasy-events source: readChunk must be at most {MAX_CHUNK:,}, not {chunk}"
+            )
         return cls(
             url=resolve_url(opts.get("url")),
             prefix=opts.get("prefix", defaults.PREFIX),
@@ -143,7 +165,7 @@ class SourceConfig:
             starting=starting,
             ending=ending,
             max_per_trigger=opts.whole("maxEventsPerTrigger", None),
-            chunk=opts.whole("readChunk", 10_000) or 10_000,
+            chunk=chunk,
         )
 
     def client(self) -> Client:
