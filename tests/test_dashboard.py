@@ -396,6 +396,23 @@ def test_actions_need_post_a_csrf_token_and_their_own_origin(
     client.close()
 
 
+def test_a_hand_made_done_count_is_ignored_not_a_500(
+    redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """`?done=purge&n=` took any str.isdigit() text: a superscript digit or more than 4300
+    digits passed it and made int() raise, a 500 and a traceback in the log."""
+    with Client(redis_url, workers=0, prefix=prefix) as client:
+        client.queue("q").dispatch({}, id="j")
+    with dashboard(redis_url, prefix, tmp_path) as dash:
+        for n in ("%C2%B2", "9" * 5000, "%D9%A3"):
+            status, _, body = dash.request("GET", f"/queues/q?done=purge&n={n}")
+            assert status == 200 and 'id="done"' not in body, n
+            assert dash.request("GET", f"/queues/q/jobs/j?done=cancel&n={n}")[0] == 200
+        status, _, body = dash.request("GET", "/queues/q?done=purge&n=3")
+        assert status == 200 and "purged 3 jobs" in body
+        assert "Traceback" not in dash.log()
+
+
 def test_a_server_gone_is_one_clear_line_and_the_page_comes_back(tmp_path: Path) -> None:
     port, data = free_port(), tmp_path / "server"
     valkey = EmbeddedServer(port=port, data_dir=data, extra_args=AOF).start()

@@ -98,7 +98,7 @@ def queue(request: Request) -> Response:
 def _done(request: Request) -> str:
     """The line saying what an action just did (from fixed words and numbers only)."""
     action, n = request.query_params.get("done"), request.query_params.get("n", "")
-    if action not in queuepages.ACTIONS or not n.isdigit():
+    if action not in queuepages.ACTIONS or not (n.isascii() and n.isdigit()) or len(n) > 18:
         return ""
     words = {"requeue": "requeued", "cancel": "cancelled", "purge": "purged"}[action]
     return f'<p class="done" id="done">{words} {int(n)} job{"" if n == "1" else "s"}</p>'
