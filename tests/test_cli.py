@@ -358,3 +358,18 @@ def test_config_errors_name_keys_as_the_file_read_writes_them(
     assert code == exitcodes.CONFIG, out
     assert message in out
     assert len(out.strip().splitlines()) == 1 and "Traceback" not in out
+
+
+@pytest.mark.parametrize("command", ["run", "status", "dashboard"])
+@pytest.mark.parametrize("text", ['tool = "x"\n', "tool = [1]\n"], ids=["str", "array"])
+def test_a_pyproject_whose_tool_is_not_a_table_exits_2_with_one_line(
+    tmp_path: Path, command: str, text: str
+) -> None:
+    """`tool` that is not a table in ./pyproject.toml made every command that reads it (run,
+    and the others for `redis` and `prefix`) die with AttributeError: 'str' object has no
+    attribute 'get', a traceback and exit 1."""
+    (tmp_path / "pyproject.toml").write_text(text)
+    code, out = run_queasy(tmp_path, command, "--redis", f"redis://127.0.0.1:{free_port()}/0")
+    assert code == exitcodes.CONFIG, out
+    assert len(out.strip().splitlines()) == 1 and "Traceback" not in out, out
+    assert "pyproject.toml: tool must be a table" in out
