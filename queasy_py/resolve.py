@@ -77,7 +77,10 @@ def config_table(path: PathLike) -> dict[str, Any]:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"malformed TOML in {file}: {exc}") from None
     if file.name == "pyproject.toml":
-        raw = raw.get("tool", {}).get("queasy", {})
+        tool = raw.get("tool", {})
+        if not isinstance(tool, dict):
+            raise ConfigError(f"{file}: tool must be a table")
+        raw = tool.get("queasy", {})
     if not isinstance(raw, dict):
         raise ConfigError(f"{file}: [tool.queasy] must be a table")
     return raw

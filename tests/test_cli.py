@@ -241,6 +241,32 @@ def test_each_command_line_or_config_error_exits_2_with_one_line(
     assert message in out
 
 
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["status"], "?ssl_cert_reqs=none"),  # a TLS option on a redis:// URL
+        (["dispatch", "q", "{}"], "?sockettimeout=5"),  # a typo
+        (["run", "c.toml"], "?protocol=9"),
+        (["dashboard", "--port", "0"], "?client_nmae=x"),
+    ],
+    ids=["tls_option_without_tls", "typo", "bad_protocol", "dashboard"],
+)
+def test_a_url_option_redis_py_refuses_exits_2_with_one_line(
+    tmp_path: Path, args: list[str], option: str
+) -> None:
+    """redis-py refuses an unknown URL option only when it makes the first connection (a
+    TypeError) or retries a bad protocol as an outage: the command showed a traceback and
+    exited 1, or tried three times and exited CONNECT. It is the URL that is wrong."""
+    (tmp_path / "c.toml").write_text('[queues.q]\nhandler = "myapp.jobs"\n')
+    url = f"redis://:pw-of-the-test@127.0.0.1:{free_port()}/0{option}"
+    code, out = run_queasy(tmp_path, *args, "--redis", url)
+    assert code == exitcodes.CONFIG, out
+    assert "Traceback" not in out
+    assert len(out.strip().splitlines()) == 1, out
+    assert "invalid Redis URL" in out and option[1:].split("=")[0] in out
+    assert "pw-of-the-test" not in out
+
+
 # ---------------------------------------------------------------- waiting for Redis
 
 
@@ -332,3 +358,18 @@ def test_config_errors_name_keys_as_the_file_read_writes_them(
     assert code == exitcodes.CONFIG, out
     assert message in out
     assert len(out.strip().splitlines()) == 1 and "Traceback" not in out
+
+
+@pytest.mark.parametrize("command", ["run", "status", "dashboard"])
+@pytest.mark.parametrize("text", ['tool = "x"\n', "tool = [1]\n"], ids=["str", "array"])
+def test_a_pyproject_whose_tool_is_not_a_table_exits_2_with_one_line(
+    tmp_path: Path, command: str, text: str
+) -> None:
+    """`tool` that is not a table in ./pyproject.toml made every command that reads it (run,
+    and the others for `redis` and `prefix`) die with AttributeError: 'str' object has no
+    attribute 'get', a traceback and exit 1."""
+    (tmp_path / "pyproject.toml").write_text(text)
+    code, out = run_queasy(tmp_path, command, "--redis", f"redis://127.0.0.1:{free_port()}/0")
+    assert code == exitcodes.CONFIG, out
+    assert len(out.strip().splitlines()) == 1 and "Traceback" not in out, out
+    assert "pyproject.toml: tool must be a table" in out

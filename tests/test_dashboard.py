@@ -396,6 +396,43 @@ def test_actions_need_post_a_csrf_token_and_their_own_origin(
     client.close()
 
 
+def test_a_hand_made_done_count_is_ignored_not_a_500(
+    redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """`?done=purge&n=` took any str.isdigit() text: a superscript digit or more than 4300
+    digits passed it and made int() raise, a 500 and a traceback in the log."""
+    with Client(redis_url, workers=0, prefix=prefix) as client:
+        client.queue("q").dispatch({}, id="j")
+    with dashboard(redis_url, prefix, tmp_path) as dash:
+        for n in ("%C2%B2", "9" * 5000, "%D9%A3"):
+            status, _, body = dash.request("GET", f"/queues/q?done=purge&n={n}")
+            assert status == 200 and 'id="done"' not in body, n
+            assert dash.request("GET", f"/queues/q/jobs/j?done=cancel&n={n}")[0] == 200
+        status, _, body = dash.request("GET", "/queues/q?done=purge&n=3")
+        assert status == 200 and "purged 3 jobs" in body
+        assert "Traceback" not in dash.log()
+
+
+def test_the_token_link_of_a_job_id_with_a_percent_leads_to_that_job(
+    redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """The `?token=` redirect rebuilt the address from the decoded path: a job id holding
+    `%` (`50%41`, quoted `50%2541` in the link) was sent on to `50%41`, which is job `50A`;
+    and a path starting `//` became a redirect to another site."""
+    with Client(redis_url, workers=0, prefix=prefix) as client:
+        client.queue("q").dispatch({}, id="50%41")
+    env = {"QUEASY_DASHBOARD_TOKEN": TOKEN}
+    with dashboard(redis_url, prefix, tmp_path, **env) as dash:
+        status, headers, _ = dash.request("GET", f"/queues/q/jobs/50%2541?x=1&token={TOKEN}")
+        assert status == 303 and headers["location"] == "/queues/q/jobs/50%2541?x=1"
+        cookie = headers["set-cookie"].split(";")[0]
+        status, _, body = dash.request("GET", headers["location"], headers={"Cookie": cookie})
+        assert status == 200 and 'id="job-id">50%41<' in body
+        for path in ("//evil.example/x", "/\\evil.example/x", "///evil.example/x"):
+            status, headers, _ = dash.request("GET", f"{path}?token={TOKEN}")
+            assert status == 303 and headers["location"][1] not in "/\\", headers
+
+
 def test_a_server_gone_is_one_clear_line_and_the_page_comes_back(tmp_path: Path) -> None:
     port, data = free_port(), tmp_path / "server"
     valkey = EmbeddedServer(port=port, data_dir=data, extra_args=AOF).start()

@@ -326,6 +326,28 @@ def test_an_unparseable_url_is_a_config_error_that_never_echoes_it(url: str) -> 
     assert SECRET not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"redis://:{SECRET}@[::1/0",  # an unclosed bracket: from_url's ValueError
+        f"redis://:{SECRET}@[fe80::1%25eth0]:6379/0",  # an IPv6 address with its zone
+        f"redis://u:{SECRET}@bad host:6379/0",
+        f"redis://:{SECRET}@host!:6379/0",
+        f"redis://u:p@{SECRET}@ho$t/0",
+    ],
+    ids=["bracket", "zone", "space", "bang", "dollar"],
+)
+def test_a_url_whose_host_does_not_parse_is_masked_all_the_same(url: str) -> None:
+    """mask_url found the credentials only before a host it recognised: any other host (a
+    typo, an IPv6 zone) showed the password in the ConfigError and in every log line."""
+    assert SECRET not in mask_url(url)
+    assert "***@" in mask_url(url)
+    if "[::1/0" in url:
+        with pytest.raises(ConfigError, match="invalid Redis URL") as caught:
+            Client(url, workers=0)
+        assert SECRET not in str(caught.value)
+
+
 def test_queasy_run_with_an_unparseable_url_exits_config_at_once(tmp_path: Path) -> None:
     url = f"redis://queasy:{SECRET}#1@127.0.0.1:{free_port()}/0"
     config = tmp_path / "run.toml"

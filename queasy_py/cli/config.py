@@ -62,7 +62,10 @@ def read(path: str | None) -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"malformed TOML in {file}: {exc}") from None
     if file.name == "pyproject.toml":
-        raw = raw.get("tool", {}).get("queasy")
+        tool = raw.get("tool", {})
+        if not isinstance(tool, dict):
+            raise ConfigError(f"{file}: tool must be a table")
+        raw = tool.get("queasy")
         if raw is None:
             raise ConfigError(
                 f"{file} has no [tool.queasy] table: add [tool.queasy.queues.NAME] tables "

@@ -25,8 +25,18 @@ SCHEMES = ("redis", "rediss", "unix")
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 #: what may follow the `@` that ends the credentials: a host (name, IPv4 or [IPv6]) and port
 _HOST_AFTER_AT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]*)(:[^/?#@]*)?(?=$|[/?#])")
+#: connection arguments that hold secrets (password, ssl_password, ...)
+_SECRET_KEY = re.compile(r"password|secret|token", re.IGNORECASE)
 #: query arguments that hold secrets (redis-py: password=, ssl_password=, ...)
 _SECRET_QUERY = re.compile(r"([?&;][^=&;#]*(?:password|secret|token)=)[^&;#]*", re.IGNORECASE)
+
+
+def _last_at(url: str) -> tuple[int, int] | None:
+    """The span between `://` and the last `@` (None without one): mask_url's fallback."""
+    start = url.find("://")
+    start = 0 if start < 0 else start + 3
+    at = url.rfind("@", start)
+    return None if at < 0 else (start, at)
 
 
 def _credentials(url: str, in_query: bool = True) -> tuple[int, int] | None:
@@ -53,6 +63,8 @@ def mask_url(url: str) -> str:
     or `token` (`?ssl_password=***`).
     """
     span = _credentials(url)
+    if span is None:  # no host it recognises after any `@` (a typo, an IPv6 zone): the
+        span = _last_at(url)  # credentials end at the last `@` all the same
     if span is not None:
         start, at = span
         user, colon, _ = url[start:at].partition(":")
@@ -192,7 +204,7 @@ def from_url(cls: type[R], url: str, **kwargs: Any) -> R:
         # ?ssl_check_hostname= wins, and ssl_cert_reqs=none turns it off
         kwargs.setdefault("ssl_check_hostname", True)
     try:
-        return cls.from_url(url, **kwargs)  # type: ignore[attr-defined, no-any-return]
+        client = cls.from_url(url, **kwargs)  # type: ignore[attr-defined]
     except ValueError as exc:
         raise ConfigError(
             f"invalid Redis URL {mask_url(url)} ({type(exc).__name__}; the details are not "
@@ -200,6 +212,23 @@ def from_url(cls: type[R], url: str, **kwargs: Any) -> R:
             "redis[s]://[[user]:password@]host[:port][/db][?option=value...], "
             "with special characters of the password percent-encoded"
         ) from None
+    _check_options(client, url)
+    return client  # type: ignore[no-any-return]
+
+
+def _check_options(client: Any, url: str) -> None:
+    """ConfigError for a URL option redis-py takes from the URL but refuses only when it makes
+    a connection (an unknown `?key=`, a TLS option on redis://, `protocol=9`): a connection
+    object is made here and dropped, which opens nothing."""
+    pool = client.connection_pool
+    try:
+        pool.connection_class(**pool.connection_kwargs)
+    except (TypeError, ValueError, redis.RedisError) as exc:
+        why = str(exc).partition("__init__() ")[2] or str(exc)
+        hidden = [str(v) for k, v in pool.connection_kwargs.items() if v and _SECRET_KEY.search(k)]
+        if any(secret in why for secret in hidden):
+            why = f"{type(exc).__name__}; the details are not shown as they quote a password"
+        raise ConfigError(f"invalid Redis URL {mask_url(url)}: {why}") from None
 
 
 def new_client_id() -> str:

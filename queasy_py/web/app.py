@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 import redis
 from starlette.applications import Starlette
@@ -98,7 +98,7 @@ def queue(request: Request) -> Response:
 def _done(request: Request) -> str:
     """The line saying what an action just did (from fixed words and numbers only)."""
     action, n = request.query_params.get("done"), request.query_params.get("n", "")
-    if action not in queuepages.ACTIONS or not n.isdigit():
+    if action not in queuepages.ACTIONS or not (n.isascii() and n.isdigit()) or len(n) > 18:
         return ""
     words = {"requeue": "requeued", "cancel": "cancelled", "purge": "purged"}[action]
     return f'<p class="done" id="done">{words} {int(n)} job{"" if n == "1" else "s"}</p>'
@@ -247,7 +247,7 @@ class Rules(BaseHTTPMiddleware):
             if not guard.token_matches(given):  # said on the page, no login prompt
                 return unauthorized("wrong token", challenge=False)
             query = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-            url = request.url.path + (f"?{urlencode(query)}" if query else "")
+            url = own_path(request) + (f"?{urlencode(query)}" if query else "")
             response: Response = RedirectResponse(url, status_code=303)
             set_cookie(response, request, AUTH_COOKIE, guard.auth_cookie())
             return response
@@ -260,6 +260,14 @@ class Rules(BaseHTTPMiddleware):
         if CSRF_COOKIE not in request.cookies:
             set_cookie(response, request, CSRF_COOKIE, request.state.new_csrf)
         return response
+
+
+def own_path(request: Request) -> str:
+    """The path as the browser sent it (still percent-encoded: a job id may hold `%`), with
+    one leading slash (`//host/...` or `/\\host/...` would send a browser to another site)."""
+    raw = request.scope.get("raw_path")
+    path = raw.decode("latin-1") if raw else quote(request.url.path)
+    return "/" + path.replace("\\", "%5C").lstrip("/")
 
 
 def set_cookie(response: Response, request: Request, name: str, value: str) -> None:
