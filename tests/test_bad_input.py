@@ -13,7 +13,7 @@ import pytest
 import redis
 from lua_calls import snapshot
 
-from queasy_py import Client, ConnectionFailed, InvalidInput, Queue
+from queasy_py import Client, ConfigError, ConnectionFailed, InvalidInput, Queue
 from queasy_py.store.embedded import free_port
 
 
@@ -250,3 +250,24 @@ def test_connection_error_masks_the_password() -> None:
     message = str(caught.value)
     assert "user:***@127.0.0.1" in message
     assert "s3cret-pw" not in message
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["bad!host:1", "my host:1", "h\u00f6st.invalid:1", "[::1", "h*:1", "[::1]x:1"],
+    ids=["bang", "space", "unicode", "open_bracket", "star", "after_bracket"],
+)
+def test_a_malformed_host_never_shows_the_password(host: str) -> None:
+    """A host that is not a plain name, IPv4 or [IPv6] (a typo) must not make the masking
+    give up: the password was in the ConfigError, the ConnectionFailed and repr(client)."""
+    url = f"redis://user:s3cret-pw@{host}"
+    try:
+        client = Client(url, workers=0)
+    except ConfigError as exc:  # refused at once
+        assert "s3cret-pw" not in str(exc)
+        return
+    assert "s3cret-pw" not in repr(client)
+    with pytest.raises(ConnectionFailed) as caught:
+        client.ready(attempts=1)
+    assert "s3cret-pw" not in str(caught.value)
+    assert "user:***@" in str(caught.value)
