@@ -203,7 +203,10 @@ class AsyncQueue(QueueBase):
     ) -> tuple[list[JobInfo], str]:
         args = self._jobs_args(state, cursor, limit, with_data)
         await self.client.ready()
-        reply = await self.client.redis.fcall_ro("queasy_jobs", 1, self.keys.base, *args)
+        try:
+            reply = await self.client.redis.fcall_ro("queasy_jobs", 1, self.keys.base, *args)
+        except redis.ResponseError as exc:
+            raise lua_error(exc) from None  # a cursor not of this listing: InvalidInput
         return records.page(self.name, reply)
 
     async def requeue_failed(self, ids: Iterable[str] | None = None) -> int:
