@@ -52,7 +52,7 @@ class AsyncClient:
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise InvalidInput(f"invalid key prefix {prefix!r}: a non-empty str without braces")
         self.prefix = prefix
-        self.max_payload = max_payload
+        self.max_payload = validate.payload_limit(max_payload)
         target = url if isinstance(url, Target) else resolve(url, config=config, data_dir=data_dir)
         self.server = target.server
         self.url = target.url

@@ -28,6 +28,13 @@ def queue_name(name: object) -> str:
     return name
 
 
+def payload_limit(value: object) -> int:
+    """A client's max_payload: bytes of encoded job data, an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInput(f"max_payload must be an int >= 1 (bytes), not {shown(value)}")
+    return value
+
+
 #: the usual id: 1-256 printable ASCII characters, no space (the rule below, checked faster)
 PLAIN_ID = re.compile(r"[!-~]{1,256}")
 

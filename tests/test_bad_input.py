@@ -161,6 +161,20 @@ def test_key_prefix_with_braces_is_rejected(redis_url: str) -> None:
         Client(redis_url, prefix="a{b}")
 
 
+@pytest.mark.parametrize("limit", ["1000", 0, -1, True, 1.5, None])
+def test_a_bad_max_payload_is_refused_when_the_client_is_made(redis_url: str, limit) -> None:
+    """It was taken as given: "1000" made every dispatch a TypeError ('>' not supported
+    between 'int' and 'str'), 0 or -1 refused every job as over the limit."""
+    import asyncio
+
+    from queasy_py.aio import AsyncClient
+
+    with rejects(f"max_payload must be an int >= 1 (bytes), not {limit!r}"):
+        Client(redis_url, max_payload=limit)
+    with rejects(f"max_payload must be an int >= 1 (bytes), not {limit!r}"):
+        asyncio.run(AsyncClient(redis_url, max_payload=limit).close())
+
+
 # ---------------------------------------------------------------- time and flags
 
 
