@@ -134,7 +134,7 @@ def shown(value: object) -> str:
 def epoch_seconds(value: object, name: str) -> float:
     """Epoch seconds of an aware datetime or a number, within 0..MAX_RUN_AT."""
     if isinstance(value, datetime):
-        if value.tzinfo is None:
+        if value.utcoffset() is None:  # no tzinfo, or one without an offset (naive too)
             raise InvalidInput(f"{name} is a naive datetime; give one with a tzinfo")
         seconds: float = value.timestamp()
     elif isinstance(value, bool) or not isinstance(value, int | float) or value != value:

@@ -6,7 +6,7 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 import pytest
@@ -15,6 +15,13 @@ from lua_calls import snapshot
 
 from queasy_py import Client, ConfigError, ConnectionFailed, InvalidInput, Queue
 from queasy_py.store.embedded import free_port
+
+
+class NoOffset(tzinfo):
+    """A tzinfo that knows no offset: a datetime with it is naive (datetime's docs)."""
+
+    def utcoffset(self, dt: datetime | None) -> None:
+        return None
 
 
 @dataclass
@@ -187,8 +194,18 @@ def test_a_bad_max_payload_is_refused_when_the_client_is_made(redis_url: str, li
         ({"run_at": datetime(2030, 1, 1)}, "run_at is a naive datetime"),
         ({"run_at": "tomorrow"}, "run_at must be an aware datetime or epoch seconds"),
         ({"run_at": float("nan")}, "run_at must be an aware datetime or epoch seconds"),
+        # a tzinfo whose utcoffset() is None: naive, as Python defines it (a TypeError before)
+        ({"run_at": datetime(2030, 1, 1, tzinfo=NoOffset())}, "run_at is a naive datetime"),
     ],
-    ids=["both", "negative_delay", "delay_str", "naive_datetime", "run_at_str", "run_at_nan"],
+    ids=[
+        "both",
+        "negative_delay",
+        "delay_str",
+        "naive_datetime",
+        "run_at_str",
+        "run_at_nan",
+        "tzinfo_without_offset",
+    ],
 )
 def test_bad_run_at_or_delay_is_rejected(
     q: Queue, nothing_written: None, when: dict[str, Any], message: str
