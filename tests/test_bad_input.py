@@ -263,6 +263,20 @@ def test_dispatch_many_with_one_bad_job_writes_none(
         q.dispatch_many(five_jobs_third_is(bad))
 
 
+@pytest.mark.parametrize(
+    "jobs", [None, {"data": 1}, "abc", 5], ids=["none", "one_job", "str", "int"]
+)
+@pytest.mark.parametrize("method", ["dispatch_many", "dispatch_batch"])
+def test_jobs_that_are_not_a_list_of_jobs_are_named(
+    q: Queue, nothing_written: None, method: str, jobs: Any
+) -> None:
+    """None or an int was a TypeError ('NoneType' object is not iterable); one job's dict,
+    given where a list of them is expected, was read as its keys ('jobs[0] must be a
+    mapping')."""
+    with rejects("jobs must be a list (an iterable) of job mappings"):
+        getattr(q, method)(jobs)
+
+
 # ---------------------------------------------------------------- connection
 
 
