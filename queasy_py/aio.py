@@ -52,7 +52,7 @@ class AsyncClient:
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise InvalidInput(f"invalid key prefix {prefix!r}: a non-empty str without braces")
         self.prefix = prefix
-        self.max_payload = max_payload
+        self.max_payload = validate.payload_limit(max_payload)
         target = url if isinstance(url, Target) else resolve(url, config=config, data_dir=data_dir)
         self.server = target.server
         self.url = target.url
@@ -203,7 +203,10 @@ class AsyncQueue(QueueBase):
     ) -> tuple[list[JobInfo], str]:
         args = self._jobs_args(state, cursor, limit, with_data)
         await self.client.ready()
-        reply = await self.client.redis.fcall_ro("queasy_jobs", 1, self.keys.base, *args)
+        try:
+            reply = await self.client.redis.fcall_ro("queasy_jobs", 1, self.keys.base, *args)
+        except redis.ResponseError as exc:
+            raise lua_error(exc) from None  # a cursor not of this listing: InvalidInput
         return records.page(self.name, reply)
 
     async def requeue_failed(self, ids: Iterable[str] | None = None) -> int:

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import defaults, records
+from . import defaults, records, validate
 from .errors import InvalidInput, QueasyError
 from .options import check_setting
 from .queue import Queue
@@ -71,7 +71,7 @@ class Client:
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise InvalidInput(f"invalid key prefix {prefix!r}: a non-empty str without braces")
         self.prefix = prefix
-        self.max_payload = max_payload
+        self.max_payload = validate.payload_limit(max_payload)
         self.settings: dict[str, Any] = {**defaults.SUPERVISOR, **settings, "workers": workers}
         target = url if isinstance(url, Target) else resolve(url, config=config, data_dir=data_dir)
         self.server: SharedServer | None = target.server

@@ -79,17 +79,35 @@ class History:
 
     def head(self, stream: EventStream, after: str, count: int) -> tuple[StreamEnd, list[str]]:
         """The stream's end and the ids of up to `count` entries after `after`, read at once."""
-        return events.head(self.client.redis, stream.key, after, count)
+        events.entry_id(after, "after")
+        return events.head(self.client.redis, stream.key, after, _positive("count", count))
 
     def recent(self, stream: EventStream, since: float, count: int = 1000) -> list[dict[str, Any]]:
         """The newest `count` events (at most 10,000) written at or after `since` (epoch
         seconds, the server's clock), oldest first, typed as `Queue.events()` gives them."""
-        if isinstance(since, bool) or not isinstance(since, int | float) or not since >= 0:
-            raise InvalidInput(f"since must be epoch seconds >= 0, not {since!r}")
+        if (
+            isinstance(since, bool)
+            or not isinstance(since, int | float)
+            or not 0 <= since <= validate.MAX_RUN_AT  # inf: an OverflowError before
+        ):
+            raise InvalidInput(
+                f"since must be epoch seconds within 0..{validate.MAX_RUN_AT}, "
+                f"not {validate.shown(since)}"
+            )
         return events.recent(self.client.redis, stream.key, int(since * 1000), count)
 
     def read(
         self, stream: EventStream, after: str = "0-0", until: str = "+", chunk: int = 10_000
     ) -> Iterator[list[Entry]]:
         """The entries with ids in (after, until], in lists of up to `chunk`."""
+        events.entry_id(after, "after")
+        if until != "+":
+            events.entry_id(until, "until")
+        chunk = _positive("chunk", chunk)
         return events.entries(self.client.redis, stream.key, after, until, chunk)
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInput(f"{name} must be an int >= 1, not {validate.shown(value)}")
+    return value

@@ -123,6 +123,11 @@ class QueueBase(OperateArgs):
     ) -> tuple[list[list], list[str]]:
         """ARGV of each queasy_dispatch chunk, and the ids. Checks every job first."""
         flags = self._flags(update_data, update_run_at, reset_counts)
+        if isinstance(jobs, str | bytes | Mapping) or not isinstance(jobs, Iterable):
+            raise InvalidInput(
+                "jobs must be a list (an iterable) of job mappings "
+                f'({{"data": ..., "id": ...}}), not {validate.shown(jobs)}'
+            )
         args: list[Any] = []
         for index, job in enumerate(jobs):
             if not isinstance(job, Mapping) or "data" not in job:

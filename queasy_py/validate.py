@@ -28,6 +28,13 @@ def queue_name(name: object) -> str:
     return name
 
 
+def payload_limit(value: object) -> int:
+    """A client's max_payload: bytes of encoded job data, an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInput(f"max_payload must be an int >= 1 (bytes), not {shown(value)}")
+    return value
+
+
 #: the usual id: 1-256 printable ASCII characters, no space (the rule below, checked faster)
 PLAIN_ID = re.compile(r"[!-~]{1,256}")
 
@@ -127,7 +134,7 @@ def shown(value: object) -> str:
 def epoch_seconds(value: object, name: str) -> float:
     """Epoch seconds of an aware datetime or a number, within 0..MAX_RUN_AT."""
     if isinstance(value, datetime):
-        if value.tzinfo is None:
+        if value.utcoffset() is None:  # no tzinfo, or one without an offset (naive too)
             raise InvalidInput(f"{name} is a naive datetime; give one with a tzinfo")
         seconds: float = value.timestamp()
     elif isinstance(value, bool) or not isinstance(value, int | float) or value != value:

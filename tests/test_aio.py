@@ -71,3 +71,40 @@ def test_async_unreachable_server_names_the_url() -> None:
     with pytest.raises(ConnectionFailed) as caught:
         run(scenario())
     assert "127.0.0.1" in str(caught.value) and "secret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda q: q.jobs("waiting", cursor="zzz"),
+        lambda q: q.jobs("failed", cursor="-1"),
+        lambda q: q.events(after="garbage"),
+        lambda q: q.events(after="1-2-3"),
+        lambda q: q.events(after="99999999999999999999999-0"),
+        lambda q: q.events(after=None),
+    ],
+    ids=[
+        "jobs_cursor",
+        "jobs_negative_cursor",
+        "events_after",
+        "events_three_parts",
+        "events_huge",
+        "events_none",
+    ],
+)
+def test_async_and_sync_refuse_a_bad_cursor_alike(redis_url: str, prefix: str, call) -> None:
+    """A cursor or event id that is not one the API returned is InvalidInput on both
+    clients (the async jobs() and both events() let redis-py's ResponseError through)."""
+
+    async def scenario() -> str:
+        async with AsyncClient(redis_url, prefix=prefix) as client:
+            q = client.queue("q")
+            await q.dispatch(1)
+            with pytest.raises(InvalidInput) as caught:
+                await call(q)
+            return str(caught.value)
+
+    message = run(scenario())
+    with Client(redis_url, prefix=prefix) as client, pytest.raises(InvalidInput) as caught:
+        call(client.queue("q"))
+    assert str(caught.value) == message

@@ -6,15 +6,22 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 import pytest
 import redis
 from lua_calls import snapshot
 
-from queasy_py import Client, ConnectionFailed, InvalidInput, Queue
+from queasy_py import Client, ConfigError, ConnectionFailed, InvalidInput, Queue
 from queasy_py.store.embedded import free_port
+
+
+class NoOffset(tzinfo):
+    """A tzinfo that knows no offset: a datetime with it is naive (datetime's docs)."""
+
+    def utcoffset(self, dt: datetime | None) -> None:
+        return None
 
 
 @dataclass
@@ -161,6 +168,20 @@ def test_key_prefix_with_braces_is_rejected(redis_url: str) -> None:
         Client(redis_url, prefix="a{b}")
 
 
+@pytest.mark.parametrize("limit", ["1000", 0, -1, True, 1.5, None])
+def test_a_bad_max_payload_is_refused_when_the_client_is_made(redis_url: str, limit) -> None:
+    """It was taken as given: "1000" made every dispatch a TypeError ('>' not supported
+    between 'int' and 'str'), 0 or -1 refused every job as over the limit."""
+    import asyncio
+
+    from queasy_py.aio import AsyncClient
+
+    with rejects(f"max_payload must be an int >= 1 (bytes), not {limit!r}"):
+        Client(redis_url, max_payload=limit)
+    with rejects(f"max_payload must be an int >= 1 (bytes), not {limit!r}"):
+        asyncio.run(AsyncClient(redis_url, max_payload=limit).close())
+
+
 # ---------------------------------------------------------------- time and flags
 
 
@@ -173,8 +194,18 @@ def test_key_prefix_with_braces_is_rejected(redis_url: str) -> None:
         ({"run_at": datetime(2030, 1, 1)}, "run_at is a naive datetime"),
         ({"run_at": "tomorrow"}, "run_at must be an aware datetime or epoch seconds"),
         ({"run_at": float("nan")}, "run_at must be an aware datetime or epoch seconds"),
+        # a tzinfo whose utcoffset() is None: naive, as Python defines it (a TypeError before)
+        ({"run_at": datetime(2030, 1, 1, tzinfo=NoOffset())}, "run_at is a naive datetime"),
     ],
-    ids=["both", "negative_delay", "delay_str", "naive_datetime", "run_at_str", "run_at_nan"],
+    ids=[
+        "both",
+        "negative_delay",
+        "delay_str",
+        "naive_datetime",
+        "run_at_str",
+        "run_at_nan",
+        "tzinfo_without_offset",
+    ],
 )
 def test_bad_run_at_or_delay_is_rejected(
     q: Queue, nothing_written: None, when: dict[str, Any], message: str
@@ -232,6 +263,20 @@ def test_dispatch_many_with_one_bad_job_writes_none(
         q.dispatch_many(five_jobs_third_is(bad))
 
 
+@pytest.mark.parametrize(
+    "jobs", [None, {"data": 1}, "abc", 5], ids=["none", "one_job", "str", "int"]
+)
+@pytest.mark.parametrize("method", ["dispatch_many", "dispatch_batch"])
+def test_jobs_that_are_not_a_list_of_jobs_are_named(
+    q: Queue, nothing_written: None, method: str, jobs: Any
+) -> None:
+    """None or an int was a TypeError ('NoneType' object is not iterable); one job's dict,
+    given where a list of them is expected, was read as its keys ('jobs[0] must be a
+    mapping')."""
+    with rejects("jobs must be a list (an iterable) of job mappings"):
+        getattr(q, method)(jobs)
+
+
 # ---------------------------------------------------------------- connection
 
 
@@ -250,3 +295,24 @@ def test_connection_error_masks_the_password() -> None:
     message = str(caught.value)
     assert "user:***@127.0.0.1" in message
     assert "s3cret-pw" not in message
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["bad!host:1", "my host:1", "h\u00f6st.invalid:1", "[::1", "h*:1", "[::1]x:1"],
+    ids=["bang", "space", "unicode", "open_bracket", "star", "after_bracket"],
+)
+def test_a_malformed_host_never_shows_the_password(host: str) -> None:
+    """A host that is not a plain name, IPv4 or [IPv6] (a typo) must not make the masking
+    give up: the password was in the ConfigError, the ConnectionFailed and repr(client)."""
+    url = f"redis://user:s3cret-pw@{host}"
+    try:
+        client = Client(url, workers=0)
+    except ConfigError as exc:  # refused at once
+        assert "s3cret-pw" not in str(exc)
+        return
+    assert "s3cret-pw" not in repr(client)
+    with pytest.raises(ConnectionFailed) as caught:
+        client.ready(attempts=1)
+    assert "s3cret-pw" not in str(caught.value)
+    assert "user:***@" in str(caught.value)

@@ -101,3 +101,35 @@ def test_read_gives_a_range_in_chunks_with_fields_decoded(client: Client, r: red
     assert fields["outcome"] == "finished" and fields["id"] == "j1" and fields["queue"] == "q"
     assert list(history.read(stream, after=ids[-1])) == []
     assert sum(len(c) for c in history.read(stream, chunk=5)) == 5
+
+
+@pytest.mark.parametrize(
+    "call, named",
+    [
+        (lambda h, s: h.recent(s, float("inf")), "since"),
+        (lambda h, s: h.recent(s, 1e300), "since"),
+        (lambda h, s: list(h.read(s, after="garbage")), "after"),
+        (lambda h, s: list(h.read(s, until="1-2-3")), "until"),
+        (lambda h, s: list(h.read(s, chunk=0)), "chunk"),
+        (lambda h, s: list(h.read(s, chunk=True)), "chunk"),
+        (lambda h, s: h.head(s, "x", 10), "after"),
+        (lambda h, s: h.head(s, "0-0", -1), "count"),
+    ],
+    ids=[
+        "since_inf",
+        "since_huge",
+        "read_after",
+        "read_until",
+        "chunk_0",
+        "chunk_bool",
+        "head_after",
+        "head_count",
+    ],
+)
+def test_bad_arguments_are_invalid_input_naming_them(client: Client, r: redis.Redis, call, named):
+    """Each was an OverflowError, redis-py's DataError or ResponseError ('Invalid stream ID
+    specified as stream command argument'), naming nothing."""
+    ended(Lua(r, client.prefix, "q"), 1)
+    history = History(client)
+    with pytest.raises(InvalidInput, match=named):
+        call(history, history.stream("q"))

@@ -340,3 +340,19 @@ def test_the_encoded_stream_sends_a_batch_before_taking_the_next(q: Queue) -> No
     # ok-0, ok-3 and the 100 jobs of the refused batch's second FCALL (each FCALL is checked
     # alone, as in dispatch_batch)
     assert q.counts()["waiting"] == 1650 + 102
+
+
+def test_threads_that_end_do_not_each_keep_a_connection(client: Client, q: Queue, r) -> None:
+    """dispatch() keeps one connection per thread (store/calls.py FastCall); one of a
+    thread that ended went back to nowhere: a thread per request (a threaded web server)
+    left one open connection per thread ever started, up to the server's maxclients."""
+    import threading
+
+    q.dispatch(0)  # the main thread's connection
+    before = len(r.client_list())
+    for i in range(40):
+        thread = threading.Thread(target=q.dispatch, args=(i,))
+        thread.start()
+        thread.join()
+    assert q.counts()["waiting"] == 41
+    assert len(r.client_list()) <= before + 2

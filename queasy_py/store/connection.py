@@ -41,17 +41,22 @@ def _last_at(url: str) -> tuple[int, int] | None:
 
 def _credentials(url: str, in_query: bool = True) -> tuple[int, int] | None:
     """Where the credentials are: the span between `://` and the last `@` before the host
-    (None without an `@`). in_query=False skips an `@` inside a query value (`?k=..@..`)."""
+    (None without an `@`). in_query=False skips an `@` inside a query value (`?k=..@..`).
+    For masking (in_query=True), when no `@` is followed by a host that parses (a typo:
+    `bad!host`, `[::1`, a space), the span ends at the last `@`: a malformed URL is masked
+    the more, never shown with its password."""
     start = url.find("://")
     start = 0 if start < 0 else start + 3  # no scheme: a malformed URL, masked all the same
-    at = len(url)
+    at, last = len(url), None
     while (at := url.rfind("@", start, at)) >= 0:
         query = url.find("?", start, at)
         if not in_query and query >= 0 and "=" in url[query:at]:
             continue
         if _HOST_AFTER_AT.match(url, at + 1):
             return start, at
-    return None
+        if last is None and in_query:
+            last = at
+    return None if last is None else (start, last)
 
 
 def mask_url(url: str) -> str:

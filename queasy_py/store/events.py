@@ -204,12 +204,31 @@ def parse_entries(entries: list | None, key: str) -> list[dict[str, Any]]:
     return [typed(entry_id, raw, queue) for entry_id, raw in entries or []]
 
 
+#: a stream entry id: ms, or ms-seq (each a 64-bit unsigned int, checked by entry_id)
+_ENTRY_ID = re.compile(r"(\d{1,20})(?:-(\d{1,20}))?")
+_MAX_PART = 2**64 - 1
+
+
+def entry_id(value: object, name: str = "after") -> str:
+    """`value` when it is a stream entry id ('0', '<ms>' or '<ms>-<seq>'); else InvalidInput
+    naming `name` (redis-py's ResponseError said only 'Invalid stream ID')."""
+    match = _ENTRY_ID.fullmatch(value) if isinstance(value, str) else None
+    if match is None or any(int(part or 0) > _MAX_PART for part in match.groups()):
+        raise InvalidInput(
+            f"{name} must be an event id ('0', or the event_id of an event read), "
+            f"not {value!r}"[:200]
+        )
+    return value  # type: ignore[return-value]
+
+
 def range_args(key: str, after: str, count: int) -> tuple[str, str, int]:
     """(min, max, count) of the XRANGE that reads `count` events after `after` ('0': from the
     oldest kept, else an event_id: the events after it)."""
     if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COUNT:
         raise InvalidInput(f"count must be an int 1..{MAX_COUNT}, not {count!r}")
-    return ("-" if after in ("0", "0-0", "-") else f"({after}"), "+", count
+    if after == "-":
+        return "-", "+", count
+    return ("-" if entry_id(after) in ("0", "0-0") else f"({after}"), "+", count
 
 
 def page(r: Any, key: str, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
