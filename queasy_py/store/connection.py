@@ -31,14 +31,6 @@ _SECRET_KEY = re.compile(r"password|secret|token", re.IGNORECASE)
 _SECRET_QUERY = re.compile(r"([?&;][^=&;#]*(?:password|secret|token)=)[^&;#]*", re.IGNORECASE)
 
 
-def _last_at(url: str) -> tuple[int, int] | None:
-    """The span between `://` and the last `@` (None without one): mask_url's fallback."""
-    start = url.find("://")
-    start = 0 if start < 0 else start + 3
-    at = url.rfind("@", start)
-    return None if at < 0 else (start, at)
-
-
 def _credentials(url: str, in_query: bool = True) -> tuple[int, int] | None:
     """Where the credentials are: the span between `://` and the last `@` before the host
     (None without an `@`). in_query=False skips an `@` inside a query value (`?k=..@..`).
@@ -67,9 +59,7 @@ def mask_url(url: str) -> str:
     `#`, `/`, `?` or `@`; so is the value of every query key ending in `password`, `secret`
     or `token` (`?ssl_password=***`).
     """
-    span = _credentials(url)
-    if span is None:  # no host it recognises after any `@` (a typo, an IPv6 zone): the
-        span = _last_at(url)  # credentials end at the last `@` all the same
+    span = _credentials(url)  # up to the last `@` when no host after one parses (a typo)
     if span is not None:
         start, at = span
         user, colon, _ = url[start:at].partition(":")
