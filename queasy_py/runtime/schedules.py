@@ -98,7 +98,8 @@ def build(queue: str, spec: ListenOptions) -> Schedule | None:
         return None
     try:
         zoneinfo.ZoneInfo(spec.timezone)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a folder of
+        # zones ("Europe") or a name too long for a file
         raise InvalidInput(
             f"queue {queue!r}: timezone {spec.timezone!r} is not a known IANA time zone"
         ) from None
