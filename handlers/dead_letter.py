@@ -44,7 +44,9 @@ def handle(data: list[Any], job: Job) -> None:
 
 
 def read(queue: Queue, count: int = 100) -> list[dict[str, Any]]:
-    """The newest `count` dead letters of `queue`."""
+    """The newest `count` dead letters of `queue` (`count` >= 1)."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise InvalidInput(f"count must be an int >= 1, not {count!r}")
     return [
         orjson.loads(raw)
         for raw in queue.client.redis.lrange(queue.keys.dead_letters, 0, count - 1)

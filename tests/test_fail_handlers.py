@@ -87,3 +87,18 @@ def fail_job(queue: str) -> Job:
 def test_the_refusals_say_why(data: object, queue: str, message: str) -> None:
     with pytest.raises(PermanentError, match=re.escape(message)):
         fail_record(data, fail_job(queue))
+
+
+def test_dead_letters_read_refuses_a_count_that_is_not_positive(
+    redis_url: str, prefix: str
+) -> None:
+    from queasy_py import Client, InvalidInput
+
+    with Client(redis_url, workers=0, prefix=prefix) as client:
+        q = client.queue("q")
+        for n in range(3):
+            client.redis.lpush(q.keys.dead_letters, f'{{"n": {n}}}')
+        assert [e["n"] for e in dead_letter.read(q, 2)] == [2, 1]
+        for count in (0, -1, True, 1.5):  # was: 0 and -1 read the whole list
+            with pytest.raises(InvalidInput, match="count must be an int >= 1"):
+                dead_letter.read(q, count)  # type: ignore[arg-type]
