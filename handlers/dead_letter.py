@@ -25,7 +25,20 @@ from queasy_py.job import END_STATES
 
 from ._fail_record import fail_record
 
-MAX_ENTRIES = int(os.environ.get("QUEASY_DEAD_LETTER_MAX", "10000"))
+
+def _max_entries() -> int:
+    """QUEASY_DEAD_LETTER_MAX, checked at import (listen() imports it): 0 would be no cap."""
+    raw = os.environ.get("QUEASY_DEAD_LETTER_MAX", "10000")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InvalidInput(f"QUEASY_DEAD_LETTER_MAX must be an int >= 1, not {raw!r}")
+    return value
+
+
+MAX_ENTRIES = _max_entries()
 #: entries requeue() reads per LRANGE
 CHUNK = 500
 
