@@ -25,7 +25,20 @@ from queasy_py.job import END_STATES
 
 from ._fail_record import fail_record
 
-MAX_ENTRIES = int(os.environ.get("QUEASY_DEAD_LETTER_MAX", "10000"))
+
+def _max_entries() -> int:
+    """QUEASY_DEAD_LETTER_MAX, checked at import (listen() imports it): 0 would be no cap."""
+    raw = os.environ.get("QUEASY_DEAD_LETTER_MAX", "10000")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InvalidInput(f"QUEASY_DEAD_LETTER_MAX must be an int >= 1, not {raw!r}")
+    return value
+
+
+MAX_ENTRIES = _max_entries()
 #: entries requeue() reads per LRANGE
 CHUNK = 500
 
@@ -44,7 +57,9 @@ def handle(data: list[Any], job: Job) -> None:
 
 
 def read(queue: Queue, count: int = 100) -> list[dict[str, Any]]:
-    """The newest `count` dead letters of `queue`."""
+    """The newest `count` dead letters of `queue` (`count` >= 1)."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise InvalidInput(f"count must be an int >= 1, not {count!r}")
     return [
         orjson.loads(raw)
         for raw in queue.client.redis.lrange(queue.keys.dead_letters, 0, count - 1)

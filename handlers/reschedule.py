@@ -13,15 +13,29 @@ its fail queue belongs to; a record naming another queue is refused (PermanentEr
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Any
 
-from queasy_py import Job
+from queasy_py import InvalidInput, Job
 from queasy_py.context import current_client
 
 from ._fail_record import fail_record
 
-DELAY = float(os.environ.get("QUEASY_RESCHEDULE_DELAY", "60"))
+
+def _delay() -> float:
+    """QUEASY_RESCHEDULE_DELAY, checked at import (listen() imports it), not at each failure."""
+    raw = os.environ.get("QUEASY_RESCHEDULE_DELAY", "60")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (math.isfinite(value) and value >= 0):
+        raise InvalidInput(f"QUEASY_RESCHEDULE_DELAY must be seconds >= 0, not {raw!r}")
+    return value
+
+
+DELAY = _delay()
 
 log = logging.getLogger("queasy_py.handlers.reschedule")
 

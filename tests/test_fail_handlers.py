@@ -5,7 +5,10 @@ touched."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,3 +90,49 @@ def fail_job(queue: str) -> Job:
 def test_the_refusals_say_why(data: object, queue: str, message: str) -> None:
     with pytest.raises(PermanentError, match=re.escape(message)):
         fail_record(data, fail_job(queue))
+
+
+@pytest.mark.parametrize(
+    ("handler", "env", "value"),
+    [
+        ("queasy_py.handlers.dead_letter", "QUEASY_DEAD_LETTER_MAX", "0"),  # was: no cap at all
+        ("queasy_py.handlers.dead_letter", "QUEASY_DEAD_LETTER_MAX", "-5"),
+        ("queasy_py.handlers.dead_letter", "QUEASY_DEAD_LETTER_MAX", "ten"),
+        ("queasy_py.handlers.reschedule", "QUEASY_RESCHEDULE_DELAY", "-1"),
+        ("queasy_py.handlers.reschedule", "QUEASY_RESCHEDULE_DELAY", "nan"),
+        ("queasy_py.handlers.reschedule", "QUEASY_RESCHEDULE_DELAY", "inf"),
+        ("queasy_py.handlers.reschedule", "QUEASY_RESCHEDULE_DELAY", "1m"),
+    ],
+)
+def test_a_bad_setting_of_a_ready_made_handler_stops_its_import_naming_it(
+    handler: str, env: str, value: str
+) -> None:
+    """listen() (and each worker) imports the handler: a bad environment setting is a
+    HandlerError naming the variable, not a list without a cap or a reschedule that fails
+    every time."""
+    code = f"from queasy_py.runtime.handler import load; load({handler!r})"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, env: value},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0, done.stdout
+    assert "HandlerError" in done.stderr and f"{env} must be" in done.stderr, done.stderr
+    assert repr(value) in done.stderr, done.stderr
+
+
+def test_dead_letters_read_refuses_a_count_that_is_not_positive(
+    redis_url: str, prefix: str
+) -> None:
+    from queasy_py import Client, InvalidInput
+
+    with Client(redis_url, workers=0, prefix=prefix) as client:
+        q = client.queue("q")
+        for n in range(3):
+            client.redis.lpush(q.keys.dead_letters, f'{{"n": {n}}}')
+        assert [e["n"] for e in dead_letter.read(q, 2)] == [2, 1]
+        for count in (0, -1, True, 1.5):  # was: 0 and -1 read the whole list
+            with pytest.raises(InvalidInput, match="count must be an int >= 1"):
+                dead_letter.read(q, count)  # type: ignore[arg-type]

@@ -52,6 +52,9 @@ def spec(**options: object) -> ListenOptions:
         ({"schedule_every": 1e12}, "schedule_every must be at most"),
         ({"schedule": "* * * * *", "schedule_every": 60}, "not both"),
         ({"schedule": "* * * * *", "timezone": "Mars/Olympus"}, "not a known IANA time zone"),
+        ({"schedule": "* * * * *", "timezone": "Europe"}, "not a known IANA time zone"),
+        ({"schedule": "* * * * *", "timezone": "America/Argentina"}, "not a known IANA time zone"),
+        ({"schedule": "* * * * *", "timezone": "x" * 300}, "not a known IANA time zone"),
         ({"schedule_every": 60, "timezone": "Europe/Paris"}, "timezone is for a cron"),
         ({"timezone": "Europe/Paris"}, "timezone is for a cron"),
         ({"schedule_every": 60, "catch_up": "all"}, "catch_up must be one of"),
@@ -108,6 +111,42 @@ def test_seconds_cron_and_interval_fire_times() -> None:
     )
     assert build("q", spec(schedule_every=300)).text == "every 300s"  # type: ignore[union-attr]
     assert build("q", spec()) is None
+
+
+@pytest.mark.parametrize(
+    ("cron", "zone", "fall_back"),
+    [
+        ("30 2 * * *", "Europe/Paris", "2024-10-27T01:00:00"),  # 02:00-03:00 twice
+        ("30 1-3 * * *", "Europe/Paris", "2024-10-27T01:00:00"),
+        ("*/15 * * * *", "Europe/Paris", "2024-10-27T01:00:00"),
+        ("0 * * * *", "America/New_York", "2024-11-03T06:00:00"),  # 01:00-02:00 twice
+        ("0 0 * * * *", "America/New_York", "2024-11-03T06:00:00"),
+    ],
+)
+def test_fire_times_in_the_repeated_hour_of_a_fall_back(cron: str, zone: str, fall_back: str):
+    """In the hour a fall-back repeats (a wall time seen twice, the second with fold=1) the
+    grid is the one a forward walk gives: next_after is later, latest not later, and nothing
+    between them is a fire time."""
+    s = build("q", spec(schedule=cron, timezone=zone))
+    assert s is not None
+    start = ms(fall_back) - 3_600_000
+    for t in range(start, start + 3 * 3_600_000, 7 * 60_000 + 13):
+        after, before = s.next_after(t), s.latest(t)
+        assert before <= t < after, (t, before, after)
+        assert s.next_after(before) == after, (t, before, after)
+
+
+def test_a_fixed_time_in_the_repeated_hour_fires_once_and_catches_up_from_it() -> None:
+    s = build("q", spec(schedule="30 2 * * *", timezone="Europe/Paris"))
+    assert s is not None
+    first = ms("2024-10-27T00:30:00")  # 02:30 CEST; 02:30 CET (01:30Z) does not fire again
+    inside = ms("2024-10-27T01:05:00")  # 02:05 CET, the second 02:05
+    assert s.next_after(inside) == ms("2024-10-28T01:30:00")
+    assert s.latest(inside) == first
+    # every supervisor down from 02:45 CEST the day before: catch_up="once" runs 02:30 CEST
+    plan = check("once", Seen(first - 86_400_000, s.text, first - 86_400_000, ""))
+    plan.schedule = s
+    assert plan.plan(inside)[:3] == (first, None, 0)
 
 
 # ---------------------------------------------------------------- the catch-up plan

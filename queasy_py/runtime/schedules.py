@@ -17,7 +17,7 @@ import logging
 import time
 import zoneinfo
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -59,22 +59,34 @@ class Schedule:
     def _sim(self, ms: int, reverse: bool = False) -> Any:
         from cronsim import CronSim  # lazily: `import queasy_py` stays light
 
-        at = datetime.fromtimestamp(ms / 1000, self.zone)
+        at = datetime.fromtimestamp(ms // 1000, UTC) + timedelta(milliseconds=ms % 1000)
         if reverse:
             at += timedelta(microseconds=1)  # CronSim(reverse) yields times before `at`
-        return CronSim(self.cron, at, reverse=reverse)  # type: ignore[arg-type]
+        # the local time from UTC: its fold tells the two passes of a fall-back's repeated hour
+        # apart (arithmetic on a local datetime would drop it)
+        return CronSim(self.cron, at.astimezone(self.zone), reverse=reverse)  # type: ignore[arg-type]
 
     def next_after(self, ms: int) -> int:
         """The first fire time later than `ms`."""
         if self.every_ms is not None:
             return (ms // self.every_ms + 1) * self.every_ms
-        return int(next(self._sim(ms)).timestamp() * 1000)
+        # started in the second pass of a repeated hour (fold=1), CronSim may yield a time of
+        # the first pass, before the start: skip those
+        return next(t for t in self._stamps(ms, False) if t > ms)
 
     def latest(self, ms: int) -> int:
         """The last fire time at or before `ms`."""
         if self.every_ms is not None:
             return ms // self.every_ms * self.every_ms
-        return int(next(self._sim(ms, reverse=True)).timestamp() * 1000)
+        # CronSim(reverse) compares wall times, so from the second pass of a repeated hour it
+        # passes over that hour's first-pass fire times: walk forward from what it found
+        found = next(t for t in self._stamps(ms, True) if t <= ms)
+        while (after := self.next_after(found)) <= ms:
+            found = after
+        return found
+
+    def _stamps(self, ms: int, reverse: bool) -> Any:
+        return (int(at.timestamp() * 1000) for at in self._sim(ms, reverse))
 
     def count(self, low: int, high: int) -> int:
         """How many fire times lie in [low, high) (at most COUNT_LIMIT)."""
@@ -98,7 +110,8 @@ def build(queue: str, spec: ListenOptions) -> Schedule | None:
         return None
     try:
         zoneinfo.ZoneInfo(spec.timezone)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a folder of
+        # zones ("Europe") or a name too long for a file
         raise InvalidInput(
             f"queue {queue!r}: timezone {spec.timezone!r} is not a known IANA time zone"
         ) from None
