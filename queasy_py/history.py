@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 from . import defaults, validate
 from .errors import InvalidInput
 from .store import events
-from .store.events import StreamEnd
+from .store.events import StreamEnd, entry_id
 from .store.keys import QueueKeys
 
 if TYPE_CHECKING:
     from .client import Client
 
-__all__ = ["EventStream", "History", "StreamEnd"]
+__all__ = ["EventStream", "History", "StreamEnd", "entry_id"]
 
 #: an entry: (stream entry id, its fields)
 Entry = tuple[str, dict[str, str]]

@@ -37,7 +37,7 @@ from pyspark.sql.streaming.datasource import (
 from .. import defaults
 from ..client import Client
 from ..errors import InvalidInput, QueasyError
-from ..history import EventStream, History, StreamEnd
+from ..history import EventStream, History, StreamEnd, entry_id
 from .eventrows import SCHEMA, to_batch
 from .options import Options, resolve_url
 
@@ -85,10 +85,13 @@ MAX_CHUNK = 1_000_000
 
 
 def _entry_id(text: str) -> bool:
-    """A stream entry id as XRANGE takes it: ms-seq, each below 2**64 (else every task of
-    the read failed on the server's error)."""
-    ms, dash, seq = text.partition("-")
-    return bool(dash) and all(p.isdigit() and p.isascii() and int(p) < 1 << 64 for p in (ms, seq))
+    """A stream entry id as XRANGE takes it (else every task of the read failed on the
+    server's error)."""
+    try:
+        entry_id(text)
+    except InvalidInput:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
