@@ -71,9 +71,10 @@ def requeue(queue: Queue, ids: Iterable[str] | None = None) -> list[str]:
     remove their entries: those of these job ids, or every entry. An id that has a live job
     (waiting, delayed, blocked or active: requeued from its kept failed record, or
     dispatched since) keeps that one; its entries go all the same. An entry that is not a
-    dead letter of this module, or whose job cannot be dispatched (an id or data the
-    library refuses), stays. Reads the list CHUNK entries at a time (entries added
-    meanwhile may be read again, none is missed). Returns the ids dispatched."""
+    dead letter of this module, whose job's data was never read (InvalidJobData), or whose
+    job cannot be dispatched (an id or data the library refuses), stays. Reads the list
+    CHUNK entries at a time (entries added meanwhile may be read again, none is missed).
+    Returns the ids dispatched."""
     if isinstance(ids, str):
         raise InvalidInput("ids must be a list of job ids, not a str")
     wanted = None if ids is None else {validate.job_id(i) for i in ids}
@@ -101,10 +102,14 @@ def requeue(queue: Queue, ids: Iterable[str] | None = None) -> list[str]:
 
 
 def _entry(raw: bytes) -> tuple[str | None, Any]:
-    """(job id, data) of a dead letter; (None, None) for an entry that is not one."""
+    """(job id, data) of a dead letter; (None, None) for an entry that is not one, and for
+    the letter of a job whose stored data was not JSON (InvalidJobData): its data was never
+    read, and the null recorded for it would requeue another job under its id."""
     try:
         entry = orjson.loads(raw)
         job_id = entry["job"]["id"]
+        if entry["data"] is None and entry["error"].get("name") == "InvalidJobData":
+            return None, None
         return validate.job_id(job_id), entry.get("data")
     except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError, InvalidInput):
         return None, None

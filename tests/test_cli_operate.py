@@ -21,6 +21,7 @@ import pytest
 import redis
 from runtime_helpers import ACT, Runtime, queue_spec, wait_for
 from test_cli import QUEASY, command_env
+from test_runtime_hostile import overwrite_data
 
 from queasy_py import Client
 from queasy_py.aio import AsyncClient
@@ -289,6 +290,27 @@ def test_events_follow_prints_new_events_until_ctrl_c(
 
 
 # ---------------------------------------------------------------- requeue
+
+
+def test_a_dead_letter_whose_data_was_never_read_is_not_requeued_with_null(
+    rt: Runtime, client: Client
+) -> None:
+    """A job whose stored data is not JSON fails with InvalidJobData, and its fail handler
+    gets null for the data (README "Failure semantics"). Requeuing that dead letter
+    dispatched a job with data null: another job under the same id. It stays in the list."""
+    work = client.queue("work")
+    work.dispatch({"n": 1}, id="garbled")
+    overwrite_data(rt, "work", "garbled", b'{"n": ')
+    sup = rt.start({"work": queue_spec(ACT, max_retries=0, fail_handler=DEAD_LETTER)})
+    wait_for(lambda: len(dead_letter.read(work)) == 1, 30, "the dead letter")
+    assert sup.stop() == 0
+    (letter,) = dead_letter.read(work)
+    assert letter["data"] is None and letter["error"]["name"] == "InvalidJobData"
+    assert work.purge("failed") == 1  # only the dead letter is left to requeue from
+
+    assert dead_letter.requeue(work) == []
+    assert work.get_job("garbled") is None
+    assert dead_letter.read(work) == [letter]
 
 
 def test_requeue_takes_kept_failed_records_and_dead_letters_once_each(
