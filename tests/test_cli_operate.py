@@ -332,6 +332,32 @@ def test_requeue_takes_kept_failed_records_and_dead_letters_once_each(
     assert work.counts()["waiting"] == 2
 
 
+def test_a_dead_letter_of_a_job_requeued_from_its_record_does_not_run_it_again(
+    rt: Runtime, client: Client
+) -> None:
+    """`queasy requeue --failed` requeues the kept failed records first, then the dead
+    letters: a requeued job that ran (and finished) before its dead letter is reached was
+    requeued already, and is not dispatched a second time from its letter."""
+    rt.start(
+        {
+            "work": queue_spec(
+                ACT, timeout=0.5, max_timeouts=1, min_backoff=0.1, fail_handler=DEAD_LETTER
+            )
+        }
+    )
+    work = client.queue("work")
+    work.dispatch({"gate": "fix"}, id="x")  # timed out at its gate: failed for good
+    wait_for(lambda: len(dead_letter.read(work)) == 1, 30, "the dead letter of x")
+    assert work.get_job("x").state == "failed"
+    rt.open_gate("fix")  # the fix is deployed: x now runs through
+    assert work.requeue_failed() == 1  # what the command does first
+    wait_for(lambda: work.get_job("x").state == "finished", 30, "the requeued x to finish")
+    assert dead_letter.requeue(work) == []  # then the letters: x was requeued once already
+    assert work.get_job("x").state == "finished"
+    assert dead_letter.read(work) == []
+    assert len(rt.records("end", id="x")) == 1
+
+
 # ---------------------------------------------------------------- unknown names
 
 
