@@ -72,33 +72,36 @@ def requeue(queue: Queue, ids: Iterable[str] | None = None) -> list[str]:
     (waiting, delayed, blocked or active: requeued from its kept failed record, or
     dispatched since), or whose job ended since the letter's failure (it finished, was
     cancelled, or a later run failed: it ran again already), keeps that one; its entries go
-    all the same. An entry that is not a
-    dead letter of this module, or whose job cannot be dispatched (an id or data the
-    library refuses), stays. Reads the list CHUNK entries at a time (entries added
-    meanwhile may be read again, none is missed). Returns the ids dispatched."""
+    all the same. An entry that is not a dead letter of this module, or whose job cannot be
+    dispatched (an id or data the library refuses), stays. Takes the entries there when it
+    is called, oldest first, CHUNK at a time: a letter added meanwhile (a job requeued here
+    that failed again) is not requeued by this call. Returns the ids dispatched."""
     if isinstance(ids, str):
         raise InvalidInput("ids must be a list of job ids, not a str")
     wanted = None if ids is None else {validate.job_id(i) for i in ids}
     r, key = queue.client.redis, queue.keys.dead_letters
     dispatched: list[str] = []
-    position = 0
-    while True:
-        chunk = r.lrange(key, position, position + CHUNK - 1)
+    left = r.llen(key)  # the entries there now; new ones are pushed at the head
+    stays = 0  # entries at the tail looked at and left in the list
+    while left > 0:
+        chunk = r.lrange(key, -stays - min(CHUNK, left), -stays - 1)
         if not chunk:
             return dispatched
-        removed = 0
-        for raw in chunk:
+        for raw in reversed(chunk):  # oldest first
+            left -= 1
             job_id, data, run_at = _entry(raw)
             if job_id is None or (wanted is not None and job_id not in wanted):
+                stays += 1
                 continue
             if _still_failed(queue.get_job(job_id), run_at):
                 try:
                     queue.dispatch(data, id=job_id)
                 except InvalidInput:
+                    stays += 1
                     continue
                 dispatched.append(job_id)
-            removed += r.lrem(key, 1, raw)
-        position += len(chunk) - removed
+            r.lrem(key, -1, raw)  # from the tail: this entry (those after it are gone or stay)
+    return dispatched
 
 
 def _still_failed(info: JobInfo | None, run_at: Any) -> bool:
