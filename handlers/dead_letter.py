@@ -21,7 +21,7 @@ import orjson
 
 from queasy_py import InvalidInput, Job, Queue, validate
 from queasy_py.context import current_client
-from queasy_py.job import END_STATES
+from queasy_py.job import JobInfo
 
 from ._fail_record import fail_record
 
@@ -70,46 +70,65 @@ def requeue(queue: Queue, ids: Iterable[str] | None = None) -> list[str]:
     """Dispatch the jobs of `queue`'s dead letters again, each with its data and id, and
     remove their entries: those of these job ids, or every entry. An id that has a live job
     (waiting, delayed, blocked or active: requeued from its kept failed record, or
-    dispatched since) keeps that one; its entries go all the same. An entry that is not a
-    dead letter of this module, whose job's data was never read (InvalidJobData), or whose
-    job cannot be dispatched (an id or data the library refuses), stays. Reads the list
-    CHUNK entries at a time (entries added meanwhile may be read again, none is missed).
-    Returns the ids dispatched."""
+    dispatched since), or whose job ended since the letter's failure (it finished, was
+    cancelled, or a later run failed: it ran again already), keeps that one; its entries go
+    all the same. An entry that is not a dead letter of this module, whose job's data was
+    never read (InvalidJobData), or whose job cannot be dispatched (an id or data the
+    library refuses), stays. Takes the entries there when it is called, oldest first, CHUNK
+    at a time: a letter added meanwhile (a job requeued here that failed again) is not
+    requeued by this call. Returns the ids dispatched."""
     if isinstance(ids, str):
         raise InvalidInput("ids must be a list of job ids, not a str")
     wanted = None if ids is None else {validate.job_id(i) for i in ids}
     r, key = queue.client.redis, queue.keys.dead_letters
     dispatched: list[str] = []
-    position = 0
-    while True:
-        chunk = r.lrange(key, position, position + CHUNK - 1)
+    left = r.llen(key)  # the entries there now; new ones are pushed at the head
+    stays = 0  # entries at the tail looked at and left in the list
+    while left > 0:
+        chunk = r.lrange(key, -stays - min(CHUNK, left), -stays - 1)
         if not chunk:
             return dispatched
-        removed = 0
-        for raw in chunk:
-            job_id, data = _entry(raw)
+        for raw in reversed(chunk):  # oldest first
+            left -= 1
+            job_id, data, run_at = _entry(raw)
             if job_id is None or (wanted is not None and job_id not in wanted):
+                stays += 1
                 continue
-            info = queue.get_job(job_id)
-            if info is None or info.state in END_STATES:
+            if _still_failed(queue.get_job(job_id), run_at):
                 try:
                     queue.dispatch(data, id=job_id)
                 except InvalidInput:
+                    stays += 1
                     continue
                 dispatched.append(job_id)
-            removed += r.lrem(key, 1, raw)
-        position += len(chunk) - removed
+            r.lrem(key, -1, raw)  # from the tail: this entry (those after it are gone or stay)
+    return dispatched
 
 
-def _entry(raw: bytes) -> tuple[str | None, Any]:
-    """(job id, data) of a dead letter; (None, None) for an entry that is not one, and for
-    the letter of a job whose stored data was not JSON (InvalidJobData): its data was never
-    read, and the null recorded for it would requeue another job under its id."""
+def _still_failed(info: JobInfo | None, run_at: Any) -> bool:
+    """Whether a dead letter's job (its failed run's `run_at`, seconds) is still where its
+    failure left it: no job kept under its id, or the failed record of that very run. An id
+    that is live again, or that ended since (finished, cancelled, or a later run failed:
+    requeued from its kept record, or dispatched again), was run again already."""
+    if info is None:
+        return True
+    if info.state != "failed":
+        return False
+    if isinstance(run_at, bool) or not isinstance(run_at, int | float):
+        return True  # a letter without its run's run_at: the failed record may be its own
+    return round(info.run_at * 1000) == round(run_at * 1000)
+
+
+def _entry(raw: bytes) -> tuple[str | None, Any, Any]:
+    """(job id, data, run_at of the failed run) of a dead letter; (None, None, None) for an
+    entry that is not one, and for the letter of a job whose stored data was not JSON
+    (InvalidJobData): its data was never read, and the null recorded for it would requeue
+    another job under its id."""
     try:
         entry = orjson.loads(raw)
         job_id = entry["job"]["id"]
         if entry["data"] is None and entry["error"].get("name") == "InvalidJobData":
-            return None, None
-        return validate.job_id(job_id), entry.get("data")
+            return None, None, None
+        return validate.job_id(job_id), entry.get("data"), entry["job"].get("run_at")
     except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError, InvalidInput):
-        return None, None
+        return None, None, None

@@ -354,6 +354,75 @@ def test_requeue_takes_kept_failed_records_and_dead_letters_once_each(
     assert work.counts()["waiting"] == 2
 
 
+def test_a_dead_letter_of_a_job_requeued_from_its_record_does_not_run_it_again(
+    rt: Runtime, client: Client
+) -> None:
+    """`queasy requeue --failed` requeues the kept failed records first, then the dead
+    letters: a requeued job that ran (and finished) before its dead letter is reached was
+    requeued already, and is not dispatched a second time from its letter."""
+    rt.start(
+        {
+            "work": queue_spec(
+                ACT, timeout=0.5, max_timeouts=1, min_backoff=0.1, fail_handler=DEAD_LETTER
+            )
+        }
+    )
+    work = client.queue("work")
+    work.dispatch({"gate": "fix"}, id="x")  # timed out at its gate: failed for good
+    wait_for(lambda: len(dead_letter.read(work)) == 1, 30, "the dead letter of x")
+    assert work.get_job("x").state == "failed"
+    rt.open_gate("fix")  # the fix is deployed: x now runs through
+    assert work.requeue_failed() == 1  # what the command does first
+    wait_for(lambda: work.get_job("x").state == "finished", 30, "the requeued x to finish")
+    assert dead_letter.requeue(work) == []  # then the letters: x was requeued once already
+    assert work.get_job("x").state == "finished"
+    assert dead_letter.read(work) == []
+    assert len(rt.records("end", id="x")) == 1
+
+
+def test_dead_letter_requeue_takes_the_letters_there_when_called_not_those_of_its_reruns(
+    rt: Runtime, client: Client
+) -> None:
+    """A job requeued from its dead letter that fails again (the bug is not fixed yet) gets
+    a new letter while the requeue is still going: that letter is not requeued by the same
+    call (each job runs once more, and the call ends while the supervisor keeps failing)."""
+    sup = rt.start({"work": queue_spec(ACT, max_retries=0, fail_handler=DEAD_LETTER)})
+    work = client.queue("work")
+    ids = [f"j{n}" for n in range(40)]
+    work.dispatch_many([{"data": {"raise": "permanent"}, "id": i} for i in ids])
+    wait_for(lambda: len(dead_letter.read(work, 100)) == len(ids), 30, "the dead letters")
+    assert work.purge("failed") == len(ids)  # the letters alone hold them
+    done: list[list[str]] = []
+    requeuer = threading.Thread(target=lambda: done.append(dead_letter.requeue(work)))
+    requeuer.start()
+    requeuer.join(timeout=30)
+    if requeuer.is_alive():  # it kept requeueing the letters of its own reruns
+        sup.kill_group()
+        requeuer.join(timeout=30)
+    (requeued,) = done
+    assert sorted(requeued) == sorted(ids)
+
+
+def test_dead_letter_requeue_pages_oldest_first_and_leaves_what_it_does_not_take(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dead_letter, "CHUNK", 2)
+    work = client.queue("work")
+    key = work.keys.dead_letters
+
+    def letter(job_id: str) -> bytes:
+        return json.dumps({"data": {"n": job_id}, "job": {"id": job_id, "queue": "work"}}).encode()
+
+    oldest_first = [letter("a"), b"not json", letter("b"), letter("skip"), letter("c")]
+    for raw in oldest_first:
+        client.redis.lpush(key, raw)  # as the handler does: the newest at the head
+    assert dead_letter.requeue(work, ["a", "b", "c"]) == ["a", "b", "c"]
+    assert client.redis.lrange(key, 0, -1) == [letter("skip"), b"not json"]
+    assert [j.id for j in work.jobs("waiting")[0]] == ["a", "b", "c"]
+    assert dead_letter.requeue(work) == ["skip"]
+    assert client.redis.lrange(key, 0, -1) == [b"not json"]
+
+
 # ---------------------------------------------------------------- unknown names
 
 
