@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
@@ -116,10 +117,14 @@ class QueasyCollector(Collector):
         gauge = GaugeMetricFamily(
             "queasy_queue_jobs",
             "Jobs of a queue per state (waiting, delayed, blocked, active), read from Redis "
-            "at scrape time",
+            "at scrape time (absent for queues not read within METRICS_COUNTS_BUDGET)",
             labels=["queue", "state"],
         )
+        deadline = time.monotonic() + defaults.METRICS_COUNTS_BUDGET
         for queue, counts in self.counts.items():
+            if time.monotonic() > deadline:  # a slow or frozen server: the rest next time
+                log.debug("metrics: counts of %s not read: the scrape's budget is spent", queue)
+                continue
             try:
                 now = counts()
             except (redis.RedisError, OSError) as exc:
