@@ -229,3 +229,18 @@ def test_a_frozen_server_does_not_hold_a_scrape_past_prometheus_timeout(
     finally:
         own_r.close()
         own.close()
+
+
+def test_every_counter_series_is_there_from_the_start(rt: Runtime) -> None:
+    """A counter series that first appears at 1 loses that first increase to rate() and
+    increase(): each reason of queasy_workers_replaced_total is served at 0 from the start,
+    as the outcomes of queasy_jobs_total are."""
+    sup = rt.start({"q": queue_spec(ACT)}, workers=1, metrics_port=0)
+    samples = scrape(metrics_port(sup.log))
+    for reason in ("timeout", "crash", "memory", "max_jobs", "start", "swept"):
+        key = ("queasy_workers_replaced_total", frozenset({("reason", reason)}))
+        assert samples.get(key) == 0, reason
+    for outcome in ("finished", "failed", "retried", "timed_out", "stalled", "released"):
+        assert value(samples, "queasy_jobs_total", queue="q", outcome=outcome) == 0
+        assert ("queasy_jobs_total", frozenset({("queue", "q"), ("outcome", outcome)})) in samples
+    assert sup.stop() == 0

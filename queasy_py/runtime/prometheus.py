@@ -28,7 +28,7 @@ from prometheus_client.utils import floatToGoString
 
 from .. import defaults
 from ..errors import ConfigError
-from .metrics import Histogram, Tally
+from .metrics import REPLACED_REASONS, Histogram, Tally
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -109,8 +109,9 @@ class QueasyCollector(Collector):
             "Workers replaced, by reason (timeout, crash, memory, max_jobs, start, swept)",
             labels=["reason"],
         )
-        for reason, n in list(self.workers.replaced.items()):
-            replaced.add_metric([reason], n)
+        counted = dict(self.workers.replaced)  # a copy: the loop adds to it
+        for reason in dict.fromkeys([*REPLACED_REASONS, *counted]):
+            replaced.add_metric([reason], counted.get(reason, 0))
         yield replaced
 
     def _states(self) -> Iterator[Metric]:
