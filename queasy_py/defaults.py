@@ -117,6 +117,10 @@ SUPERVISOR: dict[str, Any] = {
 #: upper bounds (seconds) of the buckets of the wait-time and run-time histograms of /metrics
 METRICS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                    300.0, 900.0, 3600.0)
+#: seconds a /metrics scrape may spend reading queue counts: no read starts after them (a
+#: frozen server makes each read wait out its socket timeout; the gauges of the queues left
+#: are absent from that scrape, which stays within Prometheus' scrape_timeout, 10 s)
+METRICS_COUNTS_BUDGET = 1.0
 
 
 def default_workers() -> int:

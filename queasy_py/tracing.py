@@ -17,6 +17,8 @@ from typing import Any
 
 #: the longest trace context kept (the library refuses longer: lua/queasy.lua MAX_TRACE)
 MAX_TRACE = 256
+#: characters of an error message a span keeps (as the worker's: runtime/results.py)
+MAX_MESSAGE = 4000
 #: opentelemetry's get_current_span once looked up; None when it is not installed
 _current_span: Callable[[], Any] | None = None
 _looked_up = False
@@ -45,6 +47,15 @@ def traceparent() -> str:
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
 
 
+def _message(exc: BaseException, name: str) -> str:
+    """str(exc), cut and made valid UTF-8; `<unprintable NAME>` when its __str__ raises."""
+    try:
+        text = str(exc)
+    except Exception:
+        return f"<unprintable {name}>"
+    return text[:MAX_MESSAGE].encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def traced(handle: Any, is_async: bool, trace: str) -> Any:
     """`handle` run in a span `queasy.job <queue>`, child of the traceparent `trace`; `handle`
     itself when opentelemetry is not installed."""
@@ -69,9 +80,20 @@ def traced(handle: Any, is_async: bool, trace: str) -> Any:
         )
 
     def failed(current: Any, exc: BaseException) -> None:
-        current.set_attribute("queasy.outcome", "failed")
-        current.record_exception(exc)
-        current.set_status(api.Status(api.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        """Never raises: the handler's own exception is what the worker reports."""
+        name = type(exc).__name__
+        message = _message(exc, name)
+        try:
+            current.set_attribute("queasy.outcome", "failed")
+            try:  # the SDK calls str(exc) first, which may raise; the message given is kept
+                current.record_exception(exc, attributes={"exception.message": message})
+            except Exception:
+                current.add_event(
+                    "exception", {"exception.type": name, "exception.message": message}
+                )
+            current.set_status(api.Status(api.StatusCode.ERROR, f"{name}: {message}"))
+        except Exception:  # a span that fails to record is not the job's failure
+            pass
 
     if is_async:
 

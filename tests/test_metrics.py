@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 from runtime_helpers import ACT, ROOT, Runtime, queue_spec, wait_for
+from test_loop_faults import Own
 
 from queasy_py import Client
 from queasy_py.cli import config as config_file
@@ -194,3 +196,51 @@ def test_metrics_settings_are_checked() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_frozen_server_does_not_hold_a_scrape_past_prometheus_timeout(
+    prefix: str, r: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    """With the queues' server SIGSTOPped, a scrape of a supervisor with three queues (one
+    with a fail handler has two) still answers within Prometheus' default scrape_timeout
+    (10 s, scrape()'s): each counts read waits out its timeout, so the reads stop once the
+    scrape has spent its budget on them; the workers and the errors are what an operator
+    needs then."""
+    own = Own()
+    own_r = redis.Redis.from_url(own.url, decode_responses=True)
+    try:
+        with Runtime(own.url, prefix, own_r, tmp_path, records=(redis_url, r)) as rt:
+            sup = rt.start({f"q{i}": queue_spec(ACT) for i in range(3)}, metrics_port=0)
+            port = metrics_port(sup.log)
+            assert value(scrape(port), "queasy_queue_jobs", queue="q2", state="waiting") == 0
+            own.freeze()
+            try:
+                start = time.monotonic()
+                samples = scrape(port)
+                took = time.monotonic() - start
+            finally:
+                own.thaw()
+            assert took < 9.0
+            assert value(samples, "queasy_workers") == 1
+            assert value(samples, "queasy_redis_errors_total", source="scrape") >= 1
+            after = wait_for(lambda: (s := scrape(port)) and ("queasy_queue_jobs", frozenset(
+                {("queue", "q2"), ("state", "waiting")})) in s and s)  # all read again
+            assert value(after, "queasy_queue_jobs", queue="q0", state="waiting") == 0
+    finally:
+        own_r.close()
+        own.close()
+
+
+def test_every_counter_series_is_there_from_the_start(rt: Runtime) -> None:
+    """A counter series that first appears at 1 loses that first increase to rate() and
+    increase(): each reason of queasy_workers_replaced_total is served at 0 from the start,
+    as the outcomes of queasy_jobs_total are."""
+    sup = rt.start({"q": queue_spec(ACT)}, workers=1, metrics_port=0)
+    samples = scrape(metrics_port(sup.log))
+    for reason in ("timeout", "crash", "memory", "max_jobs", "start", "swept"):
+        key = ("queasy_workers_replaced_total", frozenset({("reason", reason)}))
+        assert samples.get(key) == 0, reason
+    for outcome in ("finished", "failed", "retried", "timed_out", "stalled", "released"):
+        assert value(samples, "queasy_jobs_total", queue="q", outcome=outcome) == 0
+        assert ("queasy_jobs_total", frozenset({("queue", "q"), ("outcome", outcome)})) in samples
+    assert sup.stop() == 0

@@ -120,3 +120,31 @@ def test_the_library_refuses_a_trace_that_is_not_a_traceparent(lua: Lua) -> None
             lua.add("x", trace=bad)
         assert lua.record("x") is None
     assert lua.add("x", trace="0" * 256) == 1
+
+
+def test_a_traced_jobs_hard_to_print_error_keeps_its_outcome_and_a_bounded_status(
+    rt: Runtime, tracer: tuple
+) -> None:
+    """The span of a job whose handler raises an exception whose __str__ raises (a
+    PermanentError) or one of a 10 MB message: the job fails as it would untraced (at once,
+    named as raised, not as the span's own error) and the span's status is readable and cut."""
+    otel, _ = tracer
+    rt.start({"q": queue_spec(TRACED, max_retries=3, min_backoff=0.05)}, workers=1)
+    q = rt.queue("q")
+    with otel.start_as_current_span("request"):
+        q.dispatch({"unprintable": True}, id="unprintable")
+        q.dispatch({"huge": True}, id="huge")
+    events = rt.wait_events("q", 3)
+    outcomes = {(e["id"], e["outcome"]): e for e in events}
+    assert set(outcomes) == {("unprintable", "failed"), ("huge", "retried"), ("huge", "finished")}
+    failed = outcomes[("unprintable", "failed")]
+    assert (failed["error_name"], failed["error_kind"]) == ("Unprintable", "permanent")
+    assert outcomes[("huge", "retried")]["error_name"] == "ValueError"
+    got = {(s["attributes"]["queasy.job_id"], s["attributes"]["queasy.outcome"]): s
+           for s in wait_for(lambda: len(spans(rt)) == 3 and spans(rt))}
+    assert set(got) == {("unprintable", "failed"), ("huge", "failed"), ("huge", "finished")}
+    for span in (got[("unprintable", "failed")], got[("huge", "failed")]):
+        assert (span["status"], span["events"]) == ("ERROR", ["exception"])
+    assert got[("unprintable", "failed")]["description"] == "Unprintable: <unprintable Unprintable>"
+    assert got[("huge", "failed")]["description"].startswith("ValueError: mmm")
+    assert len(got[("huge", "failed")]["description"]) <= 4100

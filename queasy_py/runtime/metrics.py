@@ -30,6 +30,9 @@ RETRY_OUTCOME = {
     "return": "released",  # a pushed job with no room for it: back to waiting
 }
 OP_OUTCOME = {"finish": "finished", "fail": "failed"}
+#: the `reason` label of queasy_workers_replaced_total (runtime/workers.py `replaced`), each
+#: served from 0: a series that first appears at 1 loses that increase to rate()
+REPLACED_REASONS = ("timeout", "crash", "memory", "max_jobs", "start", "swept")
 
 
 BUCKETS = defaults.METRICS_BUCKETS

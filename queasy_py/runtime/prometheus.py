@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,7 @@ from prometheus_client.utils import floatToGoString
 
 from .. import defaults
 from ..errors import ConfigError
-from .metrics import Histogram, Tally
+from .metrics import REPLACED_REASONS, Histogram, Tally
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -108,18 +109,23 @@ class QueasyCollector(Collector):
             "Workers replaced, by reason (timeout, crash, memory, max_jobs, start, swept)",
             labels=["reason"],
         )
-        for reason, n in list(self.workers.replaced.items()):
-            replaced.add_metric([reason], n)
+        counted = dict(self.workers.replaced)  # a copy: the loop adds to it
+        for reason in dict.fromkeys([*REPLACED_REASONS, *counted]):
+            replaced.add_metric([reason], counted.get(reason, 0))
         yield replaced
 
     def _states(self) -> Iterator[Metric]:
         gauge = GaugeMetricFamily(
             "queasy_queue_jobs",
             "Jobs of a queue per state (waiting, delayed, blocked, active), read from Redis "
-            "at scrape time",
+            "at scrape time (absent for queues not read within METRICS_COUNTS_BUDGET)",
             labels=["queue", "state"],
         )
+        deadline = time.monotonic() + defaults.METRICS_COUNTS_BUDGET
         for queue, counts in self.counts.items():
+            if time.monotonic() > deadline:  # a slow or frozen server: the rest next time
+                log.debug("metrics: counts of %s not read: the scrape's budget is spent", queue)
+                continue
             try:
                 now = counts()
             except (redis.RedisError, OSError) as exc:
