@@ -449,6 +449,27 @@ def test_a_data_dir_that_cannot_be_made_is_a_config_error(project: Project) -> N
     assert "--data-dir" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_deep_project_with_a_missing_xdg_runtime_dir_puts_its_socket_in_tmp(
+    project: Project,
+) -> None:
+    """A data dir too long for a unix socket, with $XDG_RUNTIME_DIR naming a directory that
+    does not exist (a `su` or container session inherits one): a FileNotFoundError traceback
+    from socket_path used to end the command; the socket goes to /tmp/queasy-UID instead."""
+    import tempfile
+
+    deep = project.dir / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    (deep / "pyproject.toml").write_text(PYPROJECT)
+    gone = Path(tempfile.mkdtemp())  # short: used if it existed
+    gone.rmdir()
+    project.env["XDG_RUNTIME_DIR"] = str(gone)
+    done = project.queasy("dispatch", "q", '"deep"', cwd=deep)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"unix://:***@{tempfile.gettempdir()}/queasy-{os.getuid()}/" in done.stderr
+    assert not gone.exists()
+
+
 def test_the_async_client_uses_the_project_server_and_keeps_its_job(
     project: Project, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

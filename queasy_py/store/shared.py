@@ -89,10 +89,14 @@ def socket_path(data_dir: pathlib.Path) -> pathlib.Path:
     if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
         return path
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = pathlib.Path(runtime) / "queasy" if runtime else None
+    # one that is not a directory (a `su` or container session inherits a missing one): unused
+    base = pathlib.Path(runtime) / "queasy" if runtime and os.path.isdir(runtime) else None
     if base is None or len(os.fsencode(base)) > _MAX_SOCKET_PATH - 25:
         base = pathlib.Path(tempfile.gettempdir()) / f"queasy-{os.getuid()}"
-    base.mkdir(mode=0o700, exist_ok=True)
+    try:
+        base.mkdir(mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise QueasyError(f"cannot make {base} for the socket of {data_dir}: {exc}") from None
     info = os.lstat(base)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
         raise QueasyError(f"{base} is not a directory of this user: cannot put a socket there")
