@@ -449,6 +449,17 @@ def test_a_data_dir_that_cannot_be_made_is_a_config_error(project: Project) -> N
     assert "--data-dir" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_gitignore_a_full_disk_left_empty_is_written_again(project: Project) -> None:
+    """A full disk made `.queasy/.gitignore` and left it empty (ENOSPC on its write); it was
+    never written again (only its absence was checked), so `git add -A` took the password
+    file and server.json into the project's repository."""
+    project.data_dir.mkdir(mode=0o700)
+    (project.data_dir / ".gitignore").write_text("")
+    done = project.queasy("dispatch", "q", '"again"')
+    assert done.returncode == 0, done.stderr
+    assert "*" in (project.data_dir / ".gitignore").read_text().splitlines()
+
+
 def test_a_deep_project_with_a_missing_xdg_runtime_dir_puts_its_socket_in_tmp(
     project: Project,
 ) -> None:

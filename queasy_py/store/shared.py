@@ -115,10 +115,22 @@ def read_info(data_dir: pathlib.Path) -> dict[str, Any] | None:
 
 
 def _ignore_file(data_dir: pathlib.Path) -> None:
-    """A `.gitignore` of `*`, so the state directory is never committed."""
+    """A `.gitignore` of `*`, so the state directory is never committed: written whole (a
+    temporary file renamed) when missing or empty (a full disk left it so), else kept."""
     ignore = data_dir / ".gitignore"
-    if not ignore.exists():
-        ignore.write_text("# made by queasy_py: the embedded server's data and password\n*\n")
+    try:
+        if ignore.stat().st_size > 0:
+            return
+    except FileNotFoundError:
+        pass
+    fd, temp = tempfile.mkstemp(prefix=".gitignore.", dir=data_dir)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write("# made by queasy_py: the embedded server's data and password\n*\n")
+        os.replace(temp, ignore)
+    except BaseException:
+        os.unlink(temp)
+        raise
 
 
 class SharedServer:
