@@ -33,7 +33,8 @@ from collections.abc import Sequence
 from types import TracebackType
 from urllib.parse import quote
 
-from ..errors import QueasyError
+from ..defaults import DATA_DIR_ENV
+from ..errors import ConfigError, QueasyError
 from .resp import command as _command
 from .resp import info_server as _info_server
 from .resp import ping as _ping
@@ -72,10 +73,18 @@ def find_server_binary() -> str:
 
 
 def state_dir() -> pathlib.Path:
-    """`$XDG_STATE_HOME/queasy` (default `~/.local/state/queasy`), created if missing."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "state"
-    )
+    """`$XDG_STATE_HOME/queasy` (default `~/.local/state/queasy`), created if missing. A
+    relative $XDG_STATE_HOME is ignored (the XDG spec); with no home directory either (no
+    $HOME, no passwd entry) it is a ConfigError, never a directory made in the working one."""
+    base = os.environ.get("XDG_STATE_HOME") or ""
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".local", "state")
+    if not os.path.isabs(base):
+        raise ConfigError(
+            "no home directory ($HOME unset and no passwd entry for this user) for the state "
+            "directory: set $HOME or $XDG_STATE_HOME, give a data directory (--data-dir, "
+            f"${DATA_DIR_ENV}), or give a Redis URL"
+        )
     path = pathlib.Path(base) / "queasy"
     _private_dir(path)
     return path
