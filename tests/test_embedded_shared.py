@@ -449,6 +449,37 @@ def test_a_data_dir_that_cannot_be_made_is_a_config_error(project: Project) -> N
     assert "--data-dir" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_keeper_that_cannot_write_server_json_says_why_and_stops_its_server(
+    project: Project,
+) -> None:
+    """The keeper started its server, then could not write server.json (a full disk: ENOSPC;
+    here a directory in its way). It died with a traceback, so join() said only "the
+    embedded server's keeper failed: see server.log", a log the full disk had cut short; it
+    now says `error` naming the file and the reason, and stops its server."""
+    from queasy_py.store.embedded import find_server_binary
+    from queasy_py.store.shared import lock_file, socket_path
+
+    project.data_dir.mkdir(mode=0o700)
+    (project.data_dir / "server.json" / "in-the-way").mkdir(parents=True)
+    lock = lock_file(project.data_dir / "keeper.lock")
+    sock = socket_path(project.data_dir)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "queasy_py.store.keeper", str(project.data_dir),
+             find_server_binary(), str(sock), str(lock)],
+            env=project.env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=60, pass_fds=(lock,),
+        )  # fmt: skip
+    finally:
+        os.close(lock)
+    assert done.returncode == 1, done.stderr
+    word, _, why = done.stdout.partition(" ")
+    assert word == "error", done.stdout
+    assert str(project.data_dir / "server.json") in json.loads(why)
+    assert "Traceback" not in done.stderr
+    assert not sock.exists()  # its server stopped (SHUTDOWN removes the socket)
+
+
 def test_a_gitignore_a_full_disk_left_empty_is_written_again(project: Project) -> None:
     """A full disk made `.queasy/.gitignore` and left it empty (ENOSPC on its write); it was
     never written again (only its absence was checked), so `git add -A` took the password
