@@ -510,6 +510,15 @@ def test_a_deep_project_with_a_missing_xdg_runtime_dir_puts_its_socket_in_tmp(
     assert "Traceback" not in done.stderr
     assert f"unix://:***@{tempfile.gettempdir()}/queasy-{os.getuid()}/" in done.stderr
     assert not gone.exists()
+    if os.geteuid() == 0:  # one of another user (`su` keeps it): not used either
+        theirs = Path(tempfile.mkdtemp())
+        os.chown(theirs, 65534, 65534)
+        project.env["XDG_RUNTIME_DIR"] = str(theirs)
+        done = project.queasy("dispatch", "q", '"theirs"', cwd=deep)
+        assert done.returncode == 0, done.stderr
+        assert f"unix://:***@{tempfile.gettempdir()}/queasy-{os.getuid()}/" in done.stderr
+        assert list(theirs.iterdir()) == []
+        theirs.rmdir()
 
 
 def test_the_async_client_uses_the_project_server_and_keeps_its_job(

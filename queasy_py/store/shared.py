@@ -89,8 +89,9 @@ def socket_path(data_dir: pathlib.Path) -> pathlib.Path:
     if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
         return path
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    # one that is not a directory (a `su` or container session inherits a missing one): unused
-    base = pathlib.Path(runtime) / "queasy" if runtime and os.path.isdir(runtime) else None
+    # one that is not a directory of this user (a `su` or container session inherits a missing
+    # one, or another user's) is not used
+    base = pathlib.Path(runtime) / "queasy" if runtime and _own_dir(runtime) else None
     if base is None or len(os.fsencode(base)) > _MAX_SOCKET_PATH - 25:
         base = pathlib.Path(tempfile.gettempdir()) / f"queasy-{os.getuid()}"
     try:
@@ -103,6 +104,15 @@ def socket_path(data_dir: pathlib.Path) -> pathlib.Path:
     if info.st_mode & 0o077:
         os.chmod(base, 0o700)
     return base / f"{hashlib.sha256(os.fsencode(data_dir)).hexdigest()[:16]}.sock"
+
+
+def _own_dir(path: str) -> bool:
+    """True if `path` is a directory (not a link) of this user."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
 
 
 def read_info(data_dir: pathlib.Path) -> dict[str, Any] | None:
