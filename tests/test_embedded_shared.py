@@ -14,6 +14,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -321,6 +322,35 @@ def test_a_killed_keeper_takes_its_server_along_and_the_next_start_replaces_its_
     finally:
         assert again.close()
     project.assert_gone({"pid": again.pid, "keeper_pid": again.keeper_pid})
+
+
+def test_a_start_right_after_the_server_died_gets_a_live_server(project: Project) -> None:
+    """valkey-server died (SIGKILL, the OOM killer) under a running process; a start within
+    the keeper's poll interval found its keeper still alive and was handed the dead server's
+    server.json: `queasy run` then retried a socket no one would serve again, as no other
+    process came to start one. It now waits for the keeper to go and starts a new server."""
+    first = join(project.data_dir)
+    project.pids.update((first.pid, first.keeper_pid))  # type: ignore[arg-type]
+    with redis.Redis.from_url(first.url) as conn:
+        conn.set("kept", "1")
+    # the keeper frozen for 1 s: the start below comes before it notices, every time
+    os.kill(first.keeper_pid, signal.SIGSTOP)  # type: ignore[arg-type]
+    thaw = threading.Timer(1.0, os.kill, (first.keeper_pid, signal.SIGCONT))
+    thaw.start()
+    try:
+        os.kill(first.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        wait_for(lambda: pid_gone(first.pid), 10, "the server to die")  # type: ignore[arg-type]
+        again = join(project.data_dir)
+    finally:
+        thaw.join()
+    try:
+        project.pids.update((again.pid, again.keeper_pid))  # type: ignore[arg-type]
+        assert again.pid != first.pid
+        with redis.Redis.from_url(again.url, socket_timeout=5) as conn:
+            assert conn.get("kept") == b"1"
+    finally:
+        first.close()
+        assert again.close()
 
 
 def test_queasy_server_serves_the_project_in_the_foreground(project: Project) -> None:

@@ -21,7 +21,9 @@ terminal's Ctrl-C does not reach it), its parent, which it dies with (PR_SET_PDE
 SIGKILL. The keeper tries to take `users.lock` exclusively every `KEEPER_POLL_INTERVAL`: once it
 can, no process uses the server (the kernel releases the lock of a process that exits, even by
 SIGKILL), and it shuts the server down (the append-only file flushed and fsynced) and exits.
-A start after a SIGKILL of the keeper finds `keeper.lock` free and replaces the stale files.
+A start after a SIGKILL of the keeper finds `keeper.lock` free and replaces the stale files; one
+that finds a keeper whose server no longer listens (it died; the keeper notices within
+KEEPER_POLL_INTERVAL) waits for that keeper to exit, then starts a new one.
 Locks are taken in one order: `start.lock` first.
 """
 
@@ -36,6 +38,7 @@ import os
 import pathlib
 import select
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -240,33 +243,70 @@ def join(
         ) from None
     deadline = time.monotonic() + timeout
     try:
-        wait_lock(start, fcntl.LOCK_EX, deadline, f"the embedded server of {path} to start")
-        keeper_lock = lock_file(path / "keeper.lock")
-        users = lock_file(path / "users.lock")
-        try:
-            started = False
-            if try_lock(keeper_lock, fcntl.LOCK_EX):  # no keeper alive: start one
-                for stale in (path / _INFO, socket_path(path)):
-                    stale.unlink(missing_ok=True)
-                wait_lock(users, fcntl.LOCK_SH, deadline, f"{path / 'users.lock'}")
-                _start_keeper(path, keeper_lock, deadline)
-                started = True
-            else:
-                wait_lock(users, fcntl.LOCK_SH, deadline, f"{path / 'users.lock'}")
-            info = read_info(path)
-            if info is None:
+        while True:
+            wait_lock(start, fcntl.LOCK_EX, deadline, f"the embedded server of {path} to start")
+            joined = _join_locked(path, deadline)
+            if joined is not None:
+                break
+            # its server died, its keeper has not noticed yet: it stops under start.lock
+            fcntl.flock(start, fcntl.LOCK_UN)
+            if time.monotonic() > deadline:
                 raise QueasyError(
-                    f"the embedded server of {path} has a keeper (see {path / 'server.log'}) "
-                    f"but no readable {_INFO}"
+                    f"the embedded server of {path} died and its keeper has not exited "
+                    f"(see {path / 'server.log'})"
                 )
-        except BaseException:
-            os.close(users)
-            raise
-        finally:
-            os.close(keeper_lock)  # a started keeper holds the lock through its own copy
+            time.sleep(defaults.KEEPER_POLL_INTERVAL / 2)
     finally:
         os.close(start)
+    info, users, started = joined
     return SharedServer(path, info, users, started)
+
+
+def _join_locked(path: pathlib.Path, deadline: float) -> tuple[dict[str, Any], int, bool] | None:
+    """join() under start.lock: server.json, the fd of users.lock (held shared) and whether
+    this process started the server; None when a keeper lives but nothing listens on its
+    socket any more (its server died; the keeper notices within KEEPER_POLL_INTERVAL)."""
+    keeper_lock = lock_file(path / "keeper.lock")
+    users = lock_file(path / "users.lock")
+    try:
+        started = False
+        if try_lock(keeper_lock, fcntl.LOCK_EX):  # no keeper alive: start one
+            for stale in (path / _INFO, socket_path(path)):
+                stale.unlink(missing_ok=True)
+            wait_lock(users, fcntl.LOCK_SH, deadline, f"{path / 'users.lock'}")
+            _start_keeper(path, keeper_lock, deadline)
+            started = True
+        else:
+            wait_lock(users, fcntl.LOCK_SH, deadline, f"{path / 'users.lock'}")
+        info = read_info(path)
+        if info is None:
+            raise QueasyError(
+                f"the embedded server of {path} has a keeper (see {path / 'server.log'}) "
+                f"but no readable {_INFO}"
+            )
+        if not started and not _listening(str(info.get("socket", ""))):
+            os.close(users)
+            return None
+    except BaseException:
+        os.close(users)
+        raise
+    finally:
+        os.close(keeper_lock)  # a started keeper holds the lock through its own copy
+    return info, users, started
+
+
+def _listening(path: str) -> bool:
+    """False when nothing listens on the unix socket `path` (refused, or no such file); a
+    frozen server, whose backlog still takes the connection, is listening."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:
+            return True
+    return True
 
 
 def _start_keeper(data_dir: pathlib.Path, keeper_lock: int, deadline: float) -> None:
