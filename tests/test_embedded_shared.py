@@ -369,6 +369,29 @@ def test_queasy_server_serves_the_project_in_the_foreground(project: Project) ->
     project.assert_gone(info)  # no other process used it: it stopped
 
 
+def test_queasy_server_with_a_config_that_cannot_be_read_exits_2_and_makes_nothing(
+    project: Project,
+) -> None:
+    """`queasy server --config TYPO` made TYPO's directories, a .queasy/ there and served a
+    server no other command would find, where every other command exits 2 on that file."""
+    missing = project.dir / "typo" / "sub" / "pyproject.toml"
+    try:
+        done = subprocess.run(
+            [QUEASY, "server", "--config", str(missing)], cwd=project.dir, env=project.env,
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise AssertionError("queasy server ran on a config file that does not exist") from None
+    assert done.returncode == 2, done.stderr
+    assert f"cannot read config {missing}" in done.stderr and "Traceback" not in done.stderr
+    assert not (project.dir / "typo").exists()
+    bad = project.dir / "bad.toml"
+    bad.write_text("redis = \n")
+    done = project.queasy("server", "--config", str(bad))
+    assert done.returncode == 2 and f"malformed TOML in {bad}" in done.stderr, done.stderr
+    assert not (project.dir / defaults.STATE_DIR_NAME).exists()
+
+
 # ---------------------------------------------------------------- locked (issue #18)
 
 
