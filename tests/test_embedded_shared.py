@@ -369,6 +369,31 @@ def test_queasy_server_serves_the_project_in_the_foreground(project: Project) ->
     project.assert_gone(info)  # no other process used it: it stopped
 
 
+def test_queasy_server_outlives_a_server_paused_for_a_second_and_exits_1_on_its_death(
+    project: Project,
+) -> None:
+    """`queasy server` took one PING without a reply within 0.5 s (a server busy or paused
+    for a second: a slow disk, swap, a stalled VM) for its death: it exited 1 and, the only
+    user, had the keeper stop the live server. It leaves only once the keeper has gone."""
+    served = project.start("server")
+    info = wait_for(project.info, 30, "`queasy server` to start the server")
+    wait_for(lambda: "serving" in project.output(served), 10, "the serving line")
+    os.kill(info["pid"], signal.SIGSTOP)
+    try:
+        time.sleep(1.5)
+    finally:
+        os.kill(info["pid"], signal.SIGCONT)
+    time.sleep(1.0)
+    assert served.poll() is None, project.output(served)
+    assert project.info() == info  # the same server, still running
+    with redis.Redis.from_url(info["url"], socket_timeout=5) as conn:
+        assert conn.ping()
+    os.kill(info["pid"], signal.SIGKILL)  # a real death: said, exit 1
+    assert served.wait(timeout=30) == 1, project.output(served)
+    assert "the embedded server stopped answering" in project.output(served)
+    project.assert_gone(info)
+
+
 def test_queasy_server_with_a_config_that_cannot_be_read_exits_2_and_makes_nothing(
     project: Project,
 ) -> None:

@@ -359,6 +359,26 @@ def _start_keeper(data_dir: pathlib.Path, keeper_lock: int, deadline: float) -> 
     raise QueasyError(why or f"the embedded server's keeper failed: see {data_dir / 'server.log'}")
 
 
+def _keeper_alive(data_dir: pathlib.Path) -> bool:
+    """False once no keeper of `data_dir` lives (it exits when its server dies); True while
+    one does, or while start.lock is held (a start or a stop under way: asked again later).
+    `keeper.lock` is tried under start.lock, as join() does."""
+    start, keeper = (lock_file(data_dir / name) for name in ("start.lock", "keeper.lock"))
+    try:
+        if not try_lock(start, fcntl.LOCK_EX):
+            return True
+        try:
+            if try_lock(keeper, fcntl.LOCK_EX):  # let go before start.lock: a join() next
+                fcntl.flock(keeper, fcntl.LOCK_UN)  # must find it free
+                return False
+            return True
+        finally:
+            fcntl.flock(start, fcntl.LOCK_UN)
+    finally:
+        os.close(keeper)
+        os.close(start)
+
+
 def serve_foreground(data_dir: str | os.PathLike[str]) -> int:
     """`queasy server`: use (starting it if needed) the server of `data_dir` until SIGTERM or
     SIGINT, logging where it listens; then leave it, which stops it unless other processes
@@ -382,8 +402,15 @@ def serve_foreground(data_dir: str | os.PathLike[str]) -> int:
                 server.data_dir, server.socket, server.version, server.pid,
                 server.data_dir / _INFO,
             )  # fmt: skip
+            silent = False
             while not stopping.wait(0.5):
-                if not ping(server.socket, server.password):
+                if ping(server.socket, server.password):
+                    silent = False
+                elif _keeper_alive(server.data_dir):  # busy or paused, not dead: its keeper
+                    if not silent:  # watches it (and exits when it dies)
+                        log.warning("the embedded server does not answer PING (busy or paused?)")
+                    silent = True
+                else:
                     log.error("the embedded server stopped answering; see %s",
                               server.data_dir / "server.log")  # fmt: skip
                     return 1
