@@ -211,8 +211,9 @@ def _wait_stopped(data_dir: pathlib.Path, deadline: float) -> bool:
         while True:
             if try_lock(start, fcntl.LOCK_EX):
                 try:
-                    if try_lock(keeper, fcntl.LOCK_EX):
-                        return True  # no keeper: stopped
+                    if try_lock(keeper, fcntl.LOCK_EX):  # no keeper: stopped; let go of it
+                        fcntl.flock(keeper, fcntl.LOCK_UN)  # before start.lock (join() next)
+                        return True
                     if not try_lock(users, fcntl.LOCK_EX):
                         return False  # another process uses it
                     fcntl.flock(users, fcntl.LOCK_UN)
