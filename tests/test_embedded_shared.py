@@ -78,6 +78,16 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
         time.sleep(0.05)
 
 
+def refused(path: str) -> bool:
+    """True once nothing listens on the unix socket `path`."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        try:
+            sock.connect(path)
+            return False
+        except OSError:
+            return True
+
+
 def pid_gone(pid: int) -> bool:
     try:  # a dead process not reaped yet (a zombie) is gone too
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -339,7 +349,7 @@ def test_a_start_right_after_the_server_died_gets_a_live_server(project: Project
     thaw.start()
     try:
         os.kill(first.pid, signal.SIGKILL)  # type: ignore[arg-type]
-        wait_for(lambda: pid_gone(first.pid), 10, "the server to die")  # type: ignore[arg-type]
+        wait_for(lambda: refused(first.socket), 10, "the server to die")  # all its threads
         again = join(project.data_dir)
     finally:
         thaw.join()
