@@ -450,6 +450,22 @@ def test_the_server_files_are_private_and_it_listens_on_no_tcp_port(project: Pro
         server.close()
 
 
+def test_the_server_log_is_private_under_an_umask_of_000(project: Project) -> None:
+    """server.log was opened by the process that started the keeper, with that process's
+    umask: 0666 under `umask 000` (the README: the server's files are made with umask 077)."""
+    old = os.umask(0)
+    try:
+        server = join(project.data_dir)
+    finally:
+        os.umask(old)
+    try:
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in project.data_dir.iterdir()}
+        assert modes["server.log"] == 0o600
+        assert {name for name, mode in modes.items() if mode & 0o077} == set(), modes
+    finally:
+        server.close()
+
+
 def test_another_local_user_cannot_reach_the_server(project: Project) -> None:
     if os.geteuid() != 0:
         pytest.skip("acting as another user (nobody) needs root")

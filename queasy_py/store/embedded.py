@@ -123,6 +123,14 @@ def _write_private(file: pathlib.Path, text: str) -> pathlib.Path:
     return file
 
 
+def open_log(file: pathlib.Path) -> int:
+    """An fd appending to the log `file`, made 0600 whatever the umask (it names paths and
+    pids; never a password)."""
+    fd = os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
 def _config_text(password: str, admin_commands: bool = False) -> str:
     """The server config sent on its stdin: the password and the disabled commands (kept
     with `admin_commands`, for the fault-injection tests: CONFIG SET maxmemory)."""
@@ -293,7 +301,7 @@ class EmbeddedServer:
             "--daemonize", "no",
             *self._extra_args,
         ]  # fmt: skip
-        with open(self.log_file, "ab") as out:
+        with os.fdopen(open_log(self.log_file), "ab") as out:
             offset = out.tell()
             try:
                 proc = subprocess.Popen(

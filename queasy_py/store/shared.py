@@ -51,7 +51,7 @@ from urllib.parse import unquote, urlsplit
 
 from .. import defaults
 from ..errors import ConfigError, QueasyError
-from .embedded import _private_dir, find_server_binary
+from .embedded import _private_dir, find_server_binary, open_log
 from .resp import ping
 
 __all__ = ["SharedServer", "join", "serve_foreground", "socket_path"]
@@ -324,7 +324,7 @@ def _start_keeper(data_dir: pathlib.Path, keeper_lock: int, deadline: float) -> 
         sys.executable, "-m", "queasy_py.store.keeper",
         str(data_dir), find_server_binary(), str(socket_path(data_dir)), str(keeper_lock),
     ]  # fmt: skip
-    with open(data_dir / "server.log", "ab") as log_file:
+    with os.fdopen(open_log(data_dir / "server.log"), "ab") as log_file:
         try:
             shell = subprocess.Popen(
                 args,
