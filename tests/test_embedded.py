@@ -261,6 +261,60 @@ def test_the_state_dir_is_private(private_state_dir: str) -> None:
     assert state_dir().stat().st_mode & 0o777 == 0o700
 
 
+def test_without_home_the_state_dir_is_a_clear_error_not_a_dir_made_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A uid with no passwd entry (a container's `--user 12345`) and no $HOME: expanduser("~")
+    stays "~", and the state dir was made relative to the working directory (`./~/.local/
+    state/queasy`), a different server per directory. A relative $XDG_STATE_HOME is ignored
+    (the XDG spec) for the same reason."""
+    import pwd
+
+    from queasy_py.errors import ConfigError
+    from queasy_py.store.embedded import state_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", "relative-state")
+    assert state_dir().is_absolute()  # HOME (or root's passwd entry) holds it
+    assert not (tmp_path / "relative-state").exists()
+    if os.geteuid() != 0:
+        pytest.skip("a uid with no passwd entry needs root")
+    uid = next(u for u in range(54321, 60000) if not _has_passwd(pwd, u))
+    tmp_path.chmod(0o777)
+    monkeypatch.delenv("HOME")
+    monkeypatch.delenv("XDG_STATE_HOME")
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # no exec: no interpreter to find as that uid
+        code = 1
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            try:
+                os.write(write, f"made {state_dir()}".encode())
+            except ConfigError as exc:
+                os.write(write, f"ConfigError {exc}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read().decode()
+    os.waitpid(child, 0)
+    assert not (tmp_path / "~").exists()
+    assert said.startswith("ConfigError") and "HOME" in said, said
+
+
+def _has_passwd(pwd: object, uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)  # type: ignore[attr-defined]
+        return True
+    except KeyError:
+        return False
+
+
 def test_a_client_on_the_embedded_server_logs_its_url_masked(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, private_state_dir: str
 ) -> None:

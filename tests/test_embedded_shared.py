@@ -14,6 +14,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -75,6 +76,16 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
+
+
+def refused(path: str) -> bool:
+    """True once nothing listens on the unix socket `path`."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        try:
+            sock.connect(path)
+            return False
+        except OSError:
+            return True
 
 
 def pid_gone(pid: int) -> bool:
@@ -323,6 +334,35 @@ def test_a_killed_keeper_takes_its_server_along_and_the_next_start_replaces_its_
     project.assert_gone({"pid": again.pid, "keeper_pid": again.keeper_pid})
 
 
+def test_a_start_right_after_the_server_died_gets_a_live_server(project: Project) -> None:
+    """valkey-server died (SIGKILL, the OOM killer) under a running process; a start within
+    the keeper's poll interval found its keeper still alive and was handed the dead server's
+    server.json: `queasy run` then retried a socket no one would serve again, as no other
+    process came to start one. It now waits for the keeper to go and starts a new server."""
+    first = join(project.data_dir)
+    project.pids.update((first.pid, first.keeper_pid))  # type: ignore[arg-type]
+    with redis.Redis.from_url(first.url) as conn:
+        conn.set("kept", "1")
+    # the keeper frozen for 1 s: the start below comes before it notices, every time
+    os.kill(first.keeper_pid, signal.SIGSTOP)  # type: ignore[arg-type]
+    thaw = threading.Timer(1.0, os.kill, (first.keeper_pid, signal.SIGCONT))
+    thaw.start()
+    try:
+        os.kill(first.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        wait_for(lambda: refused(first.socket), 10, "the server to die")  # all its threads
+        again = join(project.data_dir)
+    finally:
+        thaw.join()
+    try:
+        project.pids.update((again.pid, again.keeper_pid))  # type: ignore[arg-type]
+        assert again.pid != first.pid
+        with redis.Redis.from_url(again.url, socket_timeout=5) as conn:
+            assert conn.get("kept") == b"1"
+    finally:
+        first.close()
+        assert again.close()
+
+
 def test_queasy_server_serves_the_project_in_the_foreground(project: Project) -> None:
     served = project.start("server")
     info = wait_for(project.info, 30, "`queasy server` to start the server")
@@ -337,6 +377,54 @@ def test_queasy_server_serves_the_project_in_the_foreground(project: Project) ->
     served.send_signal(signal.SIGINT)  # Ctrl-C
     assert served.wait(timeout=30) == 0, project.output(served)
     project.assert_gone(info)  # no other process used it: it stopped
+
+
+def test_queasy_server_outlives_a_server_paused_for_a_second_and_exits_1_on_its_death(
+    project: Project,
+) -> None:
+    """`queasy server` took one PING without a reply within 0.5 s (a server busy or paused
+    for a second: a slow disk, swap, a stalled VM) for its death: it exited 1 and, the only
+    user, had the keeper stop the live server. It leaves only once the keeper has gone."""
+    served = project.start("server")
+    info = wait_for(project.info, 30, "`queasy server` to start the server")
+    wait_for(lambda: "serving" in project.output(served), 10, "the serving line")
+    os.kill(info["pid"], signal.SIGSTOP)
+    try:
+        time.sleep(1.5)
+    finally:
+        os.kill(info["pid"], signal.SIGCONT)
+    time.sleep(1.0)
+    assert served.poll() is None, project.output(served)
+    assert project.info() == info  # the same server, still running
+    with redis.Redis.from_url(info["url"], socket_timeout=5) as conn:
+        assert conn.ping()
+    os.kill(info["pid"], signal.SIGKILL)  # a real death: said, exit 1
+    assert served.wait(timeout=30) == 1, project.output(served)
+    assert "the embedded server stopped answering" in project.output(served)
+    project.assert_gone(info)
+
+
+def test_queasy_server_with_a_config_that_cannot_be_read_exits_2_and_makes_nothing(
+    project: Project,
+) -> None:
+    """`queasy server --config TYPO` made TYPO's directories, a .queasy/ there and served a
+    server no other command would find, where every other command exits 2 on that file."""
+    missing = project.dir / "typo" / "sub" / "pyproject.toml"
+    try:
+        done = subprocess.run(
+            [QUEASY, "server", "--config", str(missing)], cwd=project.dir, env=project.env,
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise AssertionError("queasy server ran on a config file that does not exist") from None
+    assert done.returncode == 2, done.stderr
+    assert f"cannot read config {missing}" in done.stderr and "Traceback" not in done.stderr
+    assert not (project.dir / "typo").exists()
+    bad = project.dir / "bad.toml"
+    bad.write_text("redis = \n")
+    done = project.queasy("server", "--config", str(bad))
+    assert done.returncode == 2 and f"malformed TOML in {bad}" in done.stderr, done.stderr
+    assert not (project.dir / defaults.STATE_DIR_NAME).exists()
 
 
 # ---------------------------------------------------------------- locked (issue #18)
@@ -358,6 +446,22 @@ def test_the_server_files_are_private_and_it_listens_on_no_tcp_port(project: Pro
         with redis.Redis(unix_socket_path=server.socket) as conn:  # no password: refused
             with pytest.raises(redis.AuthenticationError):
                 conn.ping()
+    finally:
+        server.close()
+
+
+def test_the_server_log_is_private_under_an_umask_of_000(project: Project) -> None:
+    """server.log was opened by the process that started the keeper, with that process's
+    umask: 0666 under `umask 000` (the README: the server's files are made with umask 077)."""
+    old = os.umask(0)
+    try:
+        server = join(project.data_dir)
+    finally:
+        os.umask(old)
+    try:
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in project.data_dir.iterdir()}
+        assert modes["server.log"] == 0o600
+        assert {name for name, mode in modes.items() if mode & 0o077} == set(), modes
     finally:
         server.close()
 
@@ -447,6 +551,78 @@ def test_a_data_dir_that_cannot_be_made_is_a_config_error(project: Project) -> N
     assert done.returncode == 2, done.stderr
     assert f"cannot use {blocker / 'state'} as the embedded server's data directory" in done.stderr
     assert "--data-dir" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_keeper_that_cannot_write_server_json_says_why_and_stops_its_server(
+    project: Project,
+) -> None:
+    """The keeper started its server, then could not write server.json (a full disk: ENOSPC;
+    here a directory in its way). It died with a traceback, so join() said only "the
+    embedded server's keeper failed: see server.log", a log the full disk had cut short; it
+    now says `error` naming the file and the reason, and stops its server."""
+    from queasy_py.store.embedded import find_server_binary
+    from queasy_py.store.shared import lock_file, socket_path
+
+    project.data_dir.mkdir(mode=0o700)
+    (project.data_dir / "server.json" / "in-the-way").mkdir(parents=True)
+    lock = lock_file(project.data_dir / "keeper.lock")
+    sock = socket_path(project.data_dir)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "queasy_py.store.keeper", str(project.data_dir),
+             find_server_binary(), str(sock), str(lock)],
+            env=project.env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=60, pass_fds=(lock,),
+        )  # fmt: skip
+    finally:
+        os.close(lock)
+    assert done.returncode == 1, done.stderr
+    word, _, why = done.stdout.partition(" ")
+    assert word == "error", done.stdout
+    assert str(project.data_dir / "server.json") in json.loads(why)
+    assert "Traceback" not in done.stderr
+    assert not sock.exists()  # its server stopped (SHUTDOWN removes the socket)
+
+
+def test_a_gitignore_a_full_disk_left_empty_is_written_again(project: Project) -> None:
+    """A full disk made `.queasy/.gitignore` and left it empty (ENOSPC on its write); it was
+    never written again (only its absence was checked), so `git add -A` took the password
+    file and server.json into the project's repository."""
+    project.data_dir.mkdir(mode=0o700)
+    (project.data_dir / ".gitignore").write_text("")
+    done = project.queasy("dispatch", "q", '"again"')
+    assert done.returncode == 0, done.stderr
+    assert "*" in (project.data_dir / ".gitignore").read_text().splitlines()
+
+
+def test_a_deep_project_with_a_missing_xdg_runtime_dir_puts_its_socket_in_tmp(
+    project: Project,
+) -> None:
+    """A data dir too long for a unix socket, with $XDG_RUNTIME_DIR naming a directory that
+    does not exist (a `su` or container session inherits one): a FileNotFoundError traceback
+    from socket_path used to end the command; the socket goes to /tmp/queasy-UID instead."""
+    import tempfile
+
+    deep = project.dir / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    (deep / "pyproject.toml").write_text(PYPROJECT)
+    gone = Path(tempfile.mkdtemp())  # short: used if it existed
+    gone.rmdir()
+    project.env["XDG_RUNTIME_DIR"] = str(gone)
+    done = project.queasy("dispatch", "q", '"deep"', cwd=deep)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"unix://:***@{tempfile.gettempdir()}/queasy-{os.getuid()}/" in done.stderr
+    assert not gone.exists()
+    if os.geteuid() == 0:  # one of another user (`su` keeps it): not used either
+        theirs = Path(tempfile.mkdtemp())
+        os.chown(theirs, 65534, 65534)
+        project.env["XDG_RUNTIME_DIR"] = str(theirs)
+        done = project.queasy("dispatch", "q", '"theirs"', cwd=deep)
+        assert done.returncode == 0, done.stderr
+        assert f"unix://:***@{tempfile.gettempdir()}/queasy-{os.getuid()}/" in done.stderr
+        assert list(theirs.iterdir()) == []
+        theirs.rmdir()
 
 
 def test_the_async_client_uses_the_project_server_and_keeps_its_job(

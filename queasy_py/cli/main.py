@@ -198,6 +198,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_server(args: argparse.Namespace) -> int:
     from ..store.shared import serve_foreground
 
+    if args.config:  # read as the other commands read it: a typo is ConfigError, not a new dir
+        config_table(args.config)
     return serve_foreground(data_dir_for(args.data_dir, args.config))
 
 

@@ -33,7 +33,8 @@ from collections.abc import Sequence
 from types import TracebackType
 from urllib.parse import quote
 
-from ..errors import QueasyError
+from ..defaults import DATA_DIR_ENV
+from ..errors import ConfigError, QueasyError
 from .resp import command as _command
 from .resp import info_server as _info_server
 from .resp import ping as _ping
@@ -72,10 +73,18 @@ def find_server_binary() -> str:
 
 
 def state_dir() -> pathlib.Path:
-    """`$XDG_STATE_HOME/queasy` (default `~/.local/state/queasy`), created if missing."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "state"
-    )
+    """`$XDG_STATE_HOME/queasy` (default `~/.local/state/queasy`), created if missing. A
+    relative $XDG_STATE_HOME is ignored (the XDG spec); with no home directory either (no
+    $HOME, no passwd entry) it is a ConfigError, never a directory made in the working one."""
+    base = os.environ.get("XDG_STATE_HOME") or ""
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".local", "state")
+    if not os.path.isabs(base):
+        raise ConfigError(
+            "no home directory ($HOME unset and no passwd entry for this user) for the state "
+            "directory: set $HOME or $XDG_STATE_HOME, give a data directory (--data-dir, "
+            f"${DATA_DIR_ENV}), or give a Redis URL"
+        )
     path = pathlib.Path(base) / "queasy"
     _private_dir(path)
     return path
@@ -112,6 +121,14 @@ def _write_private(file: pathlib.Path, text: str) -> pathlib.Path:
     with os.fdopen(fd, "w") as out:
         out.write(text)
     return file
+
+
+def open_log(file: pathlib.Path) -> int:
+    """An fd appending to the log `file`, made 0600 whatever the umask (it names paths and
+    pids; never a password)."""
+    fd = os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
 
 
 def _config_text(password: str, admin_commands: bool = False) -> str:
@@ -284,7 +301,7 @@ class EmbeddedServer:
             "--daemonize", "no",
             *self._extra_args,
         ]  # fmt: skip
-        with open(self.log_file, "ab") as out:
+        with os.fdopen(open_log(self.log_file), "ab") as out:
             offset = out.tell()
             try:
                 proc = subprocess.Popen(

@@ -13,6 +13,7 @@ stderr, the data dir's `server.log`. It imports no redis-py: it starts fast.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -71,7 +72,7 @@ def main(argv: list[str]) -> int:
     server = EmbeddedServer(data_dir=data_dir, binary=binary, unix_socket=socket, durable=True)
     try:
         server.start()
-    except QueasyError as exc:
+    except (QueasyError, OSError) as exc:  # OSError: the password file (a full disk)
         print("error", json.dumps(str(exc)), flush=True)
         return 1
     info = {
@@ -82,7 +83,15 @@ def main(argv: list[str]) -> int:
         "version": server.version,
         "data_dir": str(data_dir),
     }
-    info_file = _write_private(data_dir / "server.json", json.dumps(info, indent=1) + "\n")
+    info_file = data_dir / "server.json"
+    try:
+        _write_private(info_file, json.dumps(info, indent=1) + "\n")
+    except OSError as exc:  # a full disk, an unwritable data dir: said to join(), not just logged
+        server.stop(timeout=10.0)
+        with contextlib.suppress(OSError):
+            info_file.unlink(missing_ok=True)  # what was written of it
+        print("error", json.dumps(f"cannot write {info_file}: {exc}"), flush=True)
+        return 1
     start, users = lock_file(data_dir / "start.lock"), lock_file(data_dir / "users.lock")
     print("ready", flush=True)
     devnull = os.open(os.devnull, os.O_WRONLY)

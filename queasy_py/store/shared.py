@@ -21,7 +21,9 @@ terminal's Ctrl-C does not reach it), its parent, which it dies with (PR_SET_PDE
 SIGKILL. The keeper tries to take `users.lock` exclusively every `KEEPER_POLL_INTERVAL`: once it
 can, no process uses the server (the kernel releases the lock of a process that exits, even by
 SIGKILL), and it shuts the server down (the append-only file flushed and fsynced) and exits.
-A start after a SIGKILL of the keeper finds `keeper.lock` free and replaces the stale files.
+A start after a SIGKILL of the keeper finds `keeper.lock` free and replaces the stale files; one
+that finds a keeper whose server no longer listens (it died; the keeper notices within
+KEEPER_POLL_INTERVAL) waits for that keeper to exit, then starts a new one.
 Locks are taken in one order: `start.lock` first.
 """
 
@@ -36,6 +38,7 @@ import os
 import pathlib
 import select
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -48,7 +51,7 @@ from urllib.parse import unquote, urlsplit
 
 from .. import defaults
 from ..errors import ConfigError, QueasyError
-from .embedded import _private_dir, find_server_binary
+from .embedded import _private_dir, find_server_binary, open_log
 from .resp import ping
 
 __all__ = ["SharedServer", "join", "serve_foreground", "socket_path"]
@@ -89,16 +92,30 @@ def socket_path(data_dir: pathlib.Path) -> pathlib.Path:
     if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
         return path
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = pathlib.Path(runtime) / "queasy" if runtime else None
+    # one that is not a directory of this user (a `su` or container session inherits a missing
+    # one, or another user's) is not used
+    base = pathlib.Path(runtime) / "queasy" if runtime and _own_dir(runtime) else None
     if base is None or len(os.fsencode(base)) > _MAX_SOCKET_PATH - 25:
         base = pathlib.Path(tempfile.gettempdir()) / f"queasy-{os.getuid()}"
-    base.mkdir(mode=0o700, exist_ok=True)
+    try:
+        base.mkdir(mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise QueasyError(f"cannot make {base} for the socket of {data_dir}: {exc}") from None
     info = os.lstat(base)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
         raise QueasyError(f"{base} is not a directory of this user: cannot put a socket there")
     if info.st_mode & 0o077:
         os.chmod(base, 0o700)
     return base / f"{hashlib.sha256(os.fsencode(data_dir)).hexdigest()[:16]}.sock"
+
+
+def _own_dir(path: str) -> bool:
+    """True if `path` is a directory (not a link) of this user."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
 
 
 def read_info(data_dir: pathlib.Path) -> dict[str, Any] | None:
@@ -111,10 +128,22 @@ def read_info(data_dir: pathlib.Path) -> dict[str, Any] | None:
 
 
 def _ignore_file(data_dir: pathlib.Path) -> None:
-    """A `.gitignore` of `*`, so the state directory is never committed."""
+    """A `.gitignore` of `*`, so the state directory is never committed: written whole (a
+    temporary file renamed) when missing or empty (a full disk left it so), else kept."""
     ignore = data_dir / ".gitignore"
-    if not ignore.exists():
-        ignore.write_text("# made by queasy_py: the embedded server's data and password\n*\n")
+    try:
+        if ignore.stat().st_size > 0:
+            return
+    except FileNotFoundError:
+        pass
+    fd, temp = tempfile.mkstemp(prefix=".gitignore.", dir=data_dir)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write("# made by queasy_py: the embedded server's data and password\n*\n")
+        os.replace(temp, ignore)
+    except BaseException:
+        os.unlink(temp)
+        raise
 
 
 class SharedServer:
@@ -182,8 +211,9 @@ def _wait_stopped(data_dir: pathlib.Path, deadline: float) -> bool:
         while True:
             if try_lock(start, fcntl.LOCK_EX):
                 try:
-                    if try_lock(keeper, fcntl.LOCK_EX):
-                        return True  # no keeper: stopped
+                    if try_lock(keeper, fcntl.LOCK_EX):  # no keeper: stopped; let go of it
+                        fcntl.flock(keeper, fcntl.LOCK_UN)  # before start.lock (join() next)
+                        return True
                     if not try_lock(users, fcntl.LOCK_EX):
                         return False  # another process uses it
                     fcntl.flock(users, fcntl.LOCK_UN)
@@ -214,33 +244,70 @@ def join(
         ) from None
     deadline = time.monotonic() + timeout
     try:
-        wait_lock(start, fcntl.LOCK_EX, deadline, f"the embedded server of {path} to start")
-        keeper_lock = lock_file(path / "keeper.lock")
-        users = lock_file(path / "users.lock")
-        try:
-            started = False
-            if try_lock(keeper_lock, fcntl.LOCK_EX):  # no keeper alive: start one
-                for stale in (path / _INFO, socket_path(path)):
-                    stale.unlink(missing_ok=True)
-                wait_lock(users, fcntl.LOCK_SH, deadline, f"{path / 'users.lock'}")
-                _start_keeper(path, keeper_lock, deadline)
-                started = True
-            else:
-                wait_lock(users, fcntl.LOCK_SH, deadline, f"{path / 'users.lock'}")
-            info = read_info(path)
-            if info is None:
+        while True:
+            wait_lock(start, fcntl.LOCK_EX, deadline, f"the embedded server of {path} to start")
+            joined = _join_locked(path, deadline)
+            if joined is not None:
+                break
+            # its server died, its keeper has not noticed yet: it stops under start.lock
+            fcntl.flock(start, fcntl.LOCK_UN)
+            if time.monotonic() > deadline:
                 raise QueasyError(
-                    f"the embedded server of {path} has a keeper (see {path / 'server.log'}) "
-                    f"but no readable {_INFO}"
+                    f"the embedded server of {path} died and its keeper has not exited "
+                    f"(see {path / 'server.log'})"
                 )
-        except BaseException:
-            os.close(users)
-            raise
-        finally:
-            os.close(keeper_lock)  # a started keeper holds the lock through its own copy
+            time.sleep(defaults.KEEPER_POLL_INTERVAL / 2)
     finally:
         os.close(start)
+    info, users, started = joined
     return SharedServer(path, info, users, started)
+
+
+def _join_locked(path: pathlib.Path, deadline: float) -> tuple[dict[str, Any], int, bool] | None:
+    """join() under start.lock: server.json, the fd of users.lock (held shared) and whether
+    this process started the server; None when a keeper lives but nothing listens on its
+    socket any more (its server died; the keeper notices within KEEPER_POLL_INTERVAL)."""
+    keeper_lock = lock_file(path / "keeper.lock")
+    users = lock_file(path / "users.lock")
+    try:
+        started = False
+        if try_lock(keeper_lock, fcntl.LOCK_EX):  # no keeper alive: start one
+            for stale in (path / _INFO, socket_path(path)):
+                stale.unlink(missing_ok=True)
+            wait_lock(users, fcntl.LOCK_SH, deadline, f"{path / 'users.lock'}")
+            _start_keeper(path, keeper_lock, deadline)
+            started = True
+        else:
+            wait_lock(users, fcntl.LOCK_SH, deadline, f"{path / 'users.lock'}")
+        info = read_info(path)
+        if info is None:
+            raise QueasyError(
+                f"the embedded server of {path} has a keeper (see {path / 'server.log'}) "
+                f"but no readable {_INFO}"
+            )
+        if not started and not _listening(str(info.get("socket", ""))):
+            os.close(users)
+            return None
+    except BaseException:
+        os.close(users)
+        raise
+    finally:
+        os.close(keeper_lock)  # a started keeper holds the lock through its own copy
+    return info, users, started
+
+
+def _listening(path: str) -> bool:
+    """False when nothing listens on the unix socket `path` (refused, or no such file); a
+    frozen server, whose backlog still takes the connection, is listening."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:
+            return True
+    return True
 
 
 def _start_keeper(data_dir: pathlib.Path, keeper_lock: int, deadline: float) -> None:
@@ -257,7 +324,7 @@ def _start_keeper(data_dir: pathlib.Path, keeper_lock: int, deadline: float) -> 
         sys.executable, "-m", "queasy_py.store.keeper",
         str(data_dir), find_server_binary(), str(socket_path(data_dir)), str(keeper_lock),
     ]  # fmt: skip
-    with open(data_dir / "server.log", "ab") as log_file:
+    with os.fdopen(open_log(data_dir / "server.log"), "ab") as log_file:
         try:
             shell = subprocess.Popen(
                 args,
@@ -293,6 +360,26 @@ def _start_keeper(data_dir: pathlib.Path, keeper_lock: int, deadline: float) -> 
     raise QueasyError(why or f"the embedded server's keeper failed: see {data_dir / 'server.log'}")
 
 
+def _keeper_alive(data_dir: pathlib.Path) -> bool:
+    """False once no keeper of `data_dir` lives (it exits when its server dies); True while
+    one does, or while start.lock is held (a start or a stop under way: asked again later).
+    `keeper.lock` is tried under start.lock, as join() does."""
+    start, keeper = (lock_file(data_dir / name) for name in ("start.lock", "keeper.lock"))
+    try:
+        if not try_lock(start, fcntl.LOCK_EX):
+            return True
+        try:
+            if try_lock(keeper, fcntl.LOCK_EX):  # let go before start.lock: a join() next
+                fcntl.flock(keeper, fcntl.LOCK_UN)  # must find it free
+                return False
+            return True
+        finally:
+            fcntl.flock(start, fcntl.LOCK_UN)
+    finally:
+        os.close(keeper)
+        os.close(start)
+
+
 def serve_foreground(data_dir: str | os.PathLike[str]) -> int:
     """`queasy server`: use (starting it if needed) the server of `data_dir` until SIGTERM or
     SIGINT, logging where it listens; then leave it, which stops it unless other processes
@@ -316,8 +403,15 @@ def serve_foreground(data_dir: str | os.PathLike[str]) -> int:
                 server.data_dir, server.socket, server.version, server.pid,
                 server.data_dir / _INFO,
             )  # fmt: skip
+            silent = False
             while not stopping.wait(0.5):
-                if not ping(server.socket, server.password):
+                if ping(server.socket, server.password):
+                    silent = False
+                elif _keeper_alive(server.data_dir):  # busy or paused, not dead: its keeper
+                    if not silent:  # watches it (and exits when it dies)
+                        log.warning("the embedded server does not answer PING (busy or paused?)")
+                    silent = True
+                else:
                     log.error("the embedded server stopped answering; see %s",
                               server.data_dir / "server.log")  # fmt: skip
                     return 1
