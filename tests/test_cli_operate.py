@@ -519,3 +519,33 @@ def test_async_result_on_a_queue_without_results_wakes_on_the_end_event(
     value, at = asyncio.run(main())
     assert value is None
     assert at - client.queue("plain").get_job(job_id).ended_at < 2.0
+
+
+# ---------------------------------------------------------------- a server that refuses writes
+
+
+def test_a_server_refusing_writes_is_one_error_line_not_a_traceback(
+    prefix: str, tmp_path: Path
+) -> None:
+    """A server out of memory (also MISCONF on a full disk, READONLY on a replica) answers
+    writes with an error: `queasy dispatch`, `cancel` and `requeue` ended in redis-py's
+    traceback (exit 1); now one ERROR line naming the server's answer, exit FAILURE."""
+    from queasy_py.store.embedded import EmbeddedServer
+
+    server = EmbeddedServer(admin_commands=True).start()  # CONFIG SET maxmemory
+    try:
+        Client(server.url, workers=0, prefix=prefix).queue("q").dispatch({"n": 1}, id="a")
+        r = redis.Redis.from_url(server.url)
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", 1)
+        cwd = tmp_path / "ops"
+        cwd.mkdir()
+        queasy = Queasy(server.url, prefix, cwd)
+        writes = (("dispatch", "q", '{"n": 2}'), ("cancel", "q", "a"), ("requeue", "q", "--failed"))
+        for args in writes:
+            code, _, err = queasy(*args)
+            one_error_line(code, err, exitcodes.FAILURE, "OutOfMemoryError")
+        r.config_set("maxmemory", 0)
+        assert queasy("dispatch", "q", '{"n": 3}')[0] == exitcodes.OK  # and it goes on
+    finally:
+        server.stop()

@@ -1,7 +1,7 @@
 """Exit codes of the `queasy` command (documented in the README)."""
 
 OK = 0  # clean shutdown
-FAILURE = 1  # an unexpected error
+FAILURE = 1  # an unexpected error, or the server's error reply to a command (OOM, MISCONF)
 CONFIG = 2  # bad command line or configuration (the message names the key)
 CONNECT = 3  # Redis unreachable or refused the credentials
 HANDLER = 4  # a handler module does not import or has no handle()

@@ -258,6 +258,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before a supervisor took over the signals
         log.warning("interrupted: queasy %s stopped", args.command)
         return exitcodes.INTERRUPTED
+    except Exception as exc:
+        # the server's error reply to a command (OOM, MISCONF on a full disk, READONLY on a
+        # replica, ...): one line, not a traceback. redis-py is imported only when used:
+        # an error of its classes means it was.
+        redis = sys.modules.get("redis")
+        if redis is None or not isinstance(exc, redis.RedisError):
+            raise
+        connection = isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
+        log.error("Redis: %s (%s)", exc, type(exc).__name__)
+        return exitcodes.CONNECT if connection else exitcodes.FAILURE
 
 
 if __name__ == "__main__":
