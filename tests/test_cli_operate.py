@@ -549,3 +549,24 @@ def test_a_server_refusing_writes_is_one_error_line_not_a_traceback(
         assert queasy("dispatch", "q", '{"n": 3}')[0] == exitcodes.OK  # and it goes on
     finally:
         server.stop()
+
+
+def test_control_characters_from_a_job_reach_the_terminal_escaped(
+    client: Client, queasy: Queasy
+) -> None:
+    """An error message is whatever a handler raised, often with the job's data in it: an
+    escape sequence there (retitle the terminal, clear it, rewrite a line with a carriage
+    return) reached the operator's terminal from `queasy events`. Shown as \\xNN now; the
+    JSON output keeps the text as it is."""
+    q = client.queue("q")
+    q.dispatch({"n": 1}, id="a")  # the queue exists
+    hostile = "KeyError: '\x1b]0;pwned\x07\x1b[2J\rok'"
+    client.redis.xadd(
+        q.keys.events,
+        {"id": "a", "outcome": "failed", "error_name": "KeyError", "error_message": hostile},
+    )
+    code, out, err = queasy("events", "q")
+    assert code == exitcodes.OK, err
+    assert "\x1b" not in out and "\x07" not in out and "\r" not in out, repr(out)
+    assert "\\x1b]0;pwned\\x07\\x1b[2J ok" in out, out  # a line: whitespace is one space
+    assert [e["error_message"] for e in queasy.lines("events", "q")] == [hostile]

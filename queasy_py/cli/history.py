@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import defaults
 from ..errors import ConfigError
-from . import exitcodes
+from . import exitcodes, show
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if owned:
             spark.stop()
-    print(reports.summary(result))
+    print(show.printable(reports.summary(result)))
     if args.out:
         Path(args.out).write_text(reports.html(result, figure_png(result)))
         print(f"report written to {args.out}", file=sys.stderr)

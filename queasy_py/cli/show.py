@@ -72,8 +72,18 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+#: control characters a terminal acts on (escape sequences, a carriage return, a bell),
+#: shown as \xNN: an error message or traceback a job raised may carry them from its data
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters but newlines and tabs escaped."""
+    return text.translate(_CONTROL)
+
+
 def out(text: str = "") -> None:
-    print(text, flush=True)
+    print(printable(text), flush=True)
 
 
 def json_line(value: Any) -> None:
