@@ -147,6 +147,36 @@ def test_unreachable_cluster_is_connection_failed_and_masks_the_password(caplog:
     client.close()
 
 
+@pytest.mark.parametrize("credentials", [":wrong-pw-77@", "qnobody:wrong-pw-77@", ""])
+def test_refused_credentials_on_a_cluster_are_authentication_failed_at_once(
+    local_cluster: Any, tmp_path: Path, caplog: Any, credentials: str
+):
+    """A wrong password, an unknown user or none at all: AuthenticationFailed at once (as on
+    one server), not ConnectionFailed after retries; `queasy run` exits CONNECT without
+    waiting RUN_CONNECT_TIMEOUT (redis-py wraps the AuthenticationError in a
+    RedisClusterException)."""
+    from test_cli import run_queasy
+
+    from queasy_py import AuthenticationFailed
+    from queasy_py.cli import exitcodes
+
+    nodes = ",".join(f"127.0.0.1:{p}" for p in local_cluster.ports)
+    url = f"redis+cluster://{credentials}{nodes}"
+    client = Client(url, workers=0)
+    with caplog.at_level(logging.WARNING), pytest.raises(AuthenticationFailed) as err:
+        client.ready()
+    client.close()
+    assert "refused the credentials" in str(err.value) and "wrong-pw-77" not in str(err.value)
+    assert "retrying" not in caplog.text
+    config = tmp_path / "queasy.toml"
+    config.write_text('[queues.q]\nhandler = "tests.runtime_handlers.quiet"\n')
+    started = time.monotonic()
+    code, out = run_queasy(tmp_path, "run", "--redis", url, str(config), timeout=60)
+    assert code == exitcodes.CONNECT, out
+    assert "refused the credentials" in out and "retrying" not in out, out
+    assert "wrong-pw-77" not in out and time.monotonic() - started < 30
+
+
 def test_parse_cluster_url_reads_credentials_tls_and_nodes():
     nodes, options = parse_cluster_url("rediss+cluster://app:p%2Fw@10.0.0.1:7000,[::1]:7001")
     assert [(n.host, n.port) for n in nodes] == [("10.0.0.1", 7000), ("::1", 7001)]

@@ -20,7 +20,13 @@ from redis.exceptions import ClusterError, RedisClusterException
 from redis.retry import Retry
 
 from ..errors import AuthenticationFailed, ConnectionFailed
-from .cluster import _NUMKEYS_COMMANDS, SLOT_BUSY, SLOT_WAIT, parse_cluster_url
+from .cluster import (
+    _NUMKEYS_COMMANDS,
+    SLOT_BUSY,
+    SLOT_WAIT,
+    parse_cluster_url,
+    refused_credentials,
+)
 from .library import handshake, parse_version, run_handshake_async
 
 
@@ -93,6 +99,10 @@ async def ready_cluster(rc: AsyncClusterClient, url: str) -> str:
             f"Redis Cluster at {mask_url(url)} refused the credentials: {exc}"
         ) from None
     except (RedisClusterException, redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        if refused_credentials(exc):
+            raise AuthenticationFailed(
+                f"Redis Cluster at {mask_url(url)} refused the credentials: {exc.__cause__}"
+            ) from None
         raise ConnectionFailed(
             f"cannot connect to Redis Cluster at {mask_url(url)}: {exc}"
         ) from None

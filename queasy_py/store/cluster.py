@@ -173,6 +173,10 @@ def connect_cluster(
             ) from None
         except (RedisClusterException, redis.ConnectionError, OSError) as exc:
             _close_nodes(nodes)
+            if refused_credentials(exc):
+                raise AuthenticationFailed(
+                    f"Redis Cluster at {mask_url(url)} refused the credentials: {exc.__cause__}"
+                ) from None
             if "cluster mode is not enabled" in str(exc).lower():
                 raise _not_a_cluster(url, nodes[0], options) from None
             if attempt == attempts:
@@ -192,6 +196,12 @@ def connect_cluster(
             rc.close()
             raise
     raise AssertionError("unreachable")
+
+
+def refused_credentials(exc: BaseException) -> bool:
+    """Whether a failed connect to a cluster is its nodes refusing the credentials: redis-py
+    raises a RedisClusterException ("cannot be connected") caused by the AuthenticationError."""
+    return isinstance(exc.__cause__, redis.AuthenticationError)
 
 
 def _close_nodes(nodes: list[ClusterNode]) -> None:
