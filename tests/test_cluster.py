@@ -184,6 +184,34 @@ def test_parse_cluster_url_reads_credentials_tls_and_nodes():
     assert options["ssl"] is True and options["ssl_check_hostname"] is True
 
 
+def test_cluster_url_options_are_read_as_redis_py_reads_them(local_cluster: Any):
+    """`?socket_timeout=5` is a number and `?ssl_check_hostname=false` a bool (as redis-py's
+    from_url reads them for one server): they reached redis-py as strings, the first
+    failing every connect as "Redis Cluster cannot be connected ... 'str' object cannot be
+    interpreted as an integer" (ConnectionFailed, retried), the second a truthy "false"
+    that left the README's way to turn the host name check off without effect."""
+    _, options = parse_cluster_url("rediss+cluster://h:1?ssl_check_hostname=false&socket_timeout=5")
+    assert options["ssl_check_hostname"] is False and options["socket_timeout"] == 5.0
+    with Client(local_cluster.url + "?socket_timeout=5", workers=0, prefix="qopt") as client:
+        assert client.queue("q").counts()["waiting"] == 0
+
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("?sokcet_timeout=5", "sokcet_timeout"),  # a typo: redis-py's RedisCluster drops it
+        ("?socket_timeout=soon", "socket_timeout"),
+        ("?ssl_cert_reqs=required", "ssl_cert_reqs"),  # a TLS option on redis+cluster://
+    ],
+)
+def test_a_cluster_url_option_redis_py_does_not_take_is_a_config_error(query: str, named: str):
+    """As on one server (README, Security): an option redis-py does not take is a ConfigError
+    naming it, raised when the client is made, not ignored and not an outage."""
+    with pytest.raises(ConfigError, match=named) as err:
+        Client(f"redis+cluster://:pw-secret-9@127.0.0.1:1{query}", workers=0)
+    assert "pw-secret-9" not in str(err.value)
+
+
 def test_queasy_dispatch_and_run_with_a_cluster_url(local_cluster: Any, tmp_path: Any):
     from test_cli import QUEASY, run_queasy
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import redis
 from redis.backoff import NoBackoff
@@ -75,13 +75,33 @@ def parse_cluster_url(url: str) -> tuple[list[ClusterNode], dict[str, Any]]:
         options["ssl"] = True
         options["ssl_check_hostname"] = True
     if query:
-        first = f"{nodes[0].host}:{nodes[0].port}"
-        parsed = urlsplit(f"{base}://{first}/?{query}")
-        for item in parsed.query.split("&"):
-            key, _, value = item.partition("=")
-            if key:
-                options[key] = unquote(value)
+        options.update(_query_options(url, base, query))
     return nodes, options
+
+
+def _query_options(url: str, base: str, query: str) -> dict[str, Any]:
+    """The options of a cluster URL's query, read as redis-py's from_url reads a single
+    server's (numbers and bools converted); ConfigError naming the masked URL for a value
+    that does not convert or an option redis-py's connections do not take (RedisCluster
+    would drop it unsaid)."""
+    from redis.connection import parse_url
+
+    from .connection import _SECRET_KEY, mask_url
+
+    try:
+        options = parse_url(f"{base}://localhost/?{query}")
+    except ValueError as exc:
+        raise ConfigError(f"invalid cluster URL {mask_url(url)}: {exc}") from None
+    connection_class = options.pop("connection_class", redis.Connection)
+    options.pop("host", None)
+    try:
+        connection_class(**options)  # makes a connection object: opens nothing
+    except (TypeError, ValueError, redis.RedisError) as exc:
+        why = str(exc).partition("__init__() ")[2] or str(exc)
+        if any(str(v) in why for k, v in options.items() if v and _SECRET_KEY.search(k)):
+            why = f"{type(exc).__name__}; the details are not shown as they quote a password"
+        raise ConfigError(f"invalid cluster URL {mask_url(url)}: {why}") from None
+    return options
 
 
 class _KeysFromCall:
