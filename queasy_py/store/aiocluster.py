@@ -112,6 +112,15 @@ async def ready_cluster(rc: AsyncClusterClient, url: str) -> str:
         r = aioredis.Redis(host=node.host, port=node.port, socket_connect_timeout=5.0, **options)
         try:
             versions.append(await run_handshake_async(r, handshake()))
+        except redis.AuthenticationError as exc:  # a primary with other credentials
+            raise AuthenticationFailed(
+                f"Redis Cluster at {mask_url(url)} refused the credentials: {exc}"
+            ) from None
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            raise ConnectionFailed(  # a primary in the slot map that does not answer
+                f"cannot connect to Redis Cluster at {mask_url(url)}: a primary does not "
+                f"answer: {exc}"
+            ) from None
         finally:
             await r.aclose()
     return max(versions, key=parse_version)

@@ -212,6 +212,24 @@ def connect_cluster(
             continue
         try:
             return rc, load_everywhere(rc)
+        except redis.AuthenticationError as exc:  # a primary with other credentials
+            rc.close()
+            raise AuthenticationFailed(
+                f"Redis Cluster at {mask_url(url)} refused the credentials: {exc}"
+            ) from None
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            rc.close()  # a primary in the slot map that does not answer (down, not failed over)
+            if attempt == attempts:
+                raise ConnectionFailed(
+                    f"cannot connect to Redis Cluster at {mask_url(url)}: a primary does not "
+                    f"answer: {exc}"
+                ) from None
+            log.warning(
+                "cannot connect to Redis Cluster at %s (attempt %d of %d): a primary does not "
+                "answer: %s; retrying in %.1fs", mask_url(url), attempt, attempts, exc, delay,
+            )  # fmt: skip
+            time.sleep(delay)
+            delay *= 2
         except BaseException:
             rc.close()
             raise
