@@ -196,6 +196,40 @@ def test_cluster_url_options_are_read_as_redis_py_reads_them(local_cluster: Any)
         assert client.queue("q").counts()["waiting"] == 0
 
 
+def test_a_cluster_url_may_set_the_options_queasy_sets_too(local_cluster: Any):
+    """?socket_timeout=, ?socket_connect_timeout=, ?socket_keepalive= (options queasy passes
+    itself) crashed every client of the URL with a TypeError ("got multiple values for
+    keyword argument"): the producer, AsyncClient, the loop's client and its node pipes.
+    The URL's value wins, as redis-py's from_url does for one server."""
+    import asyncio
+
+    from queasy_py.aio import AsyncClient
+    from queasy_py.store.cluster import loop_cluster_client, node_client
+
+    url = local_cluster.url + "?socket_timeout=7&socket_connect_timeout=3&socket_keepalive=true"
+    with Client(url, workers=0, prefix="qopt2") as client:
+        assert client.queue("q").counts()["waiting"] == 0
+
+    async def counts() -> dict[str, int]:
+        async with AsyncClient(url, prefix="qopt2") as aclient:
+            return await aclient.queue("q").counts()
+
+    assert asyncio.run(counts())["waiting"] == 0
+    loop = loop_cluster_client(url)
+    try:
+        assert loop.ping() is True
+        node = loop.get_primaries()[0]
+        assert node.redis_connection.connection_pool.connection_kwargs["socket_timeout"] == 7.0
+    finally:
+        loop.close()
+    one = node_client(url, "127.0.0.1", local_cluster.ports[0])
+    try:
+        assert one.ping() is True
+        assert one.connection_pool.connection_kwargs["socket_timeout"] == 7.0
+    finally:
+        one.close()
+
+
 @pytest.mark.parametrize(
     ("query", "named"),
     [

@@ -79,10 +79,8 @@ def async_cluster_client(url: str) -> AsyncClusterClient:
     nodes, options = parse_cluster_url(url)
     return AsyncClusterClient(
         startup_nodes=[ClusterNode(node.host, node.port) for node in nodes],
-        socket_connect_timeout=5.0,
-        socket_keepalive=True,
+        **{"socket_connect_timeout": 5.0, "socket_keepalive": True, **options},
         retry=Retry(NoBackoff(), 0),
-        **options,
     )
 
 
@@ -109,7 +107,9 @@ async def ready_cluster(rc: AsyncClusterClient, url: str) -> str:
     _, options = parse_cluster_url(url)
     versions = []
     for node in rc.get_primaries():  # a plain connection per primary: the handshake's calls
-        r = aioredis.Redis(host=node.host, port=node.port, socket_connect_timeout=5.0, **options)
+        r = aioredis.Redis(
+            host=node.host, port=node.port, **{"socket_connect_timeout": 5.0, **options}
+        )
         try:
             versions.append(await run_handshake_async(r, handshake()))
         except redis.AuthenticationError as exc:  # a primary with other credentials

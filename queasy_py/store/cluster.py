@@ -182,10 +182,8 @@ def connect_cluster(
         try:
             rc = ClusterClient(
                 startup_nodes=nodes,
-                socket_connect_timeout=5.0,
-                socket_keepalive=True,
+                **{"socket_connect_timeout": 5.0, "socket_keepalive": True, **options},
                 retry=Retry(NoBackoff(), 0),
-                **options,
             )
         except redis.AuthenticationError as exc:
             raise AuthenticationFailed(
@@ -255,7 +253,7 @@ def _not_a_cluster(url: str, node: ClusterNode, options: dict[str, Any]) -> Exce
     or a user who may not read it (AuthenticationFailed naming the ACL the README gives)."""
     from .connection import mask_url
 
-    probe = redis.Redis(host=node.host, port=node.port, socket_timeout=5.0, **options)
+    probe = redis.Redis(host=node.host, port=node.port, **{"socket_timeout": 5.0, **options})
     try:
         enabled = probe.info("cluster").get("cluster_enabled") == 1
     except redis.RedisError:
@@ -300,11 +298,8 @@ def loop_cluster_client(url: str, timeout: float = defaults.LOOP_REDIS_TIMEOUT) 
     try:
         rc = ClusterClient(
             startup_nodes=nodes,
-            socket_connect_timeout=timeout,
-            socket_timeout=timeout,
-            socket_keepalive=True,
+            **{**_loop_options(timeout), **options},
             retry=Retry(NoBackoff(), 0),
-            **options,
         )
         rc.slot_wait = 0.0  # the loop backs off on its own, never waiting inside a call
         return rc
@@ -323,12 +318,15 @@ def node_client(
     return redis.Redis(
         host=host,
         port=port,
-        socket_connect_timeout=timeout,
-        socket_timeout=timeout,
-        socket_keepalive=True,
+        **{**_loop_options(timeout), **options},
         retry=Retry(NoBackoff(), 0),
-        **options,
     )
+
+
+def _loop_options(timeout: float) -> dict[str, Any]:
+    """The loop's connection options; the URL's own (`?socket_timeout=`...) win over them,
+    as redis-py's from_url lets a single server's URL win."""
+    return {"socket_connect_timeout": timeout, "socket_timeout": timeout, "socket_keepalive": True}
 
 
 def primaries(rc: RedisCluster) -> list[tuple[str, int]]:
