@@ -147,11 +147,145 @@ def test_unreachable_cluster_is_connection_failed_and_masks_the_password(caplog:
     client.close()
 
 
+@pytest.mark.parametrize("credentials", [":wrong-pw-77@", "qnobody:wrong-pw-77@", ""])
+def test_refused_credentials_on_a_cluster_are_authentication_failed_at_once(
+    local_cluster: Any, tmp_path: Path, caplog: Any, credentials: str
+):
+    """A wrong password, an unknown user or none at all: AuthenticationFailed at once (as on
+    one server), not ConnectionFailed after retries; `queasy run` exits CONNECT without
+    waiting RUN_CONNECT_TIMEOUT (redis-py wraps the AuthenticationError in a
+    RedisClusterException)."""
+    from test_cli import run_queasy
+
+    from queasy_py import AuthenticationFailed
+    from queasy_py.cli import exitcodes
+
+    nodes = ",".join(f"127.0.0.1:{p}" for p in local_cluster.ports)
+    url = f"redis+cluster://{credentials}{nodes}"
+    client = Client(url, workers=0)
+    with caplog.at_level(logging.WARNING), pytest.raises(AuthenticationFailed) as err:
+        client.ready()
+    client.close()
+    assert "refused the credentials" in str(err.value) and "wrong-pw-77" not in str(err.value)
+    assert "retrying" not in caplog.text
+    config = tmp_path / "queasy.toml"
+    config.write_text('[queues.q]\nhandler = "tests.runtime_handlers.quiet"\n')
+    started = time.monotonic()
+    code, out = run_queasy(tmp_path, "run", "--redis", url, str(config), timeout=60)
+    assert code == exitcodes.CONNECT, out
+    assert "refused the credentials" in out and "retrying" not in out, out
+    assert "wrong-pw-77" not in out and time.monotonic() - started < 30
+
+
 def test_parse_cluster_url_reads_credentials_tls_and_nodes():
     nodes, options = parse_cluster_url("rediss+cluster://app:p%2Fw@10.0.0.1:7000,[::1]:7001")
     assert [(n.host, n.port) for n in nodes] == [("10.0.0.1", 7000), ("::1", 7001)]
     assert options["username"] == "app" and options["password"] == "p/w"
     assert options["ssl"] is True and options["ssl_check_hostname"] is True
+
+
+def test_cluster_url_options_are_read_as_redis_py_reads_them(local_cluster: Any):
+    """`?socket_timeout=5` is a number and `?ssl_check_hostname=false` a bool (as redis-py's
+    from_url reads them for one server): they reached redis-py as strings, the first
+    failing every connect as "Redis Cluster cannot be connected ... 'str' object cannot be
+    interpreted as an integer" (ConnectionFailed, retried), the second a truthy "false"
+    that left the README's way to turn the host name check off without effect."""
+    _, options = parse_cluster_url("rediss+cluster://h:1?ssl_check_hostname=false&socket_timeout=5")
+    assert options["ssl_check_hostname"] is False and options["socket_timeout"] == 5.0
+    with Client(local_cluster.url + "?socket_timeout=5", workers=0, prefix="qopt") as client:
+        assert client.queue("q").counts()["waiting"] == 0
+
+
+def test_a_cluster_url_may_set_the_options_queasy_sets_too(local_cluster: Any):
+    """?socket_timeout=, ?socket_connect_timeout=, ?socket_keepalive= (options queasy passes
+    itself) crashed every client of the URL with a TypeError ("got multiple values for
+    keyword argument"): the producer, AsyncClient, the loop's client and its node pipes.
+    The URL's value wins, as redis-py's from_url does for one server."""
+    import asyncio
+
+    from queasy_py.aio import AsyncClient
+    from queasy_py.store.cluster import loop_cluster_client, node_client
+
+    url = local_cluster.url + "?socket_timeout=7&socket_connect_timeout=3&socket_keepalive=true"
+    with Client(url, workers=0, prefix="qopt2") as client:
+        assert client.queue("q").counts()["waiting"] == 0
+
+    async def counts() -> dict[str, int]:
+        async with AsyncClient(url, prefix="qopt2") as aclient:
+            return await aclient.queue("q").counts()
+
+    assert asyncio.run(counts())["waiting"] == 0
+    loop = loop_cluster_client(url)
+    try:
+        assert loop.ping() is True
+        node = loop.get_primaries()[0]
+        assert node.redis_connection.connection_pool.connection_kwargs["socket_timeout"] == 7.0
+    finally:
+        loop.close()
+    one = node_client(url, "127.0.0.1", local_cluster.ports[0])
+    try:
+        assert one.ping() is True
+        assert one.connection_pool.connection_kwargs["socket_timeout"] == 7.0
+    finally:
+        one.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("?sokcet_timeout=5", "sokcet_timeout"),  # a typo: redis-py's RedisCluster drops it
+        ("?socket_timeout=soon", "socket_timeout"),
+        ("?ssl_cert_reqs=required", "ssl_cert_reqs"),  # a TLS option on redis+cluster://
+    ],
+)
+def test_a_cluster_url_option_redis_py_does_not_take_is_a_config_error(query: str, named: str):
+    """As on one server (README, Security): an option redis-py does not take is a ConfigError
+    naming it, raised when the client is made, not ignored and not an outage."""
+    with pytest.raises(ConfigError, match=named) as err:
+        Client(f"redis+cluster://:pw-secret-9@127.0.0.1:1{query}", workers=0)
+    assert "pw-secret-9" not in str(err.value)
+
+
+def test_a_primary_that_does_not_answer_at_connect_is_connection_failed(tmp_path: Path):
+    """A primary down (killed, not yet failed over) when a client connects: the version
+    handshake cannot reach it. It was a bare redis.ConnectionError out of Client.ready() and
+    AsyncClient (no URL, not retried), and a traceback with exit 1 from `queasy dispatch` and
+    `queasy run`; it is a ConnectionFailed naming the masked URL and the node (the CLI: exit
+    CONNECT, `queasy run` retrying)."""
+    import asyncio
+
+    from cluster_servers import LocalCluster
+    from test_cli import run_queasy
+
+    from queasy_py.aio import AsyncClient
+    from queasy_py.cli import exitcodes
+
+    cluster = LocalCluster(primaries=3).start()
+    try:
+        dead = cluster.ports[2]
+        cluster.procs[2].kill()
+        cluster.procs[2].wait(timeout=10)
+        client = Client(cluster.url, workers=0)
+        with pytest.raises(ConnectionFailed, match=f"127.0.0.1:{dead}") as err:
+            client.ready(attempts=2)
+        client.close()
+        assert "***@127.0.0.1" in str(err.value) and cluster.password not in str(err.value)
+
+        async def connect() -> None:
+            aclient = AsyncClient(cluster.url)
+            try:
+                await aclient.ready()
+            finally:
+                await aclient.close()
+
+        with pytest.raises(ConnectionFailed, match=f"127.0.0.1:{dead}") as err:
+            asyncio.run(connect())
+        assert "***@127.0.0.1" in str(err.value)
+        code, out = run_queasy(tmp_path, "dispatch", "q", "{}", "--redis", cluster.url)
+        assert code == exitcodes.CONNECT and "Traceback" not in out, out
+        assert cluster.password.split("/")[1] not in out
+    finally:
+        cluster.stop()
 
 
 def test_queasy_dispatch_and_run_with_a_cluster_url(local_cluster: Any, tmp_path: Any):

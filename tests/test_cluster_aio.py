@@ -76,6 +76,21 @@ def test_async_client_on_an_unreachable_cluster_is_connection_failed():
     assert "pw" not in str(err.value) and "secret" not in str(err.value)
 
 
+def test_async_client_with_refused_credentials_is_authentication_failed(local_cluster: Any):
+    from queasy_py import AuthenticationFailed
+
+    nodes = ",".join(f"127.0.0.1:{p}" for p in local_cluster.ports)
+
+    async def connect(url: str) -> None:
+        async with AsyncClient(url):
+            pass
+
+    for credentials in (":wrong-pw-78@", ""):
+        with pytest.raises(AuthenticationFailed, match="refused the credentials") as err:
+            asyncio.run(connect(f"redis+cluster://{credentials}{nodes}"))
+        assert "wrong-pw-78" not in str(err.value)
+
+
 @pytest.mark.parametrize("rt", ["cluster"], indirect=True)
 def test_async_result_on_a_cluster_by_channel_and_by_event(local_cluster: Any, rt: Any):
     stored, plain = spread_queues(local_cluster, rt.queue("x").client, count=2)

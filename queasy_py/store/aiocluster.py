@@ -20,7 +20,13 @@ from redis.exceptions import ClusterError, RedisClusterException
 from redis.retry import Retry
 
 from ..errors import AuthenticationFailed, ConnectionFailed
-from .cluster import _NUMKEYS_COMMANDS, SLOT_BUSY, SLOT_WAIT, parse_cluster_url
+from .cluster import (
+    _NUMKEYS_COMMANDS,
+    SLOT_BUSY,
+    SLOT_WAIT,
+    parse_cluster_url,
+    refused_credentials,
+)
 from .library import handshake, parse_version, run_handshake_async
 
 
@@ -73,10 +79,8 @@ def async_cluster_client(url: str) -> AsyncClusterClient:
     nodes, options = parse_cluster_url(url)
     return AsyncClusterClient(
         startup_nodes=[ClusterNode(node.host, node.port) for node in nodes],
-        socket_connect_timeout=5.0,
-        socket_keepalive=True,
+        **{"socket_connect_timeout": 5.0, "socket_keepalive": True, **options},
         retry=Retry(NoBackoff(), 0),
-        **options,
     )
 
 
@@ -93,15 +97,30 @@ async def ready_cluster(rc: AsyncClusterClient, url: str) -> str:
             f"Redis Cluster at {mask_url(url)} refused the credentials: {exc}"
         ) from None
     except (RedisClusterException, redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        if refused_credentials(exc):
+            raise AuthenticationFailed(
+                f"Redis Cluster at {mask_url(url)} refused the credentials: {exc.__cause__}"
+            ) from None
         raise ConnectionFailed(
             f"cannot connect to Redis Cluster at {mask_url(url)}: {exc}"
         ) from None
     _, options = parse_cluster_url(url)
     versions = []
     for node in rc.get_primaries():  # a plain connection per primary: the handshake's calls
-        r = aioredis.Redis(host=node.host, port=node.port, socket_connect_timeout=5.0, **options)
+        r = aioredis.Redis(
+            host=node.host, port=node.port, **{"socket_connect_timeout": 5.0, **options}
+        )
         try:
             versions.append(await run_handshake_async(r, handshake()))
+        except redis.AuthenticationError as exc:  # a primary with other credentials
+            raise AuthenticationFailed(
+                f"Redis Cluster at {mask_url(url)} refused the credentials: {exc}"
+            ) from None
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            raise ConnectionFailed(  # a primary in the slot map that does not answer
+                f"cannot connect to Redis Cluster at {mask_url(url)}: a primary does not "
+                f"answer: {exc}"
+            ) from None
         finally:
             await r.aclose()
     return max(versions, key=parse_version)

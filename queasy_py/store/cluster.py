@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import redis
 from redis.backoff import NoBackoff
@@ -75,13 +75,33 @@ def parse_cluster_url(url: str) -> tuple[list[ClusterNode], dict[str, Any]]:
         options["ssl"] = True
         options["ssl_check_hostname"] = True
     if query:
-        first = f"{nodes[0].host}:{nodes[0].port}"
-        parsed = urlsplit(f"{base}://{first}/?{query}")
-        for item in parsed.query.split("&"):
-            key, _, value = item.partition("=")
-            if key:
-                options[key] = unquote(value)
+        options.update(_query_options(url, base, query))
     return nodes, options
+
+
+def _query_options(url: str, base: str, query: str) -> dict[str, Any]:
+    """The options of a cluster URL's query, read as redis-py's from_url reads a single
+    server's (numbers and bools converted); ConfigError naming the masked URL for a value
+    that does not convert or an option redis-py's connections do not take (RedisCluster
+    would drop it unsaid)."""
+    from redis.connection import parse_url
+
+    from .connection import _SECRET_KEY, mask_url
+
+    try:
+        options = parse_url(f"{base}://localhost/?{query}")
+    except ValueError as exc:
+        raise ConfigError(f"invalid cluster URL {mask_url(url)}: {exc}") from None
+    connection_class = options.pop("connection_class", redis.Connection)
+    options.pop("host", None)
+    try:
+        connection_class(**options)  # makes a connection object: opens nothing
+    except (TypeError, ValueError, redis.RedisError) as exc:
+        why = str(exc).partition("__init__() ")[2] or str(exc)
+        if any(str(v) in why for k, v in options.items() if v and _SECRET_KEY.search(k)):
+            why = f"{type(exc).__name__}; the details are not shown as they quote a password"
+        raise ConfigError(f"invalid cluster URL {mask_url(url)}: {why}") from None
+    return options
 
 
 class _KeysFromCall:
@@ -162,10 +182,8 @@ def connect_cluster(
         try:
             rc = ClusterClient(
                 startup_nodes=nodes,
-                socket_connect_timeout=5.0,
-                socket_keepalive=True,
+                **{"socket_connect_timeout": 5.0, "socket_keepalive": True, **options},
                 retry=Retry(NoBackoff(), 0),
-                **options,
             )
         except redis.AuthenticationError as exc:
             raise AuthenticationFailed(
@@ -173,6 +191,10 @@ def connect_cluster(
             ) from None
         except (RedisClusterException, redis.ConnectionError, OSError) as exc:
             _close_nodes(nodes)
+            if refused_credentials(exc):
+                raise AuthenticationFailed(
+                    f"Redis Cluster at {mask_url(url)} refused the credentials: {exc.__cause__}"
+                ) from None
             if "cluster mode is not enabled" in str(exc).lower():
                 raise _not_a_cluster(url, nodes[0], options) from None
             if attempt == attempts:
@@ -188,10 +210,34 @@ def connect_cluster(
             continue
         try:
             return rc, load_everywhere(rc)
+        except redis.AuthenticationError as exc:  # a primary with other credentials
+            rc.close()
+            raise AuthenticationFailed(
+                f"Redis Cluster at {mask_url(url)} refused the credentials: {exc}"
+            ) from None
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            rc.close()  # a primary in the slot map that does not answer (down, not failed over)
+            if attempt == attempts:
+                raise ConnectionFailed(
+                    f"cannot connect to Redis Cluster at {mask_url(url)}: a primary does not "
+                    f"answer: {exc}"
+                ) from None
+            log.warning(
+                "cannot connect to Redis Cluster at %s (attempt %d of %d): a primary does not "
+                "answer: %s; retrying in %.1fs", mask_url(url), attempt, attempts, exc, delay,
+            )  # fmt: skip
+            time.sleep(delay)
+            delay *= 2
         except BaseException:
             rc.close()
             raise
     raise AssertionError("unreachable")
+
+
+def refused_credentials(exc: BaseException) -> bool:
+    """Whether a failed connect to a cluster is its nodes refusing the credentials: redis-py
+    raises a RedisClusterException ("cannot be connected") caused by the AuthenticationError."""
+    return isinstance(exc.__cause__, redis.AuthenticationError)
 
 
 def _close_nodes(nodes: list[ClusterNode]) -> None:
@@ -207,7 +253,7 @@ def _not_a_cluster(url: str, node: ClusterNode, options: dict[str, Any]) -> Exce
     or a user who may not read it (AuthenticationFailed naming the ACL the README gives)."""
     from .connection import mask_url
 
-    probe = redis.Redis(host=node.host, port=node.port, socket_timeout=5.0, **options)
+    probe = redis.Redis(host=node.host, port=node.port, **{"socket_timeout": 5.0, **options})
     try:
         enabled = probe.info("cluster").get("cluster_enabled") == 1
     except redis.RedisError:
@@ -252,11 +298,8 @@ def loop_cluster_client(url: str, timeout: float = defaults.LOOP_REDIS_TIMEOUT) 
     try:
         rc = ClusterClient(
             startup_nodes=nodes,
-            socket_connect_timeout=timeout,
-            socket_timeout=timeout,
-            socket_keepalive=True,
+            **{**_loop_options(timeout), **options},
             retry=Retry(NoBackoff(), 0),
-            **options,
         )
         rc.slot_wait = 0.0  # the loop backs off on its own, never waiting inside a call
         return rc
@@ -275,12 +318,15 @@ def node_client(
     return redis.Redis(
         host=host,
         port=port,
-        socket_connect_timeout=timeout,
-        socket_timeout=timeout,
-        socket_keepalive=True,
+        **{**_loop_options(timeout), **options},
         retry=Retry(NoBackoff(), 0),
-        **options,
     )
+
+
+def _loop_options(timeout: float) -> dict[str, Any]:
+    """The loop's connection options; the URL's own (`?socket_timeout=`...) win over them,
+    as redis-py's from_url lets a single server's URL win."""
+    return {"socket_connect_timeout": timeout, "socket_timeout": timeout, "socket_keepalive": True}
 
 
 def primaries(rc: RedisCluster) -> list[tuple[str, int]]:
