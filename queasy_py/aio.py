@@ -109,7 +109,12 @@ class AsyncClient:
             self.server = None
 
     async def __aenter__(self) -> AsyncClient:
-        return await self.ready()
+        """Connects (ready()); closed again when that fails (no __aexit__ runs then)."""
+        try:
+            return await self.ready()
+        except BaseException:
+            await self.close()
+            raise
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()

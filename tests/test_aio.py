@@ -108,3 +108,29 @@ def test_async_and_sync_refuse_a_bad_cursor_alike(redis_url: str, prefix: str, c
     with Client(redis_url, prefix=prefix) as client, pytest.raises(InvalidInput) as caught:
         call(client.queue("q"))
     assert str(caught.value) == message
+
+
+def test_async_with_closes_the_client_when_ready_fails(raw, redis_url: str) -> None:
+    """`async with AsyncClient(...)` whose ready() fails after connecting (here: the server
+    holds a newer major library) left its connections open: __aexit__ never runs for a
+    failed __aenter__. The sync Client closes itself then; so does this one now."""
+    from test_lua import load_version
+
+    from queasy_py.errors import VersionMismatch
+    from queasy_py.store.library import bundled_version, parse_version
+
+    load_version(raw, f"{parse_version(bundled_version())[0] + 1}.0.0")
+    name = "aio-ready-fails"
+
+    def connections() -> int:
+        return sum(1 for c in raw.client_list() if c.get("name") == name)
+
+    async def main() -> None:
+        client = AsyncClient(f"{redis_url}?client_name={name}")
+        with pytest.raises(VersionMismatch):
+            async with client:
+                pytest.fail("ready() should have refused the newer library")
+        assert connections() == 0
+        await client.close()
+
+    asyncio.run(main())
