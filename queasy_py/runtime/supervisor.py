@@ -350,11 +350,13 @@ class Supervisor:
     def _shutdown(self) -> None:
         """Stop dequeuing, wait for running jobs up to shutdown_timeout, then hand back the rest."""
         self._stop()
+        # the signals (or stop() calls) that started it: one (none after a fatal error); any
+        # other, even one counted before this line (while the pushes stop), skips the wait
+        first = min(self.signals, 1)
         try:
             self.rounds.unpark_all(self.client.id)
         except (redis.RedisError, OSError) as exc:  # it leaves at the end, which unparks too
             log.warning("could not stop pushes before shutting down: %s", exc)
-        first = self.signals
         deadline = time.monotonic() + self.shutdown_timeout
         log.info(
             "shutting down: waiting up to %.3gs for %d running job(s)",
