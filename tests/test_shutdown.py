@@ -4,15 +4,19 @@ of the test's own (it is frozen), the handlers' records on the session's server.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import redis
 from runtime_helpers import Runtime, queue_spec
 from test_loop_faults import Own
+
+from queasy_py.runtime.early import sigterm_interrupts, stops_run
 
 
 @pytest.fixture
@@ -50,3 +54,45 @@ def test_a_second_signal_while_pushes_are_stopped_skips_the_drain(rt: Runtime, o
     assert "second signal: not waiting for running jobs" in sup.log()
     job = q.get_job("g")
     assert job is not None and job.state == "waiting" and job.stall_count == 0
+
+
+def test_sighup_shuts_down_gracefully_and_hands_back_the_running_job(rt: Runtime) -> None:
+    """A closed terminal or a dropped ssh session (SIGHUP at its default action) ended the
+    supervisor at once, without a line: its job stayed active until its expiry, then ran
+    again with a stall counted. It is a graceful shutdown, like SIGTERM."""
+    sup = rt.start({"q": queue_spec()}, workers=1, shutdown_timeout=0.5)
+    q = rt.queue("q")
+    q.dispatch({"tag": "g", "gate": "never"}, id="g")
+    (start,) = rt.wait_records(1, "start", tag="g")
+    sup.signal(signal.SIGHUP)
+
+    assert sup.wait() == 0, sup.log()
+    assert "shutting down" in sup.log()
+    assert not psutil.pid_exists(start["pid"])
+    job = q.get_job("g")
+    assert job is not None and job.state == "waiting"
+    assert (job.retry_count, job.stall_count, job.timeout_count) == (0, 0, 0)
+    assert [e["outcome"] for e in rt.events("q")] == ["released"]
+
+
+def test_an_ignored_or_handled_sighup_is_left_as_it_is() -> None:
+    """`nohup queasy run` must outlive the hangup; an application's own SIGHUP handler (a
+    log reopen) stays the application's."""
+    previous = signal.getsignal(signal.SIGHUP)
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        assert not stops_run(signal.SIGHUP)
+        with sigterm_interrupts():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        signal.signal(signal.SIGHUP, lambda *_: None)
+        assert not stops_run(signal.SIGHUP)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        assert stops_run(signal.SIGHUP) and stops_run(signal.SIGTERM)
+        with sigterm_interrupts():
+            assert stops_run(signal.SIGHUP)
+            with pytest.raises(KeyboardInterrupt, match="SIGHUP before the supervisor ran"):
+                os.kill(os.getpid(), signal.SIGHUP)
+                time.sleep(1.0)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, previous)
