@@ -102,6 +102,9 @@ class Client:
         self._queues: dict[str, Queue] = {}
         self._supervisor: Supervisor | None = None
         self._running = threading.Lock()  # held by run(): one supervisor per client
+        # stop() while run() starts (no supervisor yet): the supervisor stops once made
+        self._stopping = threading.Lock()  # guards _supervisor and _stop_asked against stop()
+        self._stop_asked = False
         self.listeners: dict[str, tuple[Queue, ListenOptions]] = {}
 
     def ready(self, attempts: int = defaults.CONNECT_ATTEMPTS) -> Client:
@@ -213,7 +216,9 @@ class Client:
         try:
             return self._run(connect or Client.ready)
         finally:
-            self._running.release()
+            with self._stopping:
+                self._stop_asked = False  # a stop() of this run() never stops the next one
+                self._running.release()
 
     def _run(self, connect: Callable[[Client], object]) -> int:
         from .runtime.early import early_for, sigterm_interrupts, start_early
@@ -225,7 +230,11 @@ class Client:
                 connect(self)
                 from .runtime.supervisor import Supervisor
 
-                supervisor = self._supervisor = Supervisor(self, early)
+                supervisor = Supervisor(self, early)
+                with self._stopping:
+                    self._supervisor = supervisor
+                    if self._stop_asked:  # stop() came while run() started
+                        supervisor.request_stop()
                 if self.server is not None:
                     self.server.long_lived = True
                 return supervisor.run()
@@ -236,10 +245,14 @@ class Client:
                 self._supervisor = None
 
     def stop(self) -> None:
-        """Ask a running run() to shut down gracefully (callable from any thread)."""
-        supervisor = self._supervisor
-        if supervisor is not None:
-            supervisor.request_stop()
+        """Ask a running run() to shut down gracefully (callable from any thread); while run()
+        still starts, its supervisor stops as soon as it is made. No-op when nothing runs."""
+        with self._stopping:
+            supervisor = self._supervisor
+            if supervisor is None:
+                self._stop_asked = self._running.locked()
+                return
+        supervisor.request_stop()
 
     def close(self) -> None:
         redis_client = getattr(self, "_redis", None)  # None: the URL was refused

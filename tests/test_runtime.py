@@ -6,6 +6,7 @@ Faults (timeouts, crashes, zombies, shutdown) are in test_runtime_faults.py.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -408,3 +409,53 @@ def test_each_outcome_writes_one_event_with_the_documented_fields(rt: Runtime) -
     assert events[0]["run_at"] == "1700000000500"
     assert [e["retry_count"] for e in ran] == ["0", "1", "1", "0"]
     assert all(e["stall_count"] == e["timeout_count"] == "0" for e in events)
+
+
+def test_stop_called_while_run_starts_is_not_lost(redis_url: str, prefix: str) -> None:
+    """stop() from another thread while run() is still starting (its workers, the connection,
+    the supervisor not made yet) found no supervisor to tell and did nothing: run() then
+    supervised until the next stop() or signal (for ever, for a caller that stops once)."""
+    client = Client(redis_url, workers=1, prefix=prefix)
+    client.queue("q").listen(ACT)
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["code"] = client.run()
+        except BaseException as exc:  # noqa: BLE001 (the outcome is what is asserted)
+            outcome["code"] = exc
+
+    thread = threading.Thread(target=run)
+    try:
+        thread.start()
+        wait_for(client._running.locked, what="run() to begin")
+        assert client._supervisor is None  # still starting
+        client.stop()
+        thread.join(timeout=20)
+        assert not thread.is_alive(), "run() went on after stop()"
+        assert outcome["code"] == 0
+    finally:
+        while thread.is_alive():
+            client.stop()
+            thread.join(timeout=0.5)
+        client.close()
+    assert client.stop() is None  # nothing runs: a no-op
+
+
+def test_a_stop_with_nothing_running_does_not_stop_the_next_run(
+    redis_url: str, prefix: str
+) -> None:
+    client = Client(redis_url, workers=1, prefix=prefix)
+    client.queue("q").listen(ACT)
+    client.stop()  # before any run(): nothing to stop
+    thread = threading.Thread(target=client.run)
+    try:
+        thread.start()
+        wait_for(lambda: client._supervisor is not None, what="the supervisor to run")
+        time.sleep(0.5)
+        assert thread.is_alive(), "run() stopped by a stop() made before it"
+    finally:
+        while thread.is_alive():
+            client.stop()
+            thread.join(timeout=0.5)
+        client.close()

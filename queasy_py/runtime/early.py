@@ -91,26 +91,41 @@ def _interrupted(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name} before the supervisor ran")
 
 
+#: the signals that stop run() as SIGINT does where they are left at their default action
+#: (which ends the process at once): SIGTERM, and SIGHUP (the terminal closed, an ssh session
+#: dropped); an ignored SIGHUP (nohup) or a handler of the application's is left as it is
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def stops_run(sig: int) -> bool:
+    """Whether `sig` stops run() (the supervisor shuts down gracefully on it): SIGTERM and
+    SIGINT always, SIGHUP while its action is the default (or run()'s own, below)."""
+    if sig != signal.SIGHUP:
+        return True
+    return signal.getsignal(sig) in (signal.SIG_DFL, _interrupted)
+
+
 @contextmanager
 def sigterm_interrupts() -> Iterator[None]:
     """While run() holds workers no supervisor runs yet (from their start until the
-    supervisor's own handlers are installed, and after it restored them): SIGTERM raises
-    KeyboardInterrupt as SIGINT does, so that run() stops them on its way out. By default
-    SIGTERM ends the process at once, and a worker still importing its handlers outlived it
-    (it exits on its closed pipe only once its imports are done: never, for one that hangs).
-    Only in the main thread (where signals are handled) and only over the default action (a
-    handler the application installed is left as it is)."""
+    supervisor's own handlers are installed, and after it restored them): SIGTERM (and
+    SIGHUP) raises KeyboardInterrupt as SIGINT does, so that run() stops them on its way
+    out. By default SIGTERM ends the process at once, and a worker still importing its
+    handlers outlived it (it exits on its closed pipe only once its imports are done: never,
+    for one that hangs). Only in the main thread (where signals are handled) and only over
+    the default action (a handler the application installed, an ignored SIGHUP, is left as
+    it is)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-    signal.signal(signal.SIGTERM, _interrupted)
+    taken = [sig for sig in STOPPING_SIGNALS if signal.getsignal(sig) is signal.SIG_DFL]
+    for sig in taken:
+        signal.signal(sig, _interrupted)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sig in taken:
+            signal.signal(sig, signal.SIG_DFL)
 
 
 def early_for(client: Client) -> Early:

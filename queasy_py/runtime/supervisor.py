@@ -25,7 +25,7 @@ from ..store.connection import loop_client, new_client_id
 from ..store.library import fcall
 from ..store.loopio import round_pipe, wakeup
 from ..store.pubsub import Message
-from .early import Early, queue_specs, worker_env
+from .early import Early, queue_specs, stops_run, worker_env
 from .events import Events
 from .heartbeat import Heartbeat, expiry_ms
 from .metrics import Tally, serve_metrics
@@ -165,9 +165,8 @@ class Supervisor:
     def _install_signals(self) -> list[tuple[int, Any]]:
         if threading.current_thread() is not threading.main_thread():
             return []
-        previous = [
-            (sig, signal.signal(sig, self._on_signal)) for sig in (signal.SIGTERM, signal.SIGINT)
-        ]
+        sigs = [sig for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if stops_run(sig)]
+        previous = [(sig, signal.signal(sig, self._on_signal)) for sig in sigs]
         self._old_wakeup_fd = signal.set_wakeup_fd(self.events.wake_w, warn_on_full_buffer=False)
         return previous
 
@@ -350,11 +349,13 @@ class Supervisor:
     def _shutdown(self) -> None:
         """Stop dequeuing, wait for running jobs up to shutdown_timeout, then hand back the rest."""
         self._stop()
+        # the signals (or stop() calls) that started it: one (none after a fatal error); any
+        # other, even one counted before this line (while the pushes stop), skips the wait
+        first = min(self.signals, 1)
         try:
             self.rounds.unpark_all(self.client.id)
         except (redis.RedisError, OSError) as exc:  # it leaves at the end, which unparks too
             log.warning("could not stop pushes before shutting down: %s", exc)
-        first = self.signals
         deadline = time.monotonic() + self.shutdown_timeout
         log.info(
             "shutting down: waiting up to %.3gs for %d running job(s)",

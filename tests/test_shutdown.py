@@ -1,0 +1,98 @@
+"""Shutdown of a real supervisor subprocess under signals and Redis faults: the second signal
+skips the drain whenever it comes, SIGHUP, and the exit codes. The queues live on a server
+of the test's own (it is frozen), the handlers' records on the session's server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+from runtime_helpers import Runtime, queue_spec
+from test_loop_faults import Own
+
+from queasy_py.runtime.early import sigterm_interrupts, stops_run
+
+
+@pytest.fixture
+def own() -> Iterator[Own]:
+    server = Own()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def rt(own: Own, prefix: str, r: redis.Redis, redis_url: str, tmp_path: Path) -> Iterator[Runtime]:
+    own_r = redis.Redis.from_url(own.url, decode_responses=True)
+    with Runtime(own.url, prefix, own_r, tmp_path, records=(redis_url, r)) as runtime:
+        yield runtime
+    own_r.close()
+
+
+def test_a_second_signal_while_pushes_are_stopped_skips_the_drain(rt: Runtime, own: Own) -> None:
+    """The first signal stops the pushes first (queasy_unpark, waiting for its marks); with
+    the server frozen that takes LOOP_REDIS_TIMEOUT. A second signal meanwhile must still
+    skip the wait for running jobs (it was counted as the first: 60 s of drain)."""
+    sup = rt.start({"q": queue_spec()}, workers=1, shutdown_timeout=60.0)
+    q = rt.queue("q")
+    q.dispatch({"tag": "g", "gate": "never"}, id="g")
+    rt.wait_records(1, "start", tag="g")
+    own.freeze()
+    sup.signal(signal.SIGTERM)
+    time.sleep(0.5)  # the loop took the first signal and is stopping the pushes
+    sup.signal(signal.SIGTERM)
+    time.sleep(2.5)  # the unpark gave up (frozen server)
+    own.thaw()
+    assert sup.wait(timeout=20.0) == 0, sup.log()
+    assert "second signal: not waiting for running jobs" in sup.log()
+    job = q.get_job("g")
+    assert job is not None and job.state == "waiting" and job.stall_count == 0
+
+
+def test_sighup_shuts_down_gracefully_and_hands_back_the_running_job(rt: Runtime) -> None:
+    """A closed terminal or a dropped ssh session (SIGHUP at its default action) ended the
+    supervisor at once, without a line: its job stayed active until its expiry, then ran
+    again with a stall counted. It is a graceful shutdown, like SIGTERM."""
+    sup = rt.start({"q": queue_spec()}, workers=1, shutdown_timeout=0.5)
+    q = rt.queue("q")
+    q.dispatch({"tag": "g", "gate": "never"}, id="g")
+    (start,) = rt.wait_records(1, "start", tag="g")
+    sup.signal(signal.SIGHUP)
+
+    assert sup.wait() == 0, sup.log()
+    assert "shutting down" in sup.log()
+    assert not psutil.pid_exists(start["pid"])
+    job = q.get_job("g")
+    assert job is not None and job.state == "waiting"
+    assert (job.retry_count, job.stall_count, job.timeout_count) == (0, 0, 0)
+    assert [e["outcome"] for e in rt.events("q")] == ["released"]
+
+
+def test_an_ignored_or_handled_sighup_is_left_as_it_is() -> None:
+    """`nohup queasy run` must outlive the hangup; an application's own SIGHUP handler (a
+    log reopen) stays the application's."""
+    previous = signal.getsignal(signal.SIGHUP)
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        assert not stops_run(signal.SIGHUP)
+        with sigterm_interrupts():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        signal.signal(signal.SIGHUP, lambda *_: None)
+        assert not stops_run(signal.SIGHUP)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        assert stops_run(signal.SIGHUP) and stops_run(signal.SIGTERM)
+        with sigterm_interrupts():
+            assert stops_run(signal.SIGHUP)
+            with pytest.raises(KeyboardInterrupt, match="SIGHUP before the supervisor ran"):
+                os.kill(os.getpid(), signal.SIGHUP)
+                time.sleep(1.0)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, previous)
