@@ -96,3 +96,24 @@ def test_an_ignored_or_handled_sighup_is_left_as_it_is() -> None:
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+def test_outcomes_redis_never_took_before_the_exit_are_named(rt: Runtime, own: Own) -> None:
+    """Shutdown waits ACK_DEADLINE (10 s) for its last acks; a server that refuses writes
+    all that time (out of memory) made it exit without a word, and the finished job was
+    swept back and ran again with nothing saying why. Now one ERROR line names the jobs."""
+    sup = rt.start({"q": queue_spec()}, workers=1)
+    q = rt.queue("q")
+    q.dispatch({"tag": "g", "gate": "late"}, id="late")
+    rt.wait_records(1, "start", tag="g")
+    own.r.config_set("maxmemory-policy", "noeviction")
+    own.r.config_set("maxmemory", 1)  # writes refused: the finish ack cannot land
+    sup.signal(signal.SIGTERM)
+    rt.open_gate("late")  # it ends during the drain
+    rt.wait_records(1, "end", tag="g")
+    assert sup.wait(timeout=40.0) == 0, sup.log()
+    own.r.config_set("maxmemory", 0)
+    errors = [line for line in sup.log().splitlines() if " ERROR " in line]
+    assert any("1 outcome(s) not acknowledged" in e and "q/late" in e for e in errors), sup.log()
+    job = q.get_job("late")
+    assert job is not None and job.state == "active"  # its lease is swept, as the line says

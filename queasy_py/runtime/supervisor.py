@@ -394,3 +394,14 @@ class Supervisor:
             rounds.pipe.read(block=True)
             if self.acks:
                 time.sleep(max(0.0, rounds.outage.retry_at - time.time()))
+        if self.acks:  # they are swept back with the client and run again: say which
+            names = {state.base: name for name, state in self.states.items()}
+            ids = [f"{names.get(ack.base, ack.base)}/{ack.args[0]}" for ack in self.acks]
+            shown = ", ".join(ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+            log.error(
+                "%d outcome(s) not acknowledged before the exit (Redis did not take them in "
+                "%g s): these jobs will be swept back and run again: %s",
+                len(ids),
+                ACK_DEADLINE,
+                shown,
+            )
