@@ -117,3 +117,30 @@ def test_outcomes_redis_never_took_before_the_exit_are_named(rt: Runtime, own: O
     assert any("1 outcome(s) not acknowledged" in e and "q/late" in e for e in errors), sup.log()
     job = q.get_job("late")
     assert job is not None and job.state == "active"  # its lease is swept, as the line says
+
+
+def test_a_dequeue_reply_that_comes_during_the_drain_starts_no_job(rt: Runtime, own: Own) -> None:
+    """The shutdown stops asking for jobs, but a dequeue sent just before it was still on its
+    way: its reply, read during the drain, started its jobs (the drain is for the jobs that
+    run, and these could then be killed at shutdown_timeout). The server is frozen while
+    that dequeue is on its way, so its reply comes after the signal; its job goes back to
+    waiting, never started, no count."""
+    sup = rt.start({"q": queue_spec()}, workers=1, shutdown_timeout=30.0)
+    q = rt.queue("q")
+    q.dispatch({"tag": "g", "gate": "drain"}, id="g")  # holds the drain open
+    rt.wait_records(1, "start", tag="g")
+    q.dispatch({"tag": "late"}, id="late", delay=1.0)  # dequeued 1 s from now
+    time.sleep(0.5)
+    own.freeze()  # the dequeue for `late` is sent into a frozen server
+    time.sleep(1.1)
+    sup.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    own.thaw()  # the reply comes (within LOOP_REDIS_TIMEOUT of its send): shutdown began
+    time.sleep(1.0)
+    rt.open_gate("drain")
+    assert sup.wait(timeout=30.0) == 0, sup.log()
+    assert rt.records(tag="late") == [], sup.log()
+    job = q.get_job("late")
+    assert job is not None and job.state == "waiting", job
+    # leased once by that dequeue (attempts counts leases), no retry, stall or timeout
+    assert (job.attempts, job.retry_count, job.stall_count, job.timeout_count) == (1, 0, 0, 0)

@@ -129,6 +129,10 @@ class Checkouts:
                 self.acks.append(outcomes.on_dequeue(job, spec, state.base, state.fail_base))
                 self.workers.release(size, [proc])
                 continue
+            if self.stopping:  # a reply on its way when the shutdown began: none starts
+                self.acks.append(outcomes.retry(job, state.base, job.run_at, "return", "", ""))
+                self.workers.release(size, [proc])
+                continue
             if (name, job.id) in running:
                 self.twins.hold(job, state.base)  # never twice at once here
                 self.workers.release(size, [proc])
