@@ -58,6 +58,18 @@ def test_async_bad_input_is_rejected_before_sending(redis_url: str, prefix: str,
     assert list(r.scan_iter(f"{prefix}:*")) == []
 
 
+@pytest.mark.parametrize("url", ["REDIS://:pw@h:1/0", "Rediss://h:1/0"])
+def test_async_and_sync_refuse_an_upper_case_scheme_alike(url: str) -> None:
+    """redis-py's sync client refuses REDIS://, its async one took it (a URL that worked
+    with one client and not the other): both are a ConfigError now, the password masked."""
+    from queasy_py.errors import ConfigError
+
+    for make in (lambda: Client(url, workers=0), lambda: AsyncClient(url)):
+        with pytest.raises(ConfigError, match="invalid Redis URL") as caught:
+            make()
+        assert "pw" not in str(caught.value)
+
+
 def test_async_unreachable_server_names_the_url() -> None:
     url = f"redis://:secret@127.0.0.1:{free_port()}/0"
 

@@ -199,6 +199,9 @@ def from_url(cls: type[R], url: str, **kwargs: Any) -> R:
         # ?ssl_check_hostname= wins, and ssl_cert_reqs=none turns it off
         kwargs.setdefault("ssl_check_hostname", True)
     try:
+        if url.partition("://")[0] != url.partition("://")[0].lower():
+            # redis-py's sync client refuses REDIS://, its async one took it: refused alike
+            raise ValueError("an upper-case scheme")
         client = cls.from_url(url, **kwargs)  # type: ignore[attr-defined]
     except ValueError as exc:
         raise ConfigError(
