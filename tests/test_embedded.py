@@ -331,3 +331,24 @@ def test_a_client_on_the_embedded_server_logs_its_url_masked(
     assert "using the embedded server of " in caplog.text
     assert f"at unix://:***@{sock} " in caplog.text
     assert password not in caplog.text
+
+
+def test_a_restart_whose_data_loads_longer_than_start_timeout_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    """A durable server with much data answers PING with LOADING until its append-only file
+    is read: start() killed it after start_timeout (10 s by default, for any data set), so
+    a project server with a few GB of jobs never came back. It waits while it loads now."""
+    data = tmp_path / "data"
+    with EmbeddedServer(data_dir=data, durable=True) as first:
+        r = redis.Redis.from_url(first.url)
+        # 400,000 keys in the append-only file: seconds to load, far over start_timeout below
+        r.eval("for i = 1, 400000 do redis.call('SET', 'k' .. i, i) end", 0)
+        r.close()
+    t0 = time.monotonic()
+    with EmbeddedServer(data_dir=data, durable=True, start_timeout=0.2) as second:
+        took = time.monotonic() - t0
+        r = redis.Redis.from_url(second.url)
+        assert r.dbsize() == 400000
+        r.close()
+    assert took > 0.2, f"the load took {took:.2f}s: the test did not need the wait"

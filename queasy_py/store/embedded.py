@@ -37,6 +37,7 @@ from ..defaults import DATA_DIR_ENV
 from ..errors import ConfigError, QueasyError
 from .resp import command as _command
 from .resp import info_server as _info_server
+from .resp import loading as _loading
 from .resp import ping as _ping
 
 __all__ = ["EmbeddedServer", "find_server_binary", "free_port", "state_dir"]
@@ -322,6 +323,7 @@ class EmbeddedServer:
         except BrokenPipeError:
             pass  # it exited at once: reported below with its log
         deadline = time.monotonic() + self._start_timeout
+        loading_logged = False
         while True:
             if proc.poll() is not None:
                 self._proc = self.pid = None
@@ -341,6 +343,14 @@ class EmbeddedServer:
                     self.version = info.get("valkey_version") or info.get("redis_version", "")
                     return False
             remaining = deadline - time.monotonic()
+            if remaining <= 0 and _loading(self.address, self.password):
+                # its data takes longer to load than start_timeout (a large append-only
+                # file): it answers, and ends its load or exits, both seen here
+                if not loading_logged:
+                    log.info("valkey-server is loading its data on %s: waiting", self._where)
+                    loading_logged = True
+                deadline = time.monotonic() + 1.0
+                remaining = 1.0
             if remaining <= 0:
                 self._kill(proc, 0.0)
                 self._proc = self.pid = None

@@ -72,6 +72,15 @@ def ping(address: int | str, password: str | None = None) -> bool:
         return False
 
 
+def loading(address: int | str, password: str | None = None) -> bool:
+    """Whether the server answers but is still loading its data (PING: -LOADING)."""
+    try:
+        kind, body = command(address, "PING", password=password, timeout=0.5)
+    except (OSError, ValueError):
+        return False
+    return kind == b"-" and body.startswith(b"LOADING")
+
+
 def info_server(address: int | str, password: str | None = None) -> dict[str, str]:
     kind, body = command(address, "INFO", "server", password=password)
     if kind != b"$":
