@@ -88,7 +88,7 @@ def runs_of(rt: Runtime, tag: str) -> dict[str, int]:
     return out
 
 
-def test_probe_memory_recycling_loses_nothing(rt: Runtime) -> None:
+def test_workers_recycled_for_memory_lose_and_repeat_no_job(rt: Runtime) -> None:
     ids = rt.queue("q").dispatch_many(
         {"data": {"tag": "m", "units": 10, "sleep": 0.3}} for _ in range(40)
     )
@@ -102,7 +102,7 @@ def test_probe_memory_recycling_loses_nothing(rt: Runtime) -> None:
     assert "recycling worker" in sup.log()
 
 
-def test_probe_timeout_on_a_shared_worker(rt: Runtime) -> None:
+def test_a_timeout_on_a_shared_worker_reruns_only_the_timed_out_job(rt: Runtime) -> None:
     sup = rt.start(
         {"slow": queue_spec(timeout=1.0, min_backoff=0.0), "ok": queue_spec(timeout=30.0)},
         workers=1,
@@ -126,7 +126,7 @@ def test_probe_timeout_on_a_shared_worker(rt: Runtime) -> None:
     print(sup.log()[-3000:])
 
 
-def test_probe_one_worker_many_queues(rt: Runtime) -> None:
+def test_one_worker_serves_many_queues_of_mixed_sizes_once_each(rt: Runtime) -> None:
     queues = {}
     ids = {}
     for n in range(24):
@@ -162,3 +162,23 @@ def test_a_bad_fail_queue_size_or_priority_names_fail_options(
             )
     message = str(caught.value)
     assert message.startswith(f"queue 'q', fail_options: {wrong} must be"), message
+
+
+def test_pushed_jobs_of_several_queues_never_overcommit_a_worker(rt: Runtime) -> None:
+    sizes = {"a": 30, "b": 30, "c": 50}
+    rt.start({n: queue_spec(size=u) for n, u in sizes.items()}, workers=1, poll_interval=30.0)
+    for name in sizes:
+        wait_for(lambda name=name: rt.r.hgetall(QueueKeys(rt.prefix, name, name).base + ":parked"))
+    feeders = [
+        trickle(rt, n, 2.0, 0.05, {"tag": n, "units": u, "sleep": 0.05}) for n, u in sizes.items()
+    ]
+    for feeder in feeders:
+        feeder.join()
+    live = ("waiting", "delayed", "blocked", "active")
+    wait_for(lambda: not any(rt.queue(n).counts()[k] for n in sizes for k in live), timeout=60)
+    time.sleep(1.0)
+    records = rt.records()
+    assert max_units_in_flight(records) <= 100
+    for name in sizes:
+        runs = runs_of(rt, name)
+        assert runs and set(runs.values()) == {1}
