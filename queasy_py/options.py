@@ -134,7 +134,10 @@ class ListenOptions:
         """Options of the fail queue: FAIL_OPTIONS defaults, then this queue's fail_options."""
         assert self.fail_handler is not None
         merged = {**defaults.FAIL_OPTIONS, **self.fail_options}
-        base = ListenOptions.build(fail_queue, self.fail_handler, merged, check=False)
+        try:
+            base = ListenOptions.build(fail_queue, self.fail_handler, merged, check=False)
+        except InvalidInput as exc:  # named as given: not read as the queue's own size
+            raise InvalidInput(f"queue {self.queue!r}, fail_options: {exc}") from None
         return replace(base, fail_handler=None)
 
     def backoff(self, retry_count: int) -> float:

@@ -56,6 +56,9 @@ class Checkouts:
         self.malformed = Throttled()
         self.seq = 0
         self.twins = Twins(workers.procs, acks)  # second leases of a job running here
+        #: ready queues the last plan gave no units (Rounds.send): one known to have a job
+        #: may keep a worker (scheduler.plan's reservation) that a push must not refill
+        self.unserved: set[QueueState] = set()
 
     # ------------------------------------------------------------------ dequeue replies
 
@@ -214,6 +217,19 @@ class Checkouts:
             state.ready_at = min(state.ready_at, at)
             state.woken = min(state.woken, at)
 
+    def _behind(self, state: QueueState, now: float) -> bool:
+        """Whether a queue ahead of `state` (a higher priority, or its own priority with its
+        turn first) is known to have a job ready that the last plan gave no units: it may
+        keep a worker for itself (scheduler.plan), which a push placed by free units alone
+        would refill, starving it for as long as pushes come."""
+        priority, turn = state.spec.priority, state.last_served
+        return any(
+            s is not state
+            and (s.spec.priority, -s.last_served) >= (priority, -turn)
+            and s.known_ready(now)
+            for s in self.unserved
+        )
+
     def _pushed(self, state: QueueState, message: bytes) -> None:
         """A job dispatch leased straight to this client (or an unpark mark: no newline;
         something else with fewer fields is dropped, logged).
@@ -254,8 +270,11 @@ class Checkouts:
             self.twins.hold(job, state.base)  # never twice at once here
             state.ready_at = 0.0  # park its slot again
             return
-        proc = None if self.stopping else self.workers.reserve(state.spec.size)
-        if proc is None:  # parked slots another queue or a lost worker took meanwhile
+        proc = None
+        if not self.stopping and not self._behind(state, time.time()):
+            proc = self.workers.reserve(state.spec.size)
+        if proc is None:  # parked slots another queue or a lost worker took meanwhile, or
+            # a queue ahead of it waits for units: the plan, not the push, places it
             self.acks.append(outcomes.retry(job, state.base, job.run_at, "return", "", ""))
             return
         try:

@@ -144,7 +144,7 @@ class Rounds:
         asked = {state for state, _ in asks}
         # ready, but no units for them now (or a reserved worker drains): a worker's result
         # or exit wakes the loop to plan again, so it does not spin on them meanwhile
-        self.unserved = {s for s in wanting if s not in asked}
+        self.unserved = self.checkouts.unserved = {s for s in wanting if s not in asked}
         checks = self.schedules.take(self.acks, self.stopping)  # after the acks they follow
         if not self.acks and not asks and not checks:
             return
