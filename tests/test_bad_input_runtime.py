@@ -25,6 +25,7 @@ from queasy_py.store.embedded import EmbeddedServer
 
 QUEASY = str(Path(sys.executable).with_name("queasy"))
 RUDE = "tests.runtime_handlers.rude"
+RUDE_ASYNC = "tests.runtime_handlers.rude_async"
 FAST_FAIL = {"min_backoff": 0.05, "max_backoff": 0.1}
 
 
@@ -235,6 +236,58 @@ def test_an_exception_that_cannot_be_encoded_is_retried_then_failed_readably(
     assert (failed["outcome"], failed["error_name"]) == ("failed", name)
     assert len(sup.workers()) == 1  # the worker survived
     canary(rt, sup.pid)
+
+
+@pytest.mark.parametrize("handler", [RUDE, RUDE_ASYNC], ids=["sync", "async"])
+@pytest.mark.parametrize(
+    "error, name, message",
+    [
+        ("exiting_str", "ExitingStr", "<unprintable ExitingStr>"),
+        ("interrupting_kind", "InterruptingKind", "kind raises KeyboardInterrupt"),
+    ],
+)
+def test_an_exception_raising_a_base_exception_when_described_fails_that_job_alone(
+    rt: Runtime, handler: str, error: str, name: str, message: str
+) -> None:
+    """An exception whose __str__ raises SystemExit, or whose `kind` raises
+    KeyboardInterrupt: the worker describes it like any error. Reading it used to raise out
+    of the worker's description: the job was never reported (a timeout instead of its
+    error) and, for an async handler, the SystemExit ended the worker's event loop, so the
+    other async jobs of that worker hung until their timeouts too."""
+    sup = rt.start({"q": queue_spec(handler, timeout=30.0, max_retries=0)}, workers=1)
+    q = rt.queue("q")
+    q.dispatch({"do": "nothing", "sleep": 1.0}, id="innocent")
+    q.dispatch({"do": "raise", "error": error}, id="bad")
+    events = {e["id"]: e for e in rt.wait_events("q", 2, timeout=10.0)}
+    bad, innocent = events["bad"], events["innocent"]
+    assert (bad["outcome"], bad["error_name"], bad["error_kind"]) == ("failed", name, "retriable")
+    assert bad["error_message"].startswith(message)
+    assert bad["timeout_count"] == "0"
+    assert (innocent["outcome"], innocent["timeout_count"]) == ("finished", "0")
+    (end,) = rt.records("end", id="innocent")
+    q.dispatch({"do": "nothing"}, id="after")  # the same worker, its loop alive, goes on
+    (after,) = rt.wait_records(1, "end", id="after", timeout=10.0)
+    assert after["pid"] == end["pid"]
+    assert sup.workers() == {end["pid"]}
+    canary(rt, sup.pid)
+
+
+class _ExitingRepr:
+    def __repr__(self) -> str:
+        raise SystemExit("repr exits")
+
+
+def test_a_result_whose_check_raises_a_base_exception_fails_its_job() -> None:
+    """A stored result with a non-str key whose repr raises SystemExit: the job fails
+    (InvalidResult) instead of the SystemExit leaving the worker's code (for an async
+    handler, ending its event loop)."""
+    from queasy_py.job import Job
+    from queasy_py.runtime.results import stored_result
+
+    value, error = stored_result({_ExitingRepr(): 1}, Job("j", "q", 0.0, 0, 0, 0))
+    assert value is None and error is not None
+    assert (error["name"], error["kind"]) == ("InvalidResult", "permanent")
+    assert "SystemExit: repr exits" in error["message"]
 
 
 def test_a_handler_printing_megabytes_to_stdout_finishes(rt: Runtime) -> None:
