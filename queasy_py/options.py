@@ -12,6 +12,9 @@ from .validate import MAX_DURATION, shown
 
 #: the supervisor settings that are durations in seconds (bounded by MAX_DURATION)
 DURATIONS = ("heartbeat_interval", "shutdown_timeout", "poll_interval")
+#: the largest count the library takes (lua/queasy.lua MAX_COUNT: events maxlen, keep count,
+#: expiry ms); a larger one would be refused by every call that carries it
+MAX_COUNT = 999_999_999_999
 
 
 def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
@@ -34,7 +37,7 @@ def _keep(name: str, value: Any, default: dict[str, Any]) -> tuple[int, float]:
     if unknown:
         raise InvalidInput(f"{name} has unknown key(s) {sorted(unknown)}: count, seconds")
     merged = {**default, **value}
-    count = _int(f"{name}['count']", merged["count"], 0, 10**12 - 1)
+    count = _int(f"{name}['count']", merged["count"], 0, MAX_COUNT)
     return count, _seconds(f"{name}['seconds']", merged["seconds"])
 
 
@@ -104,7 +107,7 @@ class ListenOptions:
             max_backoff=_seconds("max_backoff", o["max_backoff"]),
             fail_handler=o["fail_handler"],
             fail_options=dict(fail_options),
-            events_maxlen=_int("events_maxlen", o["events_maxlen"], 0),
+            events_maxlen=_int("events_maxlen", o["events_maxlen"], 0, MAX_COUNT),
             keep_finished=_keep("keep_finished", o["keep_finished"], defaults.KEEP_FINISHED),
             keep_failed=_keep("keep_failed", o["keep_failed"], defaults.KEEP_FAILED),
             store_results=_bool("store_results", o["store_results"]),

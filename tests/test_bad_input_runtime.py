@@ -103,6 +103,35 @@ def test_an_unknown_config_key_exits_config_naming_the_key(
     assert "Traceback" not in out
 
 
+ACT_QUEUE = '[queues.q]\nhandler = "tests.runtime_handlers.act"\n'
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        (ACT_QUEUE + "events_maxlen = 1000000000000\n", "queues.q: events_maxlen"),
+    ],
+    ids=["events_maxlen"],
+)
+def test_a_config_value_the_library_refuses_exits_config_naming_the_key(
+    tmp_path: Path, text: str, key: str
+) -> None:
+    """A value past what lua/queasy.lua accepts (MAX_COUNT) was taken: the supervisor then
+    started, its every heartbeat and dequeue refused (INVALID), and never ran a job."""
+    code, out = queasy("run", write_config(tmp_path, text))
+    assert (code, out.count("\n")) == (exitcodes.CONFIG, 1), out
+    assert key in out
+    assert "Traceback" not in out
+
+
+def test_listen_refuses_an_events_maxlen_the_library_refuses() -> None:
+    from queasy_py.options import ListenOptions
+
+    with pytest.raises(InvalidInput, match="events_maxlen must be an int 0..999999999999"):
+        ListenOptions.build("q", "x.y", {"events_maxlen": 10**12}, check=False)
+    ListenOptions.build("q", "x.y", {"events_maxlen": 10**12 - 1}, check=False)
+
+
 @pytest.mark.parametrize("name", ["a b", "{a}", "a}b"])
 def test_a_config_queue_name_with_spaces_or_braces_exits_config(tmp_path: Path, name: str) -> None:
     text = f'[queues."{name}"]\nhandler = "tests.runtime_handlers.act"\n'
