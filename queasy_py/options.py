@@ -187,6 +187,14 @@ def check_setting(key: str, value: Any) -> Any:
         if not isinstance(value, str) or not value:
             raise InvalidInput(f"metrics_host must be a host name or address, not {value!r}")
         return value
+    if key == "heartbeat_interval":  # a client's expiry, twice it in ms, goes to the library
+        seconds = _seconds(key, value, positive=True)
+        if not 1 <= int(seconds * 2000) <= MAX_COUNT:  # runtime/heartbeat.py expiry_ms
+            raise InvalidInput(
+                f"{key} must be 0.0005..{MAX_COUNT // 2000} seconds (its expiry, twice it in "
+                f"ms, must be 1..{MAX_COUNT}), not {shown(value)}"
+            )
+        return seconds
     if key in DURATIONS:
         return _seconds(key, value, positive=key.endswith("interval"))
     if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):

@@ -110,8 +110,10 @@ ACT_QUEUE = '[queues.q]\nhandler = "tests.runtime_handlers.act"\n'
     "text, key",
     [
         (ACT_QUEUE + "events_maxlen = 1000000000000\n", "queues.q: events_maxlen"),
+        ("heartbeat_interval = 0.0004\n" + ACT_QUEUE, "heartbeat_interval"),
+        ("heartbeat_interval = 500000000\n" + ACT_QUEUE, "heartbeat_interval"),
     ],
-    ids=["events_maxlen"],
+    ids=["events_maxlen", "heartbeat_interval_tiny", "heartbeat_interval_huge"],
 )
 def test_a_config_value_the_library_refuses_exits_config_naming_the_key(
     tmp_path: Path, text: str, key: str
