@@ -126,6 +126,26 @@ def test_a_config_value_the_library_refuses_exits_config_naming_the_key(
     assert "Traceback" not in out
 
 
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ("size = 500\n", "queues.q: fail_options: size must be an int 1..100, not 500"),
+        ("max_backoff = 5\n", "queues.q: fail_options: min_backoff (10.0) is larger than"),
+    ],
+    ids=["size", "backoffs"],
+)
+def test_a_bad_fail_options_value_is_named_as_one(
+    tmp_path: Path, options: str, message: str
+) -> None:
+    """A bad value under [queues.q.fail_options] was reported as the queue's own
+    (`queues.q: size must be ...`), sending the reader to a key that is fine."""
+    text = ACT_QUEUE + 'fail_handler = "tests.runtime_handlers.act"\n[queues.q.fail_options]\n'
+    code, out = queasy("run", write_config(tmp_path, text + options))
+    assert (code, out.count("\n")) == (exitcodes.CONFIG, 1), out
+    assert message in out
+    assert "Traceback" not in out
+
+
 def test_listen_refuses_an_events_maxlen_the_library_refuses() -> None:
     from queasy_py.options import ListenOptions
 
