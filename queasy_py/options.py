@@ -12,6 +12,9 @@ from .validate import MAX_DURATION, shown
 
 #: the supervisor settings that are durations in seconds (bounded by MAX_DURATION)
 DURATIONS = ("heartbeat_interval", "shutdown_timeout", "poll_interval")
+#: the largest count the library takes (lua/queasy.lua MAX_COUNT: events maxlen, keep count,
+#: expiry ms); a larger one would be refused by every call that carries it
+MAX_COUNT = 999_999_999_999
 
 
 def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
@@ -34,7 +37,7 @@ def _keep(name: str, value: Any, default: dict[str, Any]) -> tuple[int, float]:
     if unknown:
         raise InvalidInput(f"{name} has unknown key(s) {sorted(unknown)}: count, seconds")
     merged = {**default, **value}
-    count = _int(f"{name}['count']", merged["count"], 0, 10**12 - 1)
+    count = _int(f"{name}['count']", merged["count"], 0, MAX_COUNT)
     return count, _seconds(f"{name}['seconds']", merged["seconds"])
 
 
@@ -104,7 +107,7 @@ class ListenOptions:
             max_backoff=_seconds("max_backoff", o["max_backoff"]),
             fail_handler=o["fail_handler"],
             fail_options=dict(fail_options),
-            events_maxlen=_int("events_maxlen", o["events_maxlen"], 0),
+            events_maxlen=_int("events_maxlen", o["events_maxlen"], 0, MAX_COUNT),
             keep_finished=_keep("keep_finished", o["keep_finished"], defaults.KEEP_FINISHED),
             keep_failed=_keep("keep_failed", o["keep_failed"], defaults.KEEP_FAILED),
             store_results=_bool("store_results", o["store_results"]),
@@ -122,8 +125,11 @@ class ListenOptions:
             load(handler)
             if spec.fail_handler is not None:
                 load(spec.fail_handler)
-        if spec.fail_handler is not None:
-            spec.fail_spec(queue + defaults.FAIL_QUEUE_SUFFIX)  # check fail_options values
+        if spec.fail_handler is not None:  # check fail_options values, naming where they are
+            try:
+                spec.fail_spec(queue + defaults.FAIL_QUEUE_SUFFIX)
+            except InvalidInput as exc:
+                raise InvalidInput(f"fail_options: {exc}") from None
         if spec.schedule is not None or spec.schedule_every is not None:
             from .runtime.schedules import build  # lazily: the cron parser
 
@@ -187,6 +193,14 @@ def check_setting(key: str, value: Any) -> Any:
         if not isinstance(value, str) or not value:
             raise InvalidInput(f"metrics_host must be a host name or address, not {value!r}")
         return value
+    if key == "heartbeat_interval":  # a client's expiry, twice it in ms, goes to the library
+        seconds = _seconds(key, value, positive=True)
+        if not 1 <= int(seconds * 2000) <= MAX_COUNT:  # runtime/heartbeat.py expiry_ms
+            raise InvalidInput(
+                f"{key} must be 0.0005..{MAX_COUNT // 2000} seconds (its expiry, twice it in "
+                f"ms, must be 1..{MAX_COUNT}), not {shown(value)}"
+            )
+        return seconds
     if key in DURATIONS:
         return _seconds(key, value, positive=key.endswith("interval"))
     if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):

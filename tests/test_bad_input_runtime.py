@@ -25,6 +25,7 @@ from queasy_py.store.embedded import EmbeddedServer
 
 QUEASY = str(Path(sys.executable).with_name("queasy"))
 RUDE = "tests.runtime_handlers.rude"
+RUDE_ASYNC = "tests.runtime_handlers.rude_async"
 FAST_FAIL = {"min_backoff": 0.05, "max_backoff": 0.1}
 
 
@@ -100,6 +101,57 @@ def test_an_unknown_config_key_exits_config_naming_the_key(
     assert code == exitcodes.CONFIG
     assert key in out and "unknown" in out
     assert "Traceback" not in out
+
+
+ACT_QUEUE = '[queues.q]\nhandler = "tests.runtime_handlers.act"\n'
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        (ACT_QUEUE + "events_maxlen = 1000000000000\n", "queues.q: events_maxlen"),
+        ("heartbeat_interval = 0.0004\n" + ACT_QUEUE, "heartbeat_interval"),
+        ("heartbeat_interval = 500000000\n" + ACT_QUEUE, "heartbeat_interval"),
+    ],
+    ids=["events_maxlen", "heartbeat_interval_tiny", "heartbeat_interval_huge"],
+)
+def test_a_config_value_the_library_refuses_exits_config_naming_the_key(
+    tmp_path: Path, text: str, key: str
+) -> None:
+    """A value past what lua/queasy.lua accepts (MAX_COUNT) was taken: the supervisor then
+    started, its every heartbeat and dequeue refused (INVALID), and never ran a job."""
+    code, out = queasy("run", write_config(tmp_path, text))
+    assert (code, out.count("\n")) == (exitcodes.CONFIG, 1), out
+    assert key in out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ("size = 500\n", "queues.q: fail_options: size must be an int 1..100, not 500"),
+        ("max_backoff = 5\n", "queues.q: fail_options: min_backoff (10.0) is larger than"),
+    ],
+    ids=["size", "backoffs"],
+)
+def test_a_bad_fail_options_value_is_named_as_one(
+    tmp_path: Path, options: str, message: str
+) -> None:
+    """A bad value under [queues.q.fail_options] was reported as the queue's own
+    (`queues.q: size must be ...`), sending the reader to a key that is fine."""
+    text = ACT_QUEUE + 'fail_handler = "tests.runtime_handlers.act"\n[queues.q.fail_options]\n'
+    code, out = queasy("run", write_config(tmp_path, text + options))
+    assert (code, out.count("\n")) == (exitcodes.CONFIG, 1), out
+    assert message in out
+    assert "Traceback" not in out
+
+
+def test_listen_refuses_an_events_maxlen_the_library_refuses() -> None:
+    from queasy_py.options import ListenOptions
+
+    with pytest.raises(InvalidInput, match="events_maxlen must be an int 0..999999999999"):
+        ListenOptions.build("q", "x.y", {"events_maxlen": 10**12}, check=False)
+    ListenOptions.build("q", "x.y", {"events_maxlen": 10**12 - 1}, check=False)
 
 
 @pytest.mark.parametrize("name", ["a b", "{a}", "a}b"])
@@ -235,6 +287,58 @@ def test_an_exception_that_cannot_be_encoded_is_retried_then_failed_readably(
     assert (failed["outcome"], failed["error_name"]) == ("failed", name)
     assert len(sup.workers()) == 1  # the worker survived
     canary(rt, sup.pid)
+
+
+@pytest.mark.parametrize("handler", [RUDE, RUDE_ASYNC], ids=["sync", "async"])
+@pytest.mark.parametrize(
+    "error, name, message",
+    [
+        ("exiting_str", "ExitingStr", "<unprintable ExitingStr>"),
+        ("interrupting_kind", "InterruptingKind", "kind raises KeyboardInterrupt"),
+    ],
+)
+def test_an_exception_raising_a_base_exception_when_described_fails_that_job_alone(
+    rt: Runtime, handler: str, error: str, name: str, message: str
+) -> None:
+    """An exception whose __str__ raises SystemExit, or whose `kind` raises
+    KeyboardInterrupt: the worker describes it like any error. Reading it used to raise out
+    of the worker's description: the job was never reported (a timeout instead of its
+    error) and, for an async handler, the SystemExit ended the worker's event loop, so the
+    other async jobs of that worker hung until their timeouts too."""
+    sup = rt.start({"q": queue_spec(handler, timeout=30.0, max_retries=0)}, workers=1)
+    q = rt.queue("q")
+    q.dispatch({"do": "nothing", "sleep": 1.0}, id="innocent")
+    q.dispatch({"do": "raise", "error": error}, id="bad")
+    events = {e["id"]: e for e in rt.wait_events("q", 2, timeout=10.0)}
+    bad, innocent = events["bad"], events["innocent"]
+    assert (bad["outcome"], bad["error_name"], bad["error_kind"]) == ("failed", name, "retriable")
+    assert bad["error_message"].startswith(message)
+    assert bad["timeout_count"] == "0"
+    assert (innocent["outcome"], innocent["timeout_count"]) == ("finished", "0")
+    (end,) = rt.records("end", id="innocent")
+    q.dispatch({"do": "nothing"}, id="after")  # the same worker, its loop alive, goes on
+    (after,) = rt.wait_records(1, "end", id="after", timeout=10.0)
+    assert after["pid"] == end["pid"]
+    assert sup.workers() == {end["pid"]}
+    canary(rt, sup.pid)
+
+
+class _ExitingRepr:
+    def __repr__(self) -> str:
+        raise SystemExit("repr exits")
+
+
+def test_a_result_whose_check_raises_a_base_exception_fails_its_job() -> None:
+    """A stored result with a non-str key whose repr raises SystemExit: the job fails
+    (InvalidResult) instead of the SystemExit leaving the worker's code (for an async
+    handler, ending its event loop)."""
+    from queasy_py.job import Job
+    from queasy_py.runtime.results import stored_result
+
+    value, error = stored_result({_ExitingRepr(): 1}, Job("j", "q", 0.0, 0, 0, 0))
+    assert value is None and error is not None
+    assert (error["name"], error["kind"]) == ("InvalidResult", "permanent")
+    assert "SystemExit: repr exits" in error["message"]
 
 
 def test_a_handler_printing_megabytes_to_stdout_finishes(rt: Runtime) -> None:

@@ -31,7 +31,8 @@ def _text(value: object, fallback: str) -> str:
     """str(value), cut and made valid UTF-8 (lone surrogates escaped); `fallback` if it fails."""
     try:
         text = str(value)
-    except Exception:  # an exception whose __str__ fails still gets reported
+    except BaseException:  # noqa: BLE001 - an exception whose __str__ fails (even with a
+        # SystemExit, which would end the worker's event loop thread) still gets reported
         return fallback
     return text[:MAX_MESSAGE].encode("utf-8", "backslashreplace").decode("utf-8")
 
@@ -46,7 +47,7 @@ def retry_at_of(exc: BaseException) -> float | None:
         if hasattr(value, "timestamp"):
             value = value.timestamp()
         at = float(value)
-    except Exception:
+    except BaseException:  # noqa: BLE001 - user code: whatever it raises reads as "not set"
         return None
     if not math.isfinite(at) or not 0.0 <= at <= MAX_RETRY_AT:
         return None
@@ -58,7 +59,7 @@ def traceback_of(exc: BaseException, limit: int = defaults.TRACEBACK_BYTES) -> s
     bytes of UTF-8 (lone surrogates escaped); None when it cannot be formatted."""
     try:
         text = "".join(traceback.format_exception(exc))
-    except Exception:
+    except BaseException:  # noqa: BLE001 - a __str__ that raises SystemExit included
         return None
     raw = text.encode("utf-8", "backslashreplace")
     if len(raw) > limit:  # the end holds the innermost frame and the error itself
@@ -68,11 +69,14 @@ def traceback_of(exc: BaseException, limit: int = defaults.TRACEBACK_BYTES) -> s
 
 def describe_error(exc: BaseException) -> dict[str, Any]:
     """The JSON-safe description of a handler's exception; never raises."""
-    name = _text(type(exc).__name__, "Exception")
+    try:
+        name = _text(type(exc).__name__, "Exception")
+    except BaseException:  # noqa: BLE001 - a metaclass whose __name__ raises
+        name = "Exception"
     message = _text(exc, f"<unprintable {name}>")
     try:  # user attributes may be properties that raise: any failure reads as "not set"
         permanent = getattr(exc, "kind", None) == PermanentError.kind
-    except Exception:
+    except BaseException:  # noqa: BLE001 - SystemExit too: it would end the event loop
         permanent = False
     return {
         "name": name,
@@ -161,7 +165,8 @@ def stored_result(result: Any, job: Any) -> tuple[str | None, dict[str, Any] | N
         encoded = encode_data(result, defaults.MAX_PAYLOAD_BYTES, "the return value")
     except InvalidInput as exc:
         return None, invalid_result(job, str(exc))
-    except Exception as exc:  # the check itself failed on the value (a key whose repr
-        # raises): the job fails, its result is sent, rather than none and a timeout
-        return None, invalid_result(job, _text(f"{type(exc).__name__}: {exc}", "?"))
+    except BaseException as exc:  # noqa: BLE001 - the check itself failed on the value (a
+        # key whose repr raises, SystemExit included): the job fails, its result is sent,
+        # rather than none and a timeout (or, for an async handler, a dead event loop)
+        return None, invalid_result(job, f"{_text(type(exc).__name__, '?')}: {_text(exc, '?')}")
     return encoded.decode(), None

@@ -5,11 +5,13 @@ exception that is hard to encode), "print_mb" (data["mb"] megabytes to stdout),
 "close_std" (closes stdin and stdout, the objects and the file descriptors), "setsid"
 (tries to move the worker into a new session: a worker already leads its own session, so
 os.setsid() fails with EPERM, which the handler records as "setsid_refused"). Anything else:
-just finish. Records start and end.
+just finish. Records start and end. `handle_async` is the same on the worker's event loop,
+after data["sleep"] seconds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from typing import Any
@@ -20,6 +22,19 @@ from tests.runtime_handlers import record
 class Unprintable(Exception):
     def __str__(self) -> str:
         raise RuntimeError("__str__ of this exception fails")
+
+
+class ExitingStr(Exception):
+    """Its __str__ raises SystemExit: a BaseException, not an Exception."""
+
+    def __str__(self) -> str:
+        raise SystemExit("__str__ of this exception exits")
+
+
+class InterruptingKind(Exception):
+    @property
+    def kind(self) -> str:
+        raise KeyboardInterrupt
 
 
 class KindlessError(Exception):
@@ -35,6 +50,10 @@ def make_error(name: str) -> BaseException:
         return ValueError(object(), {1, 2}, b"\xff\xfe")
     if name == "surrogate":
         return ValueError("undecodable file name b\udcffd.txt")
+    if name == "exiting_str":
+        return ExitingStr("never shown")
+    if name == "interrupting_kind":
+        return InterruptingKind("kind raises KeyboardInterrupt")
     if name == "bad_kind":
         return KindlessError("kind is a property that raises")
     if name == "huge_message":
@@ -68,3 +87,8 @@ def handle(data: dict[str, Any], job: Any) -> Any:
             record("setsid_refused", data, job)
     record("end", data, job)
     return None
+
+
+async def handle_async(data: dict[str, Any], job: Any) -> Any:
+    await asyncio.sleep(data.get("sleep", 0))
+    return handle(data, job)
