@@ -125,11 +125,8 @@ class ListenOptions:
             load(handler)
             if spec.fail_handler is not None:
                 load(spec.fail_handler)
-        if spec.fail_handler is not None:  # check fail_options values, naming where they are
-            try:
-                spec.fail_spec(queue + defaults.FAIL_QUEUE_SUFFIX)
-            except InvalidInput as exc:
-                raise InvalidInput(f"fail_options: {exc}") from None
+        if spec.fail_handler is not None:  # check fail_options values (named as such)
+            spec.fail_spec(queue + defaults.FAIL_QUEUE_SUFFIX)
         if spec.schedule is not None or spec.schedule_every is not None:
             from .runtime.schedules import build  # lazily: the cron parser
 

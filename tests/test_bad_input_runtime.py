@@ -129,8 +129,8 @@ def test_a_config_value_the_library_refuses_exits_config_naming_the_key(
 @pytest.mark.parametrize(
     "options, message",
     [
-        ("size = 500\n", "queues.q: fail_options: size must be an int 1..100, not 500"),
-        ("max_backoff = 5\n", "queues.q: fail_options: min_backoff (10.0) is larger than"),
+        ("size = 500\n", "queues.q: queue 'q', fail_options: size must be an int 1..100, not"),
+        ("max_backoff = 5\n", "queues.q: queue 'q', fail_options: min_backoff (10.0) is larger"),
     ],
     ids=["size", "backoffs"],
 )
