@@ -6,6 +6,7 @@ Faults (timeouts, crashes, zombies, shutdown) are in test_runtime_faults.py.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -459,3 +460,55 @@ def test_a_stop_with_nothing_running_does_not_stop_the_next_run(
             client.stop()
             thread.join(timeout=0.5)
         client.close()
+
+
+HANDLE_KINDS = {
+    "partial": "import functools\nasync def f(x, data, job): return x\n"
+    "handle = functools.partial(f, 'partial')\n",
+    "static": "async def f(data, job): return 'static'\nhandle = staticmethod(f)\n",
+    "instance": "class H:\n    def __call__(self, data, job): return 'instance'\nhandle = H()\n",
+    "generator": "def handle(data, job):\n    yield 1\n",
+    "async_generator": "async def handle(data, job):\n    yield 1\n",
+    "generator_call": "class H:\n    def __call__(self, data, job):\n        yield 1\n"
+    "handle = H()\n",
+    "generator_partial": "import functools\ndef f(x, data, job):\n    yield x\n"
+    "handle = functools.partial(f, 1)\n",
+    "class": "class handle:\n    def __init__(self, data, job): pass\n",
+    "one_argument": "def handle(data): pass\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        ("partial", None),
+        ("static", None),
+        ("instance", None),
+        ("generator", "handle is a generator function"),
+        ("async_generator", "handle is an async generator function"),
+        ("generator_call", "handle is a generator function"),
+        ("generator_partial", "handle is a generator function"),
+        ("class", "handle is a class"),
+        ("one_argument", "cannot take (data, job)"),
+    ],
+)
+def test_a_handle_that_would_not_run_its_job_is_refused_at_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, says: str | None
+) -> None:
+    import asyncio
+    import inspect
+
+    from queasy_py.runtime.handler import load
+
+    name = f"handle_kind_{kind}"
+    (tmp_path / f"{name}.py").write_text(HANDLE_KINDS[kind])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    if says is not None:
+        with pytest.raises(HandlerError, match=f"^handler module '{name}': .*{re.escape(says)}"):
+            load(name)
+        return
+    handle, _ = load(name)
+    value = handle(None, None)
+    if inspect.isawaitable(value):
+        value = asyncio.run(value)
+    assert value == kind
