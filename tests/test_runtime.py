@@ -512,3 +512,33 @@ def test_a_handle_that_would_not_run_its_job_is_refused_at_load(
     if inspect.isawaitable(value):
         value = asyncio.run(value)
     assert value == kind
+
+
+@pytest.mark.parametrize("fail_queue_first", [False, True])
+@pytest.mark.parametrize("touched", [False, True])
+def test_a_queue_that_is_the_fail_queue_of_a_listened_queue_cannot_be_listened_to(
+    redis_url: str, prefix: str, fail_queue_first: bool, touched: bool
+) -> None:
+    """Its jobs are fail records of q, run by q's fail handler: a second handler listed for
+    it replaced that one in the workers' {queue: handler} (the last listed won)."""
+    from queasy_py import InvalidInput
+
+    with Client(redis_url, workers=1, prefix=prefix) as client:
+        if touched:  # q's fail queue was looked at before (counts, jobs): it has q's hash tag
+            assert client.queue("q").fail_queue.name == "q-fail"
+
+        def listen_q() -> None:
+            client.queue("q").listen(
+                "queasy_py.handlers.reschedule", fail_handler="queasy_py.handlers.dead_letter"
+            )
+
+        def listen_fail_queue() -> None:
+            client.queue("q-fail").listen("queasy_py.handlers.reschedule")
+
+        first, second = (
+            (listen_fail_queue, listen_q) if fail_queue_first else (listen_q, listen_fail_queue)
+        )
+        first()
+        with pytest.raises(InvalidInput, match="'q-fail' is the fail queue of 'q'"):
+            second()
+        assert len(client.listeners) == 1
