@@ -196,6 +196,14 @@ class Client:
     def _add_listener(self, queue: Queue, spec: ListenOptions) -> None:
         if queue.name in self.listeners:
             raise InvalidInput(f"queue {queue.name!r} is already listened to by this client")
+        # a fail queue's jobs run its queue's fail handler: a handler of its own would
+        # replace that one in the workers' {queue: handler} (the last listed wins)
+        suffix = defaults.FAIL_QUEUE_SUFFIX
+        for name, (_, other) in self.listeners.items():
+            if other.fail_handler is not None and name + suffix == queue.name:
+                raise InvalidInput(f"queue {queue.name!r} is the fail queue of {name!r}")
+            if spec.fail_handler is not None and queue.name + suffix == name:
+                raise InvalidInput(f"queue {name!r} is the fail queue of {queue.name!r}")
         self.listeners[queue.name] = (queue, spec)
 
     def run(self, connect: Callable[[Client], object] | None = None) -> int:

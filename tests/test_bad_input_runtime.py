@@ -170,8 +170,19 @@ def test_a_config_queue_name_with_spaces_or_braces_exits_config(tmp_path: Path, 
         ("tests.runtime_handlers.no_handle", "has no callable handle(data, job)"),
         ("tests.runtime_handlers.does_not_exist", "failed to import: ModuleNotFoundError"),
         ("not a module path", "is not a module path"),
+        # called, these would run nothing (the job finished without running) or only fail
+        ("tests.runtime_handlers.generator", "handle is a generator function"),
+        ("tests.runtime_handlers.async_generator", "handle is an async generator function"),
+        ("tests.runtime_handlers.a_class", "handle is a class"),
+        (
+            "tests.runtime_handlers.wrong_signature",
+            "handle(data: Any) -> None cannot take (data, job)",
+        ),
     ],
-    ids=["raises_on_import", "no_handle", "missing", "not_a_path"],
+    ids=[
+        "raises_on_import", "no_handle", "missing", "not_a_path",
+        "generator", "async_generator", "class", "wrong_signature",
+    ],
 )
 def test_a_bad_handler_module_exits_handler_before_any_job_is_taken(
     tmp_path: Path, redis_url: str, prefix: str, handler: str, message: str

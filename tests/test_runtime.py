@@ -6,6 +6,7 @@ Faults (timeouts, crashes, zombies, shutdown) are in test_runtime_faults.py.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -459,3 +460,85 @@ def test_a_stop_with_nothing_running_does_not_stop_the_next_run(
             client.stop()
             thread.join(timeout=0.5)
         client.close()
+
+
+HANDLE_KINDS = {
+    "partial": "import functools\nasync def f(x, data, job): return x\n"
+    "handle = functools.partial(f, 'partial')\n",
+    "static": "async def f(data, job): return 'static'\nhandle = staticmethod(f)\n",
+    "instance": "class H:\n    def __call__(self, data, job): return 'instance'\nhandle = H()\n",
+    "generator": "def handle(data, job):\n    yield 1\n",
+    "async_generator": "async def handle(data, job):\n    yield 1\n",
+    "generator_call": "class H:\n    def __call__(self, data, job):\n        yield 1\n"
+    "handle = H()\n",
+    "generator_partial": "import functools\ndef f(x, data, job):\n    yield x\n"
+    "handle = functools.partial(f, 1)\n",
+    "class": "class handle:\n    def __init__(self, data, job): pass\n",
+    "one_argument": "def handle(data): pass\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        ("partial", None),
+        ("static", None),
+        ("instance", None),
+        ("generator", "handle is a generator function"),
+        ("async_generator", "handle is an async generator function"),
+        ("generator_call", "handle is a generator function"),
+        ("generator_partial", "handle is a generator function"),
+        ("class", "handle is a class"),
+        ("one_argument", "cannot take (data, job)"),
+    ],
+)
+def test_a_handle_that_would_not_run_its_job_is_refused_at_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, says: str | None
+) -> None:
+    import asyncio
+    import inspect
+
+    from queasy_py.runtime.handler import load
+
+    name = f"handle_kind_{kind}"
+    (tmp_path / f"{name}.py").write_text(HANDLE_KINDS[kind])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    if says is not None:
+        with pytest.raises(HandlerError, match=f"^handler module '{name}': .*{re.escape(says)}"):
+            load(name)
+        return
+    handle, _ = load(name)
+    value = handle(None, None)
+    if inspect.isawaitable(value):
+        value = asyncio.run(value)
+    assert value == kind
+
+
+@pytest.mark.parametrize("fail_queue_first", [False, True])
+@pytest.mark.parametrize("touched", [False, True])
+def test_a_queue_that_is_the_fail_queue_of_a_listened_queue_cannot_be_listened_to(
+    redis_url: str, prefix: str, fail_queue_first: bool, touched: bool
+) -> None:
+    """Its jobs are fail records of q, run by q's fail handler: a second handler listed for
+    it replaced that one in the workers' {queue: handler} (the last listed won)."""
+    from queasy_py import InvalidInput
+
+    with Client(redis_url, workers=1, prefix=prefix) as client:
+        if touched:  # q's fail queue was looked at before (counts, jobs): it has q's hash tag
+            assert client.queue("q").fail_queue.name == "q-fail"
+
+        def listen_q() -> None:
+            client.queue("q").listen(
+                "queasy_py.handlers.reschedule", fail_handler="queasy_py.handlers.dead_letter"
+            )
+
+        def listen_fail_queue() -> None:
+            client.queue("q-fail").listen("queasy_py.handlers.reschedule")
+
+        first, second = (
+            (listen_fail_queue, listen_q) if fail_queue_first else (listen_q, listen_fail_queue)
+        )
+        first()
+        with pytest.raises(InvalidInput, match="'q-fail' is the fail queue of 'q'"):
+            second()
+        assert len(client.listeners) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
@@ -30,7 +31,35 @@ def load(path: str) -> tuple[Handle, bool]:
     handle = getattr(module, "handle", None)
     if not callable(handle):
         raise HandlerError(f"handler module {path!r} has no callable handle(data, job)")
+    wrong = refusal(handle)
+    if wrong:
+        raise HandlerError(f"handler module {path!r}: {wrong}")
     return handle, inspect.iscoroutinefunction(handle)
+
+
+def refusal(handle: Any) -> str | None:
+    """Why `handle` cannot be a handler, None when it can. Called, a generator function (or
+    an async one) returns a generator without running its body: its jobs would finish
+    without running. A class returns an instance. A signature that cannot take (data, job)
+    would fail every job."""
+    if inspect.isclass(handle):
+        return "handle is a class (calling it makes an instance); define a function"
+    code = handle.__func__ if isinstance(handle, staticmethod) else handle
+    if not inspect.isroutine(code) and not isinstance(code, functools.partial):
+        code = type(code).__call__.__get__(code)  # a callable object: its __call__ runs
+    if inspect.isasyncgenfunction(code):
+        return "handle is an async generator function: its body would never run; use async def"
+    if inspect.isgeneratorfunction(code):
+        return "handle is a generator function: its body would never run; drop the yield"
+    try:
+        signature = inspect.signature(handle)
+    except (TypeError, ValueError):  # a builtin without one: let it be called
+        return None
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        return f"handle{signature} cannot take (data, job)"
+    return None
 
 
 #: the ready-made handlers, once the top-level package `handlers`, now queasy_py.handlers

@@ -1,0 +1,11 @@
+"""A handler whose handle is an async generator function: calling it runs nothing (refused at
+load)."""
+
+from typing import Any
+
+from tests.runtime_handlers import record
+
+
+async def handle(data: Any, job: Any) -> Any:
+    record("start", data, job)
+    yield None
