@@ -290,6 +290,7 @@ class Queue(QueueBase, Operate):
         name, chunks = self._batch_calls(chunks, window)
         codes: list[Dispatched] = []
         if chunks:
+            self._register()
             with self.client.redis.pipeline(transaction=False) as pipe:
                 for args in chunks:
                     fcall(pipe, name, [self.keys.base], args)
