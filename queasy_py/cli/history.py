@@ -94,10 +94,16 @@ def run(args: argparse.Namespace) -> int:
         return exitcodes.OK
     spark, owned = session(args.master, conf, "queasy history report")
     try:
+        from pyspark.errors import AnalysisException
+
         from ..spark import report as reports
         from ..spark.plots import figure_png
 
-        result = reports.compute(spark, args.path, top=args.top)
+        try:
+            result = reports.compute(spark, args.path, top=args.top)
+        except AnalysisException as exc:  # no archive there (a path any Hadoop FS reads)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"cannot read the archive {args.path}: {first}") from None
     finally:
         if owned:
             spark.stop()
