@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from queasy_py import Client, Job, PermanentError
+from queasy_py.job import LIVE_STATES
 
 
 class FlakyService(Exception):
@@ -53,8 +54,12 @@ def run_jobs(n: int, workers: int, spread: float) -> None:
             for _ in range(n // 2)
         )
 
+    def live(name: str) -> int:  # counts() also has the totals of ended jobs
+        counts = client.queue(name).counts()
+        return sum(counts[state] for state in LIVE_STATES)
+
     def stop_when_done() -> None:
-        while any(sum(client.queue(q).counts().values()) for q in ("invoices", "emails")):
+        while any(live(q) for q in ("invoices", "emails")):
             time.sleep(0.2)
         client.stop()
 

@@ -18,6 +18,7 @@ import threading
 import time
 
 from queasy_py import Client, Job
+from queasy_py.job import LIVE_STATES
 
 
 def handle(data: dict, job: Job) -> None:
@@ -52,9 +53,10 @@ def dispatch_and_watch(client: Client, url: str, rows: int, master: str) -> None
     print(f"dispatched {counts} in {took:.1f}s ({counts.rows / took:,.0f} rows/s)", flush=True)
     spark.stop()
     queue = client.queue("welcome")
-    while True:
-        left = queue.counts()
-        print("left:", left, flush=True)
+    while True:  # until no job is live (counts() also has the totals of ended jobs)
+        counts = queue.counts()
+        left = {state: counts[state] for state in LIVE_STATES}
+        print("left:", left, "finished:", counts["finished"], flush=True)
         if sum(left.values()) == 0:
             break
         time.sleep(1.0)

@@ -5,8 +5,8 @@
         job_id = await q.dispatch({"to": "a@example.com"})
         print(await q.get_job(job_id), await q.counts())
 
-AsyncQueue has Queue's producer methods (dispatch, dispatch_many, cancel, get_job, counts)
-and fail_queue; running handlers (listen/run) stays with the synchronous Client.
+AsyncQueue has Queue's producer methods (dispatch, dispatch_many, dispatch_batch, cancel,
+get_job, counts) and fail_queue; running handlers (listen/run) stays with the synchronous Client.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from . import defaults, records, validate
 from .errors import ConnectionFailed, InvalidInput
 from .job import JobInfo, ScheduleInfo
 from .operate import PAGE
-from .queue import QueueBase
+from .queue import BatchResult, QueueBase
 from .resolve import PathLike, Target, resolve
 from .store import events
 from .store.aiocluster import async_cluster_client, ready_cluster
 from .store.cluster import is_cluster_url
 from .store.connection import from_url, mask_url
 from .store.keys import RegistryKeys
-from .store.library import handshake, lua_error, run_handshake_async
+from .store.library import Dispatched, handshake, lua_error, run_handshake_async
 
 log = logging.getLogger("queasy_py")
 
@@ -178,6 +178,31 @@ class AsyncQueue(QueueBase):
                 except redis.ResponseError as exc:
                     raise lua_error(exc) from None
         return ids
+
+    async def dispatch_batch(
+        self,
+        jobs: Iterable[Mapping[str, Any]],
+        update_data: bool = True,
+        update_run_at: bool | str = True,
+        reset_counts: bool | None = None,
+        *,
+        dedup_window: float | None = None,
+    ) -> BatchResult:
+        """Queue.dispatch_batch, awaitable: what happened to each job (dedup_window too)."""
+        window = None if dedup_window is None else self._window_ms(dedup_window)
+        chunks, ids = self._dispatch_many_args(jobs, update_data, update_run_at, reset_counts)
+        name, chunks = self._batch_calls(chunks, window)
+        replies: list = []
+        if chunks:
+            await self._register()
+            async with self.client.redis.pipeline(transaction=False) as pipe:
+                for args in chunks:
+                    pipe.fcall(name, 1, self.keys.base, *args)
+                try:
+                    replies = await pipe.execute()
+                except redis.ResponseError as exc:
+                    raise lua_error(exc) from None
+        return BatchResult(ids, [Dispatched(int(code)) for reply in replies for code in reply])
 
     async def cancel(self, job_id: str) -> bool:
         return bool(await self._fcall("queasy_cancel", self._cancel_args(job_id)))

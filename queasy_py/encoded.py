@@ -73,6 +73,8 @@ def dispatch_encoded_stream(
             if len(triples) % 3:
                 raise InvalidInput(f"triples must be id, data, run_at groups, got {len(triples)}")
             chunks = queue._chunks(flags, triples)
+            if chunks:
+                queue._register()  # Client.queues: once, on another connection of the pool
             if window is not None:
                 chunks = [[*args[:4], window, *args[5:]] for args in chunks]  # no trace
             conn.send_packed_command(

@@ -151,6 +151,14 @@ class QueueBase(OperateArgs):
         return [["", *flags, trace, *args[i : i + step]] for i in range(0, len(args), step)]
 
     @staticmethod
+    def _batch_calls(chunks: list[list], window: int | None) -> tuple[str, list[list]]:
+        """The function and ARGV of dispatch_batch's chunks: with a dedup window (ms),
+        queasy_dispatch_once, the window in the trace's place."""
+        if window is None:
+            return "queasy_dispatch", chunks
+        return "queasy_dispatch_once", [[*args[:4], window, *args[5:]] for args in chunks]
+
+    @staticmethod
     def _window_ms(dedup_window: object) -> int:
         if (
             isinstance(dedup_window, bool)
@@ -279,12 +287,10 @@ class Queue(QueueBase, Operate):
 
     def _send_batch(self, chunks: list[list], ids: list[str], window: int | None) -> BatchResult:
         """Send dispatch_batch's chunks, pipelined in one round trip."""
-        name = "queasy_dispatch"
-        if window is not None:
-            name = "queasy_dispatch_once"
-            chunks = [[*args[:4], window, *args[5:]] for args in chunks]  # no trace
+        name, chunks = self._batch_calls(chunks, window)
         codes: list[Dispatched] = []
         if chunks:
+            self._register()
             with self.client.redis.pipeline(transaction=False) as pipe:
                 for args in chunks:
                     fcall(pipe, name, [self.keys.base], args)

@@ -146,3 +146,31 @@ def test_async_with_closes_the_client_when_ready_fails(raw, redis_url: str) -> N
         await client.close()
 
     asyncio.run(main())
+
+
+def test_async_dispatch_batch_is_the_sync_ones_twin(redis_url: str, prefix: str) -> None:
+    """The README's table: AsyncQueue has dispatch_batch, awaitable, with the same arguments
+    (and dedup_window), and answers a BatchResult as Queue.dispatch_batch does."""
+
+    async def scenario() -> tuple:
+        async with AsyncClient(redis_url, prefix=prefix) as client:
+            q = client.queue("imports")
+            first = await q.dispatch_batch(
+                [{"data": 1, "id": "a"}, {"data": 2, "id": "b"}], dedup_window=60.0
+            )
+            again = await q.dispatch_batch(
+                [{"data": 1, "id": "a"}, {"data": 3, "id": "c"}], dedup_window=60.0
+            )
+            plain = await q.dispatch_batch([{"data": 4, "id": "c"}], update_data=False)
+            with pytest.raises(InvalidInput, match="dedup_window"):
+                await q.dispatch_batch([{"data": 5}], dedup_window=-1)
+            return first, again, plain, await q.get_job("c"), await q.counts()
+
+    first, again, plain, c, counts = run(scenario())
+    with Client(redis_url, workers=0, prefix=prefix) as client:
+        sync = client.queue("imports").dispatch_batch([{"data": 9, "id": "a"}])
+    assert (first.ids, first.created, again.ids, again.updated, again.created) == (
+        ["a", "b"], 2, ["a", "c"], 1, 1
+    )  # fmt: skip
+    assert type(first) is type(sync) and plain.updated == 1 and c.data == 3
+    assert live(counts) == {"waiting": 3, "delayed": 0, "blocked": 0, "active": 0}

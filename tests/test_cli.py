@@ -183,6 +183,23 @@ def test_log_level_before_or_after_the_subcommand_reaches_the_workers(app: App, 
     assert "Traceback" not in out
 
 
+def test_every_subcommand_takes_the_log_level_after_it() -> None:
+    """README: --log-level goes before or after the subcommand. `queasy history archive
+    ... --log-level DEBUG` was 'unrecognized arguments' (exit 2)."""
+    from queasy_py.cli.main import build_parser
+
+    parser = build_parser()
+    commands = [
+        ["run"], ["server"], ["dispatch", "q", "1"], ["cancel", "q", "i"], ["status"],
+        ["jobs", "q"], ["inspect", "q", "i"], ["requeue", "q"], ["purge", "q"], ["events", "q"],
+        ["history", "archive", "--path", "d"], ["history", "report", "--path", "d"],
+        ["dashboard"],
+    ]  # fmt: skip
+    for command in commands:
+        assert parser.parse_args([*command, "--log-level", "debug"]).log_level == "DEBUG", command
+        assert parser.parse_args(["--log-level", "error", *command]).log_level == "ERROR", command
+
+
 # ---------------------------------------------------------------- errors: exit 2, one line
 
 BAD_VALUE = '[queues.q]\nhandler = "myapp.jobs"\nsize = "big"\n'

@@ -356,3 +356,18 @@ def test_threads_that_end_do_not_each_keep_a_connection(client: Client, q: Queue
         thread.join()
     assert q.counts()["waiting"] == 41
     assert len(r.client_list()) <= before + 2
+
+
+def test_every_dispatch_path_lists_its_queue(client: Client) -> None:
+    """README: client.queues() (so `queasy status` and the dashboard) lists a queue from its
+    first dispatch. dispatch_batch and the Spark sink's encoded paths are dispatches too: a
+    queue only the sink fed, no supervisor up yet, was missing from all three."""
+    from queasy_py.encoded import dispatch_encoded
+
+    client.queue("batch").dispatch_batch([{"data": 1}])
+    client.queue("once").dispatch_batch([{"data": 1, "id": "a"}], dedup_window=60.0)
+    dispatch_encoded(client.queue("sink"), ["a", b"{}", ""])
+    list(dispatch_encoded_stream(client.queue("stream"), [["a", b"{}", ""]]))
+    client.queue("empty").dispatch_batch([])  # nothing dispatched: not listed
+    list(dispatch_encoded_stream(client.queue("none"), []))
+    assert client.queues() == ["batch", "once", "sink", "stream"]

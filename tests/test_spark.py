@@ -687,6 +687,17 @@ def test_report_numbers_match_a_hand_computation(
     assert main(["history", "report", "--path", path, "--conf", "no-equals"]) == exitcodes.CONFIG
 
 
+def test_a_report_of_no_archive_is_one_line_not_a_traceback(
+    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """README (CLI conventions): errors are one line, never a traceback. A --path with no
+    archive was Spark's AnalysisException and its traceback, exit 1."""
+    missing = str(tmp_path / "no-archive")
+    assert main(["history", "report", "--path", missing]) == exitcodes.CONFIG
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert "no-archive" in line and "PATH_NOT_FOUND" in line and "\n" not in line
+
+
 def hand_percentiles(values: list[float]) -> list[float]:
     """p50, p95, p99, linear between the nearest ranks (numpy's default)."""
     out = []

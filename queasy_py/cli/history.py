@@ -12,11 +12,16 @@ from ..errors import ConfigError
 from . import exitcodes, show
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    history = sub.add_parser("history", help="archive and report the job-event history (Spark)")
+def add_parser(sub: argparse._SubParsersAction, common: list[argparse.ArgumentParser]) -> None:
+    """`common`: the options every subcommand takes (--log-level after it)."""
+    history = sub.add_parser(
+        "history", parents=common, help="archive and report the job-event history (Spark)"
+    )
     commands = history.add_subparsers(dest="history_command", required=True)
     archive = commands.add_parser(
-        "archive", help="append new outcome events, exactly once, to a Parquet archive"
+        "archive",
+        parents=common,
+        help="append new outcome events, exactly once, to a Parquet archive",
     )
     archive.add_argument("--path", required=True, help="archive directory (any Hadoop path)")
     archive.add_argument(
@@ -31,7 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     archive.add_argument("--max-events-per-trigger", type=int, help="events per Spark batch")
     archive.add_argument("--redis", help=f"Redis URL (default ${defaults.URL_ENV})")
     archive.add_argument("--prefix", default=defaults.PREFIX)
-    report = commands.add_parser("report", help="a report of the archive: HTML and a summary")
+    report = commands.add_parser(
+        "report", parents=common, help="a report of the archive: HTML and a summary"
+    )
     report.add_argument("--path", required=True, help="archive directory")
     report.add_argument("--out", help="write the HTML report here (default: no HTML)")
     report.add_argument("--top", type=int, default=10, help="top errors and slowest jobs shown")
@@ -87,10 +94,16 @@ def run(args: argparse.Namespace) -> int:
         return exitcodes.OK
     spark, owned = session(args.master, conf, "queasy history report")
     try:
+        from pyspark.errors import AnalysisException
+
         from ..spark import report as reports
         from ..spark.plots import figure_png
 
-        result = reports.compute(spark, args.path, top=args.top)
+        try:
+            result = reports.compute(spark, args.path, top=args.top)
+        except AnalysisException as exc:  # no archive there (a path any Hadoop FS reads)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"cannot read the archive {args.path}: {first}") from None
     finally:
         if owned:
             spark.stop()

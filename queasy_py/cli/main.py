@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("id")
     add_server_options(cancel, config=True)
     operate.add_parsers(sub, common, add_server_options)
-    history.add_parser(sub)
+    history.add_parser(sub, [common])
     dashboard.add_parser(sub, [common], add_server_options)
     return parser
 
