@@ -22,7 +22,7 @@ import psutil
 import pytest
 from runtime_helpers import close_unrun
 
-from queasy_py import Client, ConnectionFailed, InvalidInput, QueasyError
+from queasy_py import Client, ConfigError, ConnectionFailed, QueasyError
 from queasy_py.runtime.early import start_early
 from queasy_py.runtime.supervisor import Supervisor
 
@@ -124,18 +124,20 @@ def test_workers_started_for_other_handlers_are_stopped_not_adopted(
 def test_workers_started_first_are_stopped_when_the_supervisor_refuses_the_config(
     redis_url: str, prefix: str
 ) -> None:
-    """A queue listened to as another's fail queue too: the supervisor refuses it
-    (InvalidInput) after run() started the workers, and run() stops them."""
-    client = Client(redis_url, prefix=prefix, workers=2)
-    clash = client.queue("clash")
-    clash.listen(HANDLER, fail_handler=HANDLER)
-    clash.fail_queue.listen(HANDLER)
-    before = worker_children()
-    try:
-        with pytest.raises(InvalidInput, match="listened to twice"):
-            client.run()
-    finally:
-        client.close()
+    """A metrics port another process holds: the supervisor refuses it (ConfigError) after
+    run() started the workers, and run() stops them. (This test used a queue listened to as
+    another's fail queue too, which listen() now refuses before run().)"""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        client = Client(redis_url, prefix=prefix, workers=2, metrics_port=taken.getsockname()[1])
+        client.queue("refused").listen(HANDLER)
+        before = worker_children()
+        try:
+            with pytest.raises(ConfigError, match="in use"):
+                client.run()
+        finally:
+            client.close()
     assert not (worker_children() - before), "workers left after run() failed"
 
 
@@ -147,7 +149,7 @@ if os.environ["LISTENING_PID"] != str(os.getpid()):
     time.sleep(60)
 
 
-def handle(job):
+def handle(data, job):
     return None
 """
 
