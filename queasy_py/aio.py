@@ -168,15 +168,7 @@ class AsyncQueue(QueueBase):
         reset_counts: bool | None = None,
     ) -> list[str]:
         chunks, ids = self._dispatch_many_args(jobs, update_data, update_run_at, reset_counts)
-        if chunks:
-            await self._register()
-            async with self.client.redis.pipeline(transaction=False) as pipe:
-                for args in chunks:
-                    pipe.fcall("queasy_dispatch", 1, self.keys.base, *args)
-                try:
-                    await pipe.execute()
-                except redis.ResponseError as exc:
-                    raise lua_error(exc) from None
+        await self._pipelined("queasy_dispatch", chunks)
         return ids
 
     async def dispatch_batch(
@@ -191,18 +183,22 @@ class AsyncQueue(QueueBase):
         """Queue.dispatch_batch, awaitable: what happened to each job (dedup_window too)."""
         window = None if dedup_window is None else self._window_ms(dedup_window)
         chunks, ids = self._dispatch_many_args(jobs, update_data, update_run_at, reset_counts)
-        name, chunks = self._batch_calls(chunks, window)
-        replies: list = []
-        if chunks:
-            await self._register()
-            async with self.client.redis.pipeline(transaction=False) as pipe:
-                for args in chunks:
-                    pipe.fcall(name, 1, self.keys.base, *args)
-                try:
-                    replies = await pipe.execute()
-                except redis.ResponseError as exc:
-                    raise lua_error(exc) from None
+        replies = await self._pipelined(*self._batch_calls(chunks, window))
         return BatchResult(ids, [Dispatched(int(code)) for reply in replies for code in reply])
+
+    async def _pipelined(self, name: str, chunks: list[list]) -> list:
+        """FCALL `name` once per chunk of arguments, pipelined in one round trip (the queue
+        registered first); their replies."""
+        if not chunks:
+            return []
+        await self._register()
+        async with self.client.redis.pipeline(transaction=False) as pipe:
+            for args in chunks:
+                pipe.fcall(name, 1, self.keys.base, *args)
+            try:
+                return await pipe.execute()
+            except redis.ResponseError as exc:
+                raise lua_error(exc) from None
 
     async def cancel(self, job_id: str) -> bool:
         return bool(await self._fcall("queasy_cancel", self._cancel_args(job_id)))

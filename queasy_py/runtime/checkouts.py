@@ -99,6 +99,7 @@ class Checkouts:
         # the workers that still take jobs, of those reserved (most rounds: all of them)
         taking = {p for p in set(procs[:count]) if p.accepts and p in self.workers.procs}
         running = self.twins.running_ids() if count else set()
+        stopping = self.stopping  # a reply on its way when the shutdown began: none starts
         seq = self.seq
         for i in range(count):
             at = 2 + i * JOB_FIELDS
@@ -132,7 +133,7 @@ class Checkouts:
                 self.acks.append(outcomes.on_dequeue(job, spec, state.base, state.fail_base))
                 self.workers.release(size, [proc])
                 continue
-            if self.stopping:  # a reply on its way when the shutdown began: none starts
+            if stopping:
                 self.acks.append(outcomes.retry(job, state.base, job.run_at, "return", "", ""))
                 self.workers.release(size, [proc])
                 continue
