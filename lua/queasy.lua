@@ -124,7 +124,7 @@ than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond
 call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '4.2.1'
+local VERSION = '4.3.0'
 -- the functions called per job, as locals (a global is two table lookups per use); the
 -- globals exist only while a function runs: `entry` (registration) sets them
 local call, format, find = nil, nil, nil
@@ -627,10 +627,10 @@ end
 -- Drop `ids` (the first of the index of `state`, about to be removed from it) with their
 -- records and ends: those whose end (B:ends) is of another state are only unindexed.
 -- `dels`, if given, collects the records' keys for the caller's one DEL (as end_record's
--- `gone`), else they go now.
+-- `gone`), else they go now. Returns how many ends were dropped (the others: unindexed only).
 local function drop_ends(B, state, ids, dels)
   if #ids == 0 then
-    return
+    return 0
   end
   local ends = call('HMGET', B .. ':ends', unpack(ids))
   local gone, records = {}, dels or {}
@@ -646,6 +646,7 @@ local function drop_ends(B, state, ids, dels)
     end
     call('HDEL', B .. ':ends', unpack(gone))
   end
+  return #gone
 end
 
 -- Drop the oldest entries of B:<state> beyond the newest `count` and those that ended
@@ -1457,9 +1458,16 @@ ARGV[1]  now (ms or '')
 ARGV[2]  state: 'waiting' (ready now) | 'delayed' | 'blocked' | 'finished' | 'failed' |
          'cancelled' (the last three: the kept records)
 ARGV[3]  limit (1..MAX_PAGE)
-Returns: {removed, left}: the number removed, and how many of that state are left (a caller
-         looping until none are left stops after `removed + left` of the first call, so
-         jobs that keep coming cannot keep it going).
+ARGV[4]  counted '1'|'0' (optional, 4.3.0; absent: '0'): with '1' the reply has a third
+         value, the jobs really dropped
+Returns: {removed, left} (with counted: {removed, left, dropped}): removed is how many ids
+         the call took from that state's index (a caller pages on it: fewer than limit, none
+         is left), left how many of that state are left (a caller looping until none are
+         left stops after `removed + left` of the first call, so jobs that keep coming cannot
+         keep it going), dropped how many records or kept ends really went: an id of an end
+         index whose end is of another state (it ended again since) is only unindexed, and
+         counts in removed (as before 4.3.0) but not in dropped, so a purge of every state
+         counts a job that finished, then failed under the same id, once.
 Emits:   nothing: no event, no SPUBLISH (a purge is an operator's clean-up, not an outcome).
 ]]
 local function purge(keys, args)
@@ -1467,7 +1475,8 @@ local function purge(keys, args)
   local now = clock(args[1])
   local state = args[2]
   local limit = page(args[3], 'limit')
-  local ids, records, left
+  local counted = args[4] ~= nil and args[4] ~= '' and flag(args[4], 'counted')
+  local ids, records, left, dropped
   if state == 'waiting' or state == 'delayed' then
     local low, high = '-inf', int(now)
     if state == 'delayed' then
@@ -1488,7 +1497,7 @@ local function purge(keys, args)
     left = call('SCARD', B .. ':blocked')
   elseif END_STATES[state] then
     ids = call('ZRANGE', B .. ':' .. state, 0, limit - 1)
-    drop_ends(B, state, ids)
+    dropped = drop_ends(B, state, ids)
     if #ids > 0 then
       call('ZREMRANGEBYRANK', B .. ':' .. state, 0, #ids - 1)
     end
@@ -1497,12 +1506,18 @@ local function purge(keys, args)
     invalid('state must be waiting, delayed, blocked, finished, failed or cancelled, got '
       .. shown(state))
   end
-  if #ids > 0 and records then
-    local dels = {}
-    for i, id in ipairs(ids) do
-      dels[i] = B .. records .. id
+  if records then
+    dropped = 0
+    if #ids > 0 then
+      local dels = {}
+      for i, id in ipairs(ids) do
+        dels[i] = B .. records .. id
+      end
+      dropped = call('DEL', unpack(dels))
     end
-    call('DEL', unpack(dels))
+  end
+  if counted then
+    return {#ids, left, dropped}
   end
   return {#ids, left}
 end

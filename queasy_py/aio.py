@@ -253,8 +253,8 @@ class AsyncQueue(QueueBase):
         for name in self._purged(state):
             bound = None
             while True:
-                removed, left = await self._fcall("queasy_purge", ["", name, PAGE])
-                total += removed
+                removed, left, dropped = await self._fcall("queasy_purge", ["", name, PAGE, "1"])
+                total += dropped
                 bound = removed + left if bound is None else bound - removed
                 if removed < PAGE or bound <= 0:
                     break
