@@ -1083,6 +1083,21 @@ local function dispatch_triples(args, from, now, name)
   return run_ats
 end
 
+-- Refuse a producer's job of SCHEDULE_ID (in the triples of ARGV from `from`) while the queue
+-- has a schedule (B:schedule): it would move or stall the occurrence and replace its
+-- fire_at (4.3.0). queasy_schedule writes the occurrence itself, never through a dispatch.
+local function check_reserved(B, args, from)
+  for i = from, #args, 3 do
+    if args[i] == SCHEDULE_ID then
+      if call('EXISTS', B .. ':schedule') == 1 then
+        invalid(label("id '" .. SCHEDULE_ID .. "' is reserved", (i - from) / 3 + 1)
+          .. ': the id of the occurrence of this queue\'s schedule')
+      end
+      return
+    end
+  end
+end
+
 -- A new waiting job `id` (its record's key `jkey`, the caller's) dispatched at `now` (it has
 -- no record and is not active). Returns code 1, its run_at, and true when its id is left for
 -- the caller to add to B:waiting (`deferred`: dispatch_jobs adds a batch's new ids in one
@@ -1207,7 +1222,9 @@ Returns: one code per job: 1 created, 2 updated, 3 blocked (new), 4 blocked (upd
 Refuses: (INVALID, nothing written) more than MAX_DISPATCH (1000) jobs, a flag or mode not
          listed, a partial triple, an id that
          breaks the id rules, data that is not JSON, a run_at not integer ms in 0..MAX_MS,
-         a trace longer than MAX_TRACE or with other characters than 0-9 a-f and '-'.
+         a trace longer than MAX_TRACE or with other characters than 0-9 a-f and '-', the
+         id SCHEDULE_ID ('schedule') while the queue has a schedule (B:schedule: the id of
+         its occurrence, which queasy_schedule writes; 4.3.0).
 Emits:   a job ready now (code 1 or 2) is pushed to a fresh parked client subscribed to its
          push channel while one has slots (leased to it and SPUBLISHed on B:push:<client>);
          otherwise SPUBLISH B:wake <earliest run_at> when any job was created or updated and
@@ -1223,6 +1240,7 @@ local function dispatch(keys, args)
       .. ' bytes), got ' .. shown(trace))
   end
   local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch')
+  check_reserved(B, args, 6)
   local now_s = int(now)
   return dispatch_jobs(B, now, args, 6, run_ats, function(id, data, run_at)
     return put_job(B, id, data, run_at, update_data, mode, reset, now_s, trace, true)
@@ -1306,7 +1324,8 @@ Writes:  for each job created or updated, the end of its window, max(run_at, now
          (ms): into its bucket B:window:<size>:<k> (listed in B:windows) when it ends within
          window of now, else B:once:<id>, expiring then. An id's window is open while any
          window written for it is (the latest end counts).
-Refuses: as queasy_dispatch; and a window that is not a whole number 1..999999999999.
+Refuses: as queasy_dispatch (the id SCHEDULE_ID of a scheduled queue too); and a window that
+         is not a whole number 1..999999999999.
 Emits:   as queasy_dispatch.
 ]]
 local function dispatch_once(keys, args)
@@ -1318,6 +1337,7 @@ local function dispatch_once(keys, args)
     invalid('window ms must be >= 1, got 0')
   end
   local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch_once')
+  check_reserved(B, args, 6)
   local now_s = int(now)
   local open = open_windows(B, now, args, 6)
   -- the windows to write: `ready` (id, end, ...) of the jobs ready now, `later` id -> end

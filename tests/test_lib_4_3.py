@@ -4,14 +4,18 @@ while the queue has a schedule, and a trace written around the library capped on
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
 import redis
-from lua_calls import NOW, Lua
+from lua_calls import NOW, SCHEDULE_ID, Lua, schedule
 
-from queasy_py import Client, Queue
-from queasy_py.store.library import Ack, ensure_loaded
+from queasy_py import Client, InvalidInput, Queue
+from queasy_py.aio import AsyncClient
+from queasy_py.store.library import Ack, Dispatched, ensure_loaded
+
+RESERVED = f"id '{SCHEDULE_ID}' is reserved"
 
 
 @pytest.fixture
@@ -56,3 +60,53 @@ def test_purge_with_counted_replies_the_records_dropped_and_without_as_before(lu
     with pytest.raises(redis.ResponseError, match="INVALID counted must be '1' or '0'"):
         lua.call("queasy_purge", [lua.B], NOW, "failed", 100, "yes")
     assert lua.record("c")["state"] == "failed"  # refused: nothing went
+
+
+# ---------------------------------------------------------------- the schedule's id
+
+
+def test_a_producer_cannot_dispatch_the_occurrence_id_into_a_scheduled_queue(lua: Lua) -> None:
+    occurrence = NOW + 3_600_000
+    assert schedule(lua, None, occurrence).code == 2
+    before = lua.r.hgetall(f"{lua.B}:job:{SCHEDULE_ID}")
+    for call in (
+        lambda: lua.dispatch(("x", '"1"', ""), (SCHEDULE_ID, '{"fire_at": 1}', "")),
+        lambda: lua.dispatch_once(("y", '"1"', ""), (SCHEDULE_ID, "1", ""), window=1000),
+    ):
+        with pytest.raises(redis.ResponseError, match=f"INVALID job 2 {RESERVED}"):
+            call()
+    # nothing written for the whole call: x and y are not there, the occurrence unmoved
+    assert lua.get_job("x") is None and lua.get_job("y") is None
+    assert lua.r.hgetall(f"{lua.B}:job:{SCHEDULE_ID}") == before
+    assert lua.r.zscore(f"{lua.B}:waiting", SCHEDULE_ID) == occurrence
+    # the library's own occurrence writes go on: the pending one moves
+    assert schedule(lua, occurrence, occurrence + 1, retime_at=NOW + 60_000).code == 3
+
+
+def test_the_occurrence_id_is_a_plain_id_in_a_queue_without_a_schedule(lua: Lua) -> None:
+    assert lua.dispatch((SCHEDULE_ID, '"mine"', "")) == [Dispatched.CREATED]
+    assert lua.get_job(SCHEDULE_ID)["data"] == '"mine"'
+
+
+def test_the_api_refuses_the_occurrence_id_before_any_chunk_is_sent(
+    lua: Lua, q: Queue, redis_url: str, prefix: str
+) -> None:
+    assert schedule(lua, None, NOW + 3_600_000).code == 2
+    jobs = [{"data": n, "id": f"j{n}"} for n in range(2500)]
+    jobs[2100]["id"] = SCHEDULE_ID  # in the fifth chunk of 500
+    for send in (q.dispatch_many, q.dispatch_batch):
+        with pytest.raises(InvalidInput, match=RESERVED):
+            send(jobs)
+        assert sum(lua.counts().values()) == 1  # the occurrence only: no chunk was written
+    with pytest.raises(InvalidInput, match=RESERVED):
+        q.dispatch({"fire_at": 1}, id=SCHEDULE_ID)
+
+    async def from_asyncio() -> None:
+        async with AsyncClient(redis_url, prefix=prefix) as client:
+            aq = client.queue("q")
+            for send in (aq.dispatch_many, aq.dispatch_batch):
+                with pytest.raises(InvalidInput, match=RESERVED):
+                    await send(jobs)
+
+    asyncio.run(from_asyncio())
+    assert sum(lua.counts().values()) == 1
