@@ -91,7 +91,8 @@ derive the keys below from it (same slot, so cluster routing holds).
                                the call asks to notify: the queue stores results), cancelled
   B:push:<client>      channel a job pushed to <client> (already leased to it), one per message:
                                "id\ntoken\nrun_at\nretry_count\nstall_count\ntimeout_count\n
-                               trace\ndata" (trace '' when none)
+                               trace\ndata" (trace '' when none, or longer than
+                               MAX_TRACE: written around the library; 4.3.0)
                                (ids hold no whitespace; data is last and may hold anything)
   B:guard:1, B:guard:2 never written: the migration guard reads them (see `entry`)
 
@@ -996,8 +997,8 @@ local function push(B, now, id, parked)
       local token = 'p' .. call('INCR', B .. ':seq')
       local job = read_job(B .. ':job:' .. id)
       call('SPUBLISH', channel, table.concat({job.id, token, int(job.run_at),
-        int(job.retry_count), int(job.stall_count), int(job.timeout_count), job.trace,
-        job.data}, '\n'))
+        int(job.retry_count), int(job.stall_count), int(job.timeout_count),
+        #job.trace <= MAX_TRACE and job.trace or '', job.data}, '\n'))
       lease(B, id)
       call('ZREM', B .. ':waiting', id)
       call('HSET', B .. ':lease:' .. client, id, lease_line(token, int(job.run_at),
@@ -1557,7 +1558,8 @@ ARGV[7]  park '1'|'0' (optional): with '1', when fewer than `limit` jobs are rea
          client parks the slots left (B:parked), so dispatch pushes jobs straight to it;
          when `limit` jobs were checked out its parked slots are cleared
 Returns: {status, next_run_at, id, token, data, run_at, retry_count, stall_count,
-          timeout_count, trace ('' none), id, ...}: status 0 ok or 2 swept (then no jobs); next_run_at is
+          timeout_count, trace ('' none, and '' for one longer than MAX_TRACE written around
+          the library: 4.3.0), id, ...}: status 0 ok or 2 swept (then no jobs); next_run_at is
           the earliest run_at still waiting ('' if none), so the caller can sleep until then.
 Sweeps at most one dead client first. An id in B:waiting without a record (or with an
 active one) is dropped from B:waiting and skipped; an id leaves B:waiting only as its
@@ -1608,7 +1610,11 @@ local function dequeue(keys, args)
         leases[2 * taken] = lease_line(token, run_at, v[8], retry, stall, timeout, v[9],
           now_s)
         out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, token, v[2] or '', run_at
-        out[o + 5], out[o + 6], out[o + 7], out[o + 8] = retry, stall, timeout, v[7] or ''
+        local trace = v[7] -- one written around the library past MAX_TRACE: none (4.3.0)
+        if not trace or #trace > MAX_TRACE then
+          trace = ''
+        end
+        out[o + 5], out[o + 6], out[o + 7], out[o + 8] = retry, stall, timeout, trace
         o = o + 8
       end
     end

@@ -110,3 +110,16 @@ def test_the_api_refuses_the_occurrence_id_before_any_chunk_is_sent(
 
     asyncio.run(from_asyncio())
     assert sum(lua.counts().values()) == 1
+
+
+# ---------------------------------------------------------------- a trace around the library
+
+
+def test_a_trace_written_around_the_library_is_dropped_on_dequeue(lua: Lua) -> None:
+    traceparent = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+    lua.add("ok", trace=traceparent)
+    lua.add("long")
+    lua.r.hset(f"{lua.B}:job:long", "trace", "0" * 10_000)  # a raw HSET: no check
+    jobs = {job.id: job for job in lua.dequeue(limit=2).jobs}
+    assert jobs["ok"].trace == traceparent
+    assert jobs["long"].trace == ""  # as a push of it is read: longer than MAX_TRACE, none
