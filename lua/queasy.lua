@@ -91,7 +91,8 @@ derive the keys below from it (same slot, so cluster routing holds).
                                the call asks to notify: the queue stores results), cancelled
   B:push:<client>      channel a job pushed to <client> (already leased to it), one per message:
                                "id\ntoken\nrun_at\nretry_count\nstall_count\ntimeout_count\n
-                               trace\ndata" (trace '' when none)
+                               trace\ndata" (trace '' when none, or longer than
+                               MAX_TRACE: written around the library; 4.3.0)
                                (ids hold no whitespace; data is last and may hold anything)
   B:guard:1, B:guard:2 never written: the migration guard reads them (see `entry`)
 
@@ -124,7 +125,7 @@ than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond
 call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '4.2.1'
+local VERSION = '4.3.0'
 -- the functions called per job, as locals (a global is two table lookups per use); the
 -- globals exist only while a function runs: `entry` (registration) sets them
 local call, format, find = nil, nil, nil
@@ -627,10 +628,10 @@ end
 -- Drop `ids` (the first of the index of `state`, about to be removed from it) with their
 -- records and ends: those whose end (B:ends) is of another state are only unindexed.
 -- `dels`, if given, collects the records' keys for the caller's one DEL (as end_record's
--- `gone`), else they go now.
+-- `gone`), else they go now. Returns how many ends were dropped (the others: unindexed only).
 local function drop_ends(B, state, ids, dels)
   if #ids == 0 then
-    return
+    return 0
   end
   local ends = call('HMGET', B .. ':ends', unpack(ids))
   local gone, records = {}, dels or {}
@@ -646,6 +647,7 @@ local function drop_ends(B, state, ids, dels)
     end
     call('HDEL', B .. ':ends', unpack(gone))
   end
+  return #gone
 end
 
 -- Drop the oldest entries of B:<state> beyond the newest `count` and those that ended
@@ -995,8 +997,8 @@ local function push(B, now, id, parked)
       local token = 'p' .. call('INCR', B .. ':seq')
       local job = read_job(B .. ':job:' .. id)
       call('SPUBLISH', channel, table.concat({job.id, token, int(job.run_at),
-        int(job.retry_count), int(job.stall_count), int(job.timeout_count), job.trace,
-        job.data}, '\n'))
+        int(job.retry_count), int(job.stall_count), int(job.timeout_count),
+        #job.trace <= MAX_TRACE and job.trace or '', job.data}, '\n'))
       lease(B, id)
       call('ZREM', B .. ':waiting', id)
       call('HSET', B .. ':lease:' .. client, id, lease_line(token, int(job.run_at),
@@ -1080,6 +1082,21 @@ local function dispatch_triples(args, from, now, name)
     end
   end)
   return run_ats
+end
+
+-- Refuse a producer's job of SCHEDULE_ID (in the triples of ARGV from `from`) while the queue
+-- has a schedule (B:schedule): it would move or stall the occurrence and replace its
+-- fire_at (4.3.0). queasy_schedule writes the occurrence itself, never through a dispatch.
+local function check_reserved(B, args, from)
+  for i = from, #args, 3 do
+    if args[i] == SCHEDULE_ID then
+      if call('EXISTS', B .. ':schedule') == 1 then
+        invalid(label("id '" .. SCHEDULE_ID .. "' is reserved", (i - from) / 3 + 1)
+          .. ': the id of the occurrence of this queue\'s schedule')
+      end
+      return
+    end
+  end
 end
 
 -- A new waiting job `id` (its record's key `jkey`, the caller's) dispatched at `now` (it has
@@ -1206,7 +1223,9 @@ Returns: one code per job: 1 created, 2 updated, 3 blocked (new), 4 blocked (upd
 Refuses: (INVALID, nothing written) more than MAX_DISPATCH (1000) jobs, a flag or mode not
          listed, a partial triple, an id that
          breaks the id rules, data that is not JSON, a run_at not integer ms in 0..MAX_MS,
-         a trace longer than MAX_TRACE or with other characters than 0-9 a-f and '-'.
+         a trace longer than MAX_TRACE or with other characters than 0-9 a-f and '-', the
+         id SCHEDULE_ID ('schedule') while the queue has a schedule (B:schedule: the id of
+         its occurrence, which queasy_schedule writes; 4.3.0).
 Emits:   a job ready now (code 1 or 2) is pushed to a fresh parked client subscribed to its
          push channel while one has slots (leased to it and SPUBLISHed on B:push:<client>);
          otherwise SPUBLISH B:wake <earliest run_at> when any job was created or updated and
@@ -1222,6 +1241,7 @@ local function dispatch(keys, args)
       .. ' bytes), got ' .. shown(trace))
   end
   local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch')
+  check_reserved(B, args, 6)
   local now_s = int(now)
   return dispatch_jobs(B, now, args, 6, run_ats, function(id, data, run_at)
     return put_job(B, id, data, run_at, update_data, mode, reset, now_s, trace, true)
@@ -1305,7 +1325,8 @@ Writes:  for each job created or updated, the end of its window, max(run_at, now
          (ms): into its bucket B:window:<size>:<k> (listed in B:windows) when it ends within
          window of now, else B:once:<id>, expiring then. An id's window is open while any
          window written for it is (the latest end counts).
-Refuses: as queasy_dispatch; and a window that is not a whole number 1..999999999999.
+Refuses: as queasy_dispatch (the id SCHEDULE_ID of a scheduled queue too); and a window that
+         is not a whole number 1..999999999999.
 Emits:   as queasy_dispatch.
 ]]
 local function dispatch_once(keys, args)
@@ -1317,6 +1338,7 @@ local function dispatch_once(keys, args)
     invalid('window ms must be >= 1, got 0')
   end
   local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch_once')
+  check_reserved(B, args, 6)
   local now_s = int(now)
   local open = open_windows(B, now, args, 6)
   -- the windows to write: `ready` (id, end, ...) of the jobs ready now, `later` id -> end
@@ -1457,9 +1479,16 @@ ARGV[1]  now (ms or '')
 ARGV[2]  state: 'waiting' (ready now) | 'delayed' | 'blocked' | 'finished' | 'failed' |
          'cancelled' (the last three: the kept records)
 ARGV[3]  limit (1..MAX_PAGE)
-Returns: {removed, left}: the number removed, and how many of that state are left (a caller
-         looping until none are left stops after `removed + left` of the first call, so
-         jobs that keep coming cannot keep it going).
+ARGV[4]  counted '1'|'0' (optional, 4.3.0; absent: '0'): with '1' the reply has a third
+         value, the jobs really dropped
+Returns: {removed, left} (with counted: {removed, left, dropped}): removed is how many ids
+         the call took from that state's index (a caller pages on it: fewer than limit, none
+         is left), left how many of that state are left (a caller looping until none are
+         left stops after `removed + left` of the first call, so jobs that keep coming cannot
+         keep it going), dropped how many records or kept ends really went: an id of an end
+         index whose end is of another state (it ended again since) is only unindexed, and
+         counts in removed (as before 4.3.0) but not in dropped, so a purge of every state
+         counts a job that finished, then failed under the same id, once.
 Emits:   nothing: no event, no SPUBLISH (a purge is an operator's clean-up, not an outcome).
 ]]
 local function purge(keys, args)
@@ -1467,7 +1496,8 @@ local function purge(keys, args)
   local now = clock(args[1])
   local state = args[2]
   local limit = page(args[3], 'limit')
-  local ids, records, left
+  local counted = args[4] ~= nil and args[4] ~= '' and flag(args[4], 'counted')
+  local ids, records, left, dropped
   if state == 'waiting' or state == 'delayed' then
     local low, high = '-inf', int(now)
     if state == 'delayed' then
@@ -1488,7 +1518,7 @@ local function purge(keys, args)
     left = call('SCARD', B .. ':blocked')
   elseif END_STATES[state] then
     ids = call('ZRANGE', B .. ':' .. state, 0, limit - 1)
-    drop_ends(B, state, ids)
+    dropped = drop_ends(B, state, ids)
     if #ids > 0 then
       call('ZREMRANGEBYRANK', B .. ':' .. state, 0, #ids - 1)
     end
@@ -1497,12 +1527,18 @@ local function purge(keys, args)
     invalid('state must be waiting, delayed, blocked, finished, failed or cancelled, got '
       .. shown(state))
   end
-  if #ids > 0 and records then
-    local dels = {}
-    for i, id in ipairs(ids) do
-      dels[i] = B .. records .. id
+  if records then
+    dropped = 0
+    if #ids > 0 then
+      local dels = {}
+      for i, id in ipairs(ids) do
+        dels[i] = B .. records .. id
+      end
+      dropped = call('DEL', unpack(dels))
     end
-    call('DEL', unpack(dels))
+  end
+  if counted then
+    return {#ids, left, dropped}
   end
   return {#ids, left}
 end
@@ -1522,7 +1558,8 @@ ARGV[7]  park '1'|'0' (optional): with '1', when fewer than `limit` jobs are rea
          client parks the slots left (B:parked), so dispatch pushes jobs straight to it;
          when `limit` jobs were checked out its parked slots are cleared
 Returns: {status, next_run_at, id, token, data, run_at, retry_count, stall_count,
-          timeout_count, trace ('' none), id, ...}: status 0 ok or 2 swept (then no jobs); next_run_at is
+          timeout_count, trace ('' none, and '' for one longer than MAX_TRACE written around
+          the library: 4.3.0), id, ...}: status 0 ok or 2 swept (then no jobs); next_run_at is
           the earliest run_at still waiting ('' if none), so the caller can sleep until then.
 Sweeps at most one dead client first. An id in B:waiting without a record (or with an
 active one) is dropped from B:waiting and skipped; an id leaves B:waiting only as its
@@ -1573,7 +1610,11 @@ local function dequeue(keys, args)
         leases[2 * taken] = lease_line(token, run_at, v[8], retry, stall, timeout, v[9],
           now_s)
         out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, token, v[2] or '', run_at
-        out[o + 5], out[o + 6], out[o + 7], out[o + 8] = retry, stall, timeout, v[7] or ''
+        local trace = v[7] -- one written around the library past MAX_TRACE: none (4.3.0)
+        if not trace or #trace > MAX_TRACE then
+          trace = ''
+        end
+        out[o + 5], out[o + 6], out[o + 7], out[o + 8] = retry, stall, timeout, trace
         o = o + 8
       end
     end

@@ -168,6 +168,7 @@ class AsyncQueue(QueueBase):
         reset_counts: bool | None = None,
     ) -> list[str]:
         chunks, ids = self._dispatch_many_args(jobs, update_data, update_run_at, reset_counts)
+        await self._check_reserved(ids, chunks)
         await self._pipelined("queasy_dispatch", chunks)
         return ids
 
@@ -183,8 +184,14 @@ class AsyncQueue(QueueBase):
         """Queue.dispatch_batch, awaitable: what happened to each job (dedup_window too)."""
         window = None if dedup_window is None else self._window_ms(dedup_window)
         chunks, ids = self._dispatch_many_args(jobs, update_data, update_run_at, reset_counts)
+        await self._check_reserved(ids, chunks)
         replies = await self._pipelined(*self._batch_calls(chunks, window))
         return BatchResult(ids, [Dispatched(int(code)) for reply in replies for code in reply])
+
+    async def _check_reserved(self, ids: list[str], chunks: list[list]) -> None:
+        index = self._reserved_at(ids, chunks)
+        if index is not None:
+            self._refuse_reserved(index, await self.schedule_info())
 
     async def _pipelined(self, name: str, chunks: list[list]) -> list:
         """FCALL `name` once per chunk of arguments, pipelined in one round trip (the queue
@@ -253,8 +260,8 @@ class AsyncQueue(QueueBase):
         for name in self._purged(state):
             bound = None
             while True:
-                removed, left = await self._fcall("queasy_purge", ["", name, PAGE])
-                total += removed
+                removed, left, dropped = await self._fcall("queasy_purge", ["", name, PAGE, "1"])
+                total += dropped
                 bound = removed + left if bound is None else bound - removed
                 if removed < PAGE or bound <= 0:
                     break

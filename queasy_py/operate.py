@@ -136,8 +136,8 @@ class Operate:
         for name in self._purged(state):
             bound = None
             while True:
-                removed, left = self._call("queasy_purge", ["", name, PAGE])
-                total += removed
+                removed, left, dropped = self._call("queasy_purge", ["", name, PAGE, "1"])
+                total += dropped
                 bound = removed + left if bound is None else bound - removed
                 if removed < PAGE or bound <= 0:
                     break

@@ -144,6 +144,24 @@ class QueueBase(OperateArgs):
         return self._chunks(flags, args), args[0::3]
 
     @staticmethod
+    def _reserved_at(ids: list[str], chunks: list[list]) -> int | None:
+        """The index of a job of a batch of several chunks with the id of a schedule's
+        occurrence, if any: the library refuses it while the queue has a schedule, one FCALL
+        at a time, so the batch asks first (a refused chunk would leave the others written)."""
+        if len(chunks) < 2 or defaults.SCHEDULE_ID not in ids:
+            return None
+        return ids.index(defaults.SCHEDULE_ID)
+
+    @staticmethod
+    def _refuse_reserved(index: int, info: ScheduleInfo | None) -> None:
+        """InvalidInput, as the library words it, when the queue has a schedule (`info`)."""
+        if info is not None:
+            raise InvalidInput(
+                f"jobs[{index}]: id {defaults.SCHEDULE_ID!r} is reserved: the id of the "
+                "occurrence of this queue's schedule"
+            )
+
+    @staticmethod
     def _chunks(flags: list, args: list) -> list[list]:
         """ARGV of each queasy_dispatch chunk of DISPATCH_CHUNK triples of `args`."""
         step = DISPATCH_CHUNK * 3
@@ -247,6 +265,7 @@ class Queue(QueueBase, Operate):
     ) -> list[str]:
         """Dispatch many jobs in pipelined batches. Every job is checked before any is sent."""
         chunks, ids = self._dispatch_many_args(jobs, update_data, update_run_at, reset_counts)
+        self._check_reserved(ids, chunks)
         if chunks:
             self._register()
             with self.client.redis.pipeline(transaction=False) as pipe:
@@ -283,7 +302,13 @@ class Queue(QueueBase, Operate):
         """
         window = None if dedup_window is None else self._window_ms(dedup_window)
         chunks, ids = self._dispatch_many_args(jobs, update_data, update_run_at, reset_counts)
+        self._check_reserved(ids, chunks)
         return self._send_batch(chunks, ids, window)
+
+    def _check_reserved(self, ids: list[str], chunks: list[list]) -> None:
+        index = self._reserved_at(ids, chunks)
+        if index is not None:
+            self._refuse_reserved(index, self.schedule_info())
 
     def _send_batch(self, chunks: list[list], ids: list[str], window: int | None) -> BatchResult:
         """Send dispatch_batch's chunks, pipelined in one round trip."""

@@ -287,3 +287,34 @@ def test_jobs_of_4_1_carry_on_under_4_2_and_back(r41: redis.Redis) -> None:
     for job in checkout.jobs:
         assert lua.finish("c2", job, now=NOW + 5_001) == 0
     assert lua.counts(now=NOW + 5_001)["active"] == 0
+
+
+@pytest.fixture
+def r421(own_server: EmbeddedServer) -> Iterator[redis.Redis]:
+    yield from loaded(own_server, "4.2.1")
+
+
+def test_4_2_1_calls_keep_their_replies_under_4_3_and_its_state_carries_on(
+    r421: redis.Redis,
+) -> None:
+    """4.3.0 (a minor) adds only an optional trailing argument (queasy_purge's counted) and
+    refusals of bad input (the id 'schedule' of a scheduled queue): a 4.2.1 client's calls
+    get the replies they know, leases taken under 4.2.1 are acked under 4.3.0, and 4.2.1
+    loaded back over 4.3.0 carries its leases on (tests/fixtures/queasy-4.2.1.lua, as
+    released)."""
+    r = r421
+    lua = Lua(r, "up421")
+    lua.dispatch(*[(id, f'"{id}"', "") for id in "ab"])
+    a, b = lua.dequeue("c1", limit=2).jobs
+    upgrade(r)
+    assert bundled_version() == "4.3.0"
+    assert lua.finish("c1", a, now=NOW + 1) == 0
+    assert lua.fail("c1", lua.take("a", now=NOW + 2), now=NOW + 2) == 0  # a: finished, failed
+    assert lua.purge("finished") == [1, 0]  # a 4.2.1 call: {removed, left}, as before
+    assert lua.call("queasy_purge", [lua.B], NOW + 3, "failed", 10, "1") == [1, 0, 1]
+    lua.dispatch(*[(id, f'"{id}"', "") for id in "cd"], now=NOW + 3)
+    c, d = lua.dequeue("c1", limit=2, now=NOW + 3).jobs
+    r.function_load((FIXTURES / "queasy-4.2.1.lua").read_text(), replace=True)
+    assert r.fcall("queasy_library", 0) == "queasy_py 4.2.1"
+    assert [lua.finish("c1", job, now=NOW + 4) for job in (b, c, d)] == [0, 0, 0]
+    assert lua.counts(now=NOW + 4)["active"] == 0

@@ -120,7 +120,7 @@ class Checkouts:
                     size,
                     deadline,
                 )
-                if trace:
+                if 0 < len(trace) <= MAX_TRACE:  # (library 4.3.0 replies '' for a longer one)
                     job.trace = trace.decode(errors="replace")  # as a pushed one's
             except (ValueError, TypeError, AttributeError) as exc:
                 seq -= 1
