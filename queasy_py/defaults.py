@@ -121,6 +121,15 @@ METRICS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 #: frozen server makes each read wait out its socket timeout; the gauges of the queues left
 #: are absent from that scrape, which stays within Prometheus' scrape_timeout, 10 s)
 METRICS_COUNTS_BUDGET = 1.0
+#: /metrics' own HTTP serving (runtime/scrapes.py): scrapes answered at once (a fixed pool
+#: of threads in the supervisor's process), connections held open at most (past it the
+#: oldest one still sending its request is closed), seconds a client has to send its request
+#: head and then to read the reply (a slow or idle one is closed), and the largest request
+#: head read, in bytes (a larger one is answered 431 and closed)
+METRICS_SCRAPES = 2
+METRICS_CONNECTIONS = 32
+METRICS_CLIENT_TIMEOUT = 5.0
+METRICS_HEAD_BYTES = 8192
 
 
 def default_workers() -> int:
