@@ -144,3 +144,7 @@ DASHBOARD_TOKEN_ENV = "QUEASY_DASHBOARD_TOKEN"
 DASHBOARD_PAGE = 50
 DASHBOARD_EVENTS = 10_000
 DASHBOARD_REFRESH = 5.0
+#: seconds a dashboard client has to send a whole request (head and body) once connected or
+#: after the previous reply: an idle or slow connection is closed then (uvicorn has no such
+#: limit of its own; its keep-alive timeout only counts once a reply is sent)
+DASHBOARD_CLIENT_TIMEOUT = 5.0
