@@ -121,6 +121,15 @@ METRICS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 #: frozen server makes each read wait out its socket timeout; the gauges of the queues left
 #: are absent from that scrape, which stays within Prometheus' scrape_timeout, 10 s)
 METRICS_COUNTS_BUDGET = 1.0
+#: /metrics' own HTTP serving (runtime/scrapes.py): scrapes answered at once (a fixed pool
+#: of threads in the supervisor's process), connections held open at most (past it the
+#: oldest one still sending its request is closed), seconds a client has to send its request
+#: head and then to read the reply (a slow or idle one is closed), and the largest request
+#: head read, in bytes (a larger one is answered 431 and closed)
+METRICS_SCRAPES = 2
+METRICS_CONNECTIONS = 32
+METRICS_CLIENT_TIMEOUT = 5.0
+METRICS_HEAD_BYTES = 8192
 
 
 def default_workers() -> int:
@@ -135,3 +144,7 @@ DASHBOARD_TOKEN_ENV = "QUEASY_DASHBOARD_TOKEN"
 DASHBOARD_PAGE = 50
 DASHBOARD_EVENTS = 10_000
 DASHBOARD_REFRESH = 5.0
+#: seconds a dashboard client has to send a whole request (head and body) once connected or
+#: after the previous reply: an idle or slow connection is closed then (uvicorn has no such
+#: limit of its own; its keep-alive timeout only counts once a reply is sent)
+DASHBOARD_CLIENT_TIMEOUT = 5.0

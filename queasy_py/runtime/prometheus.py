@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import redis
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -29,10 +29,9 @@ from prometheus_client.utils import floatToGoString
 from .. import defaults
 from ..errors import ConfigError
 from .metrics import REPLACED_REASONS, Histogram, Tally
+from .scrapes import ScrapeServer, bind
 
 if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
-
     from .workers import Workers
 
 log = logging.getLogger("queasy_py")
@@ -151,16 +150,17 @@ def _histogram(name: str, doc: str, hists: Mapping[str, Histogram]) -> Metric:
 
 
 class MetricsServer:
-    """/metrics over HTTP from a thread of the supervisor's process."""
+    """/metrics over HTTP from threads of the supervisor's process (runtime/scrapes.py: a
+    fixed number of them, whatever its clients do)."""
 
     def __init__(self, collector: QueasyCollector, host: str, port: int) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
         ProcessCollector(registry=self.registry)  # the supervisor's CPU, memory, fds
         self.host = host
-        self.server: WSGIServer | None = None
+        self.server: ScrapeServer | None = None
         try:
-            self.server, _ = start_http_server(port, host, self.registry)
+            sock = bind(host, port)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise ConfigError(
@@ -168,13 +168,13 @@ class MetricsServer:
                     "needs its own metrics_port; 0 picks a free one)"
                 ) from None
             raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc}") from None
-        self.port: int = self.server.server_port
+        self.server = ScrapeServer(make_wsgi_app(self.registry), sock)
+        self.port: int = self.server.port
         log.info("metrics on http://%s:%d/metrics", _url_host(host), self.port)
 
     def close(self) -> None:
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.close()
             self.server = None
 
 

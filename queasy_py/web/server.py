@@ -4,11 +4,13 @@ URL must never reach a log)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from collections.abc import Callable
 from typing import Any
 
+from .. import defaults
 from ..errors import ConfigError
 from .security import check_bind, is_loopback
 
@@ -61,9 +63,54 @@ def serve(
             "behind a TLS proxy (or an SSH tunnel) on an untrusted network", host
         )
     config = uvicorn.Config(
-        app, log_config=None, access_log=False, server_header=False, lifespan="off"
+        app, http=timed_protocol(), log_config=None, access_log=False, server_header=False,
+        lifespan="off",
     )
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()
+
+
+def timed_protocol() -> type:
+    """uvicorn's h11 protocol that closes a connection whose client has not sent a whole
+    request (head and body) DASHBOARD_CLIENT_TIMEOUT seconds after it connected or after the
+    previous reply: uvicorn alone holds an idle or dribbling connection for ever (its
+    keep-alive timer starts at a reply, and any byte stops it), so a few hundred of them
+    would spend the dashboard's file descriptors."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedProtocol(H11Protocol):
+        request_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self.request_timer = self.loop.call_later(
+                defaults.DASHBOARD_CLIENT_TIMEOUT, self._request_due
+            )
+
+        def _disarm(self) -> None:
+            if self.request_timer is not None:
+                self.request_timer.cancel()
+                self.request_timer = None
+
+        def _request_due(self) -> None:
+            self.request_timer = None
+            waiting = self.conn.our_state is h11.IDLE  # no reply started: the request is not in
+            if waiting and self.conn.their_state is not h11.DONE:
+                self.transport.close()
+
+    return TimedProtocol

@@ -1,0 +1,127 @@
+"""/metrics of a real supervisor under hostile local clients: many idle connections, a
+request head sent a byte at a time, a huge request head. The supervisor's process keeps a
+bounded number of threads and open connections, and a real scrape still answers in time."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+from runtime_helpers import ACT, Runtime, queue_spec
+from test_metrics import metrics_port, scrape, value
+
+from queasy_py import defaults
+
+#: the most threads a supervisor may add while its /metrics is attacked (its scrape pool)
+EXTRA_THREADS = defaults.METRICS_SCRAPES + 2
+
+
+@pytest.fixture
+def rt(redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path) -> Iterator[Runtime]:
+    with Runtime(redis_url, prefix, r, tmp_path) as runtime:
+        yield runtime
+
+
+@contextlib.contextmanager
+def idle_connections(port: int, n: int) -> Iterator[list[socket.socket]]:
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def closed_by_server(sock: socket.socket, within: float) -> bool:
+    """Whether the server closes `sock` (EOF or reset) within `within` seconds."""
+    sock.settimeout(max(within, 0.01))
+    try:
+        while sock.recv(4096):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def timed_scrape(port: int) -> tuple[float, dict]:
+    start = time.monotonic()
+    samples = scrape(port)
+    return time.monotonic() - start, samples
+
+
+def test_many_idle_connections_start_no_threads_and_a_scrape_still_answers(
+    rt: Runtime,
+) -> None:
+    """200 idle connections to /metrics: the supervisor's threads stay bounded (not one per
+    connection), a real scrape answers within a second, and the idle connections are all
+    closed by the server by METRICS_CLIENT_TIMEOUT (those over METRICS_CONNECTIONS at once)."""
+    sup = rt.start({"q": queue_spec(ACT)}, workers=1, metrics_port=0)
+    port = metrics_port(sup.log)
+    scrape(port)
+    before = psutil.Process(sup.pid).num_threads()
+    with idle_connections(port, 200) as socks:
+        took, samples = timed_scrape(port)  # accepted after the 200: they were all seen
+        assert value(samples, "queasy_workers") == 1
+        assert took < 1.0
+        threads = psutil.Process(sup.pid).num_threads()
+        assert threads <= before + EXTRA_THREADS, (before, threads)
+        deadline = time.monotonic() + defaults.METRICS_CLIENT_TIMEOUT + 2.0
+        for sock in socks:
+            assert closed_by_server(sock, deadline - time.monotonic())
+    assert psutil.Process(sup.pid).num_threads() <= before + EXTRA_THREADS
+    assert sup.stop() == 0
+
+
+def test_a_request_head_sent_a_byte_at_a_time_is_closed_at_the_client_timeout(
+    rt: Runtime,
+) -> None:
+    """Slowloris: a client that keeps sending its head a byte every 0.2 s (each read on time)
+    is closed METRICS_CLIENT_TIMEOUT after it connected, not held while it dribbles."""
+    sup = rt.start({"q": queue_spec(ACT)}, workers=1, metrics_port=0)
+    port = metrics_port(sup.log)
+    head = b"GET /metrics HTTP/1.1\r\n" + b"X-Slow: " + b"a" * 1000
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        start = time.monotonic()
+        closed = False
+        for byte in head:
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:  # reset: closed by the server
+                closed = True
+                break
+            if closed_by_server(sock, 0.2):
+                closed = True
+                break
+            if time.monotonic() - start > defaults.METRICS_CLIENT_TIMEOUT + 3.0:
+                break
+        took = time.monotonic() - start
+    assert closed, f"still open after {took:.1f} s"
+    assert defaults.METRICS_CLIENT_TIMEOUT - 0.5 <= took <= defaults.METRICS_CLIENT_TIMEOUT + 2
+    assert value(scrape(port), "queasy_workers") == 1
+    assert sup.stop() == 0
+
+
+def test_a_huge_request_head_is_answered_431_and_closed(rt: Runtime) -> None:
+    sup = rt.start({"q": queue_spec(ACT)}, workers=1, metrics_port=0)
+    port = metrics_port(sup.log)
+    head = b"GET /metrics HTTP/1.1\r\n" + b"X-Big: " + b"a" * (4 * defaults.METRICS_HEAD_BYTES)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        with contextlib.suppress(OSError):  # reset once the server has answered and closed
+            sock.sendall(head)
+        reply = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(4096):
+                reply += chunk
+    assert reply.startswith(b"HTTP/1.1 431 "), reply[:100]
+    assert value(scrape(port), "queasy_workers") == 1
+    assert sup.stop() == 0
