@@ -21,7 +21,6 @@ import orjson
 
 from queasy_py import InvalidInput, Job, Queue, validate
 from queasy_py.context import current_client
-from queasy_py.job import JobInfo
 
 from ._fail_record import fail_record
 
@@ -94,29 +93,23 @@ def requeue(queue: Queue, ids: Iterable[str] | None = None) -> list[str]:
             if job_id is None or (wanted is not None and job_id not in wanted):
                 stays += 1
                 continue
-            if _still_failed(queue.get_job(job_id), run_at):
-                try:
-                    queue.dispatch(data, id=job_id)
-                except InvalidInput:
-                    stays += 1
-                    continue
-                dispatched.append(job_id)
+            try:  # the check of _still_failed and the dispatch in one library step
+                if queue._dispatch_letter(data, job_id, _seconds(run_at)):
+                    dispatched.append(job_id)
+            except InvalidInput:
+                stays += 1
+                continue
             r.lrem(key, -1, raw)  # from the tail: this entry (those after it are gone or stay)
     return dispatched
 
 
-def _still_failed(info: JobInfo | None, run_at: Any) -> bool:
-    """Whether a dead letter's job (its failed run's `run_at`, seconds) is still where its
-    failure left it: no job kept under its id, or the failed record of that very run. An id
-    that is live again, or that ended since (finished, cancelled, or a later run failed:
-    requeued from its kept record, or dispatched again), was run again already."""
-    if info is None:
-        return True
-    if info.state != "failed":
-        return False
+def _seconds(run_at: Any) -> float | None:
+    """The run_at of a letter's failed run (seconds), or None when the letter has none: then
+    any kept failed record may be its run's (the library's queasy_dispatch_letter decides, in
+    one step: no job kept under the id, or the failed record of that very run)."""
     if isinstance(run_at, bool) or not isinstance(run_at, int | float):
-        return True  # a letter without its run's run_at: the failed record may be its own
-    return round(info.run_at * 1000) == round(run_at * 1000)
+        return None
+    return run_at
 
 
 def _entry(raw: bytes) -> tuple[str | None, Any, Any]:

@@ -1379,6 +1379,60 @@ local function dispatch_once(keys, args)
   return codes
 end
 
+--[[ queasy_dispatch_letter: dispatch a dead letter's job again, unless it ran again since
+(4.3.0). The check and the dispatch are one step: no other call can make the id live, or
+end it, in between (queasy_py/handlers/dead_letter.py).
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+ARGV[2]  trace ('' none), as queasy_dispatch's ARGV[5]
+ARGV[3]  id
+ARGV[4]  data (JSON)
+ARGV[5]  the run_at (ms) of the run whose failure wrote the letter, or '' when the letter
+         does not say
+Returns: 1 dispatched (a new waiting job ready now, pushed or woken as by queasy_dispatch),
+         5 skipped: the id is live (waiting, delayed, blocked or active), or the retention
+         keeps an end of it that is not that run's failure (it finished, was cancelled, or a
+         later run failed: it ran again already; with ARGV[5] '' any failed end is taken
+         as that run's). An id with no end kept is dispatched.
+Refuses: (INVALID, nothing written) an id that breaks the id rules, data that is not JSON, a
+         run_at not integer ms in 0..MAX_MS, a trace as queasy_dispatch refuses it, the id
+         SCHEDULE_ID while the queue has a schedule.
+Emits:   as queasy_dispatch.
+]]
+local function dispatch_letter(keys, args)
+  local B = keys[1]
+  local now = clock(args[1])
+  if #args ~= 5 then
+    invalid('queasy_dispatch_letter takes 5 arguments, got ' .. #args)
+  end
+  local trace = args[2]
+  if #trace > MAX_TRACE or string.find(trace, '[^0-9a-f%-]') then
+    invalid('trace must be a W3C traceparent (0-9 a-f and -, at most ' .. MAX_TRACE
+      .. ' bytes), got ' .. shown(trace))
+  end
+  check_id(args[3], 'id')
+  strict_json(function()
+    check_json(args[4], 'data')
+  end)
+  local failed_at = args[5] ~= '' and ms(args[5], 'run_at of the failure')
+  check_reserved(B, args, 3)
+  local id = args[3]
+  if call('EXISTS', B .. ':job:' .. id, B .. ':active:' .. id) > 0 then
+    return 5
+  end
+  local done = call('HGET', B .. ':ends', id)
+  local state = end_state(done)
+  if state ~= nil then
+    local run_at = string.match(done, '^%S+ %S+ %S+ %S+ %S+ (%S+)')
+    if state ~= 'failed' or (failed_at and tonumber(run_at) ~= failed_at) then
+      return 5
+    end
+  end
+  return dispatch_jobs(B, now, args, 3, {now}, function(jid, data, run_at)
+    return create_job(B, B .. ':job:' .. jid, jid, data, run_at, now, trace, true)
+  end)[1]
+end
+
 --[[ queasy_cancel: remove a waiting, delayed or blocked job. Never touches an active job.
 KEYS[1]  B
 ARGV[1]  now (ms or '')
@@ -2427,6 +2481,7 @@ end
 
 redis.register_function('queasy_dispatch', entry(dispatch))
 redis.register_function('queasy_dispatch_once', entry(dispatch_once))
+redis.register_function('queasy_dispatch_letter', entry(dispatch_letter))
 redis.register_function('queasy_cancel', entry(cancel))
 redis.register_function('queasy_requeue', entry(requeue_failed))
 redis.register_function('queasy_purge', entry(purge))

@@ -256,6 +256,22 @@ class Queue(QueueBase, Operate):
             raise lua_error(exc) from None
         return args[5]
 
+    def _dispatch_letter(self, data: Any, id: str, failed_run_at: Any) -> bool:
+        """Dispatch a dead letter's job (queasy_py.handlers.dead_letter) unless its id is
+        live or ended since the failure the letter records (`failed_run_at`: that run's
+        run_at in seconds, or None when the letter does not say), in one library step.
+        True when it was dispatched."""
+        job_id, encoded, _ = self._encode(data, id, None, None)
+        at = "" if failed_run_at is None else round(failed_run_at * 1000)
+        self._register()
+        try:
+            code = self.client.fastcall(
+                "queasy_dispatch_letter", [self.keys.base], ["", traceparent(), job_id, encoded, at]
+            )
+        except redis.ResponseError as exc:
+            raise lua_error(exc) from None
+        return int(code) == Dispatched.CREATED
+
     def dispatch_many(
         self,
         jobs: Iterable[Mapping[str, Any]],

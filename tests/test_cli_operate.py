@@ -23,7 +23,7 @@ from runtime_helpers import ACT, Runtime, queue_spec, wait_for
 from test_cli import QUEASY, command_env
 from test_runtime_hostile import overwrite_data
 
-from queasy_py import Client
+from queasy_py import Client, Queue
 from queasy_py.aio import AsyncClient
 from queasy_py.cli import exitcodes
 from queasy_py.errors import JobFailed
@@ -421,6 +421,37 @@ def test_dead_letter_requeue_pages_oldest_first_and_leaves_what_it_does_not_take
     assert [j.id for j in work.jobs("waiting")[0]] == ["a", "b", "c"]
     assert dead_letter.requeue(work) == ["skip"]
     assert client.redis.lrange(key, 0, -1) == [b"not json"]
+
+
+def test_a_job_dispatched_while_its_dead_letter_is_requeued_keeps_its_data_and_runs_once(
+    client: Client, redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process dispatches the id between requeue's check of the id and its dispatch
+    of the letter (here: while the letter's data is encoded). Before library 4.3.0 the
+    check (get_job) and the dispatch were two calls: the letter's dispatch then updated the
+    other process's job with the letter's data. They are one library step now: the live
+    job keeps its data, and the letter goes."""
+    work = client.queue("work")
+    key = work.keys.dead_letters
+    raw = json.dumps({"data": {"from": "letter"}, "job": {"id": "x", "queue": "work"}})
+    client.redis.lpush(key, raw.encode())
+    encode = Queue._encode
+    raced: list[str] = []
+
+    def encode_then_race(self: Queue, data: Any, id: Any, *rest: Any) -> list:
+        out = encode(self, data, id, *rest)
+        if id == "x" and not raced:
+            raced.append(id)
+            with Client(redis_url, workers=0, prefix=prefix) as other:
+                other.queue("work").dispatch({"from": "producer"}, id="x")
+        return out
+
+    monkeypatch.setattr(Queue, "_encode", encode_then_race)
+    assert dead_letter.requeue(work) == []
+    assert raced == ["x"]
+    job = work.get_job("x")
+    assert job is not None and job.state == "waiting" and job.data == {"from": "producer"}
+    assert work.counts()["waiting"] == 1 and client.redis.llen(key) == 0
 
 
 # ---------------------------------------------------------------- unknown names

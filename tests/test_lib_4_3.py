@@ -123,3 +123,58 @@ def test_a_trace_written_around_the_library_is_dropped_on_dequeue(lua: Lua) -> N
     jobs = {job.id: job for job in lua.dequeue(limit=2).jobs}
     assert jobs["ok"].trace == traceparent
     assert jobs["long"].trace == ""  # as a push of it is read: longer than MAX_TRACE, none
+
+
+# ---------------------------------------------------------------- a dead letter's dispatch
+
+
+def letter(lua: Lua, id: str, data: str = '{"n": 1}', failed_at: object = NOW) -> int:
+    return lua.call("queasy_dispatch_letter", [lua.B], NOW + 10, "", id, data, failed_at)
+
+
+def test_a_letter_is_dispatched_when_nothing_or_its_own_failure_is_kept(lua: Lua) -> None:
+    assert letter(lua, "gone") == Dispatched.CREATED  # no end kept (purged, keep_failed 0)
+    assert lua.fail("c1", lua.take("x")) == Ack.OK  # its run at NOW failed, record kept
+    assert letter(lua, "x", failed_at=NOW) == Dispatched.CREATED
+    assert lua.fail("c1", lua.take("y")) == Ack.OK
+    assert letter(lua, "y", failed_at="") == Dispatched.CREATED  # a letter without its run_at
+    assert sorted(lua.r.zrange(f"{lua.B}:waiting", 0, -1)) == ["gone", "x", "y"]
+    assert lua.r.hget(f"{lua.B}:job:x", "data") == '{"n": 1}'
+
+
+def test_a_letter_of_a_job_that_is_live_or_ran_again_is_skipped_and_writes_nothing(
+    lua: Lua,
+) -> None:
+    lua.take("active")
+    assert lua.finish("c1", lua.take("finished")) == Ack.OK
+    assert lua.fail("c1", lua.take("later", now=NOW + 5), now=NOW + 5) == Ack.OK
+    assert lua.add("waiting", data='"theirs"') == Dispatched.CREATED
+    before = {k: lua.r.type(k) for k in lua.r.keys(f"{lua.B}*")}
+    waiting = lua.r.hgetall(f"{lua.B}:job:waiting")
+    for id in ("waiting", "active", "finished"):
+        assert letter(lua, id) == Dispatched.SKIPPED, id
+    assert letter(lua, "later", failed_at=NOW) == Dispatched.SKIPPED  # a later run failed
+    assert {k: lua.r.type(k) for k in lua.r.keys(f"{lua.B}*")} == before
+    assert lua.r.hgetall(f"{lua.B}:job:waiting") == waiting
+    assert lua.r.scard(f"{lua.B}:blocked") == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("bad id", '"d"', NOW), "id"),
+        (("x", "{not json", NOW), "data is not JSON"),
+        (("x", '"d"', "-5"), "run_at of the failure"),
+        (("x", '"d"', "1.5"), "run_at of the failure"),
+        ((SCHEDULE_ID, '"d"', NOW), RESERVED),
+        (("x", '"d"'), "takes 5 arguments"),
+    ],
+)
+def test_a_letter_the_library_refuses_writes_nothing(
+    lua: Lua, args: tuple[object, ...], says: str
+) -> None:
+    schedule(lua, None, NOW + 60_000)
+    before = sorted(lua.r.keys(f"{lua.B}*"))
+    with pytest.raises(redis.ResponseError, match=says):
+        lua.call("queasy_dispatch_letter", [lua.B], NOW, "", *args)
+    assert sorted(lua.r.keys(f"{lua.B}*")) == before
