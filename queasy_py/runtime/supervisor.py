@@ -368,6 +368,7 @@ class Supervisor:
                 break
             self._step()
         self.workers.hand_back_all()
+        self._hand_back_held()
         self.rounds.checkouts.twins.release_all("the supervisor shut down")
         self._send_last_acks()
         for state in self.states.values():
@@ -380,6 +381,15 @@ class Supervisor:
         except (redis.RedisError, OSError):
             pass  # its entry expires
         log.info("supervisor %s stopped", self.client.id)
+
+    def _hand_back_held(self) -> None:
+        """The pushes held while liveness was unknown (and any that arrived unread) go back
+        as jobs never started ('return': nothing counted, as a dequeue reply during the
+        drain), not left leased until a sweep counts a stall; none when this client was
+        swept meanwhile (the sweep requeued them)."""
+        held, self.held = self.held + self.wakeup.read(), []
+        if not (self.heartbeat.swept.is_set() and self.heartbeat.swept_id == self.client.id):
+            self.rounds.on_messages(held)  # stopping: each is returned (Checkouts._pushed)
 
     def _send_last_acks(self) -> None:
         rounds = self.rounds
