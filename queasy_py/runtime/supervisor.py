@@ -261,6 +261,8 @@ class Supervisor:
                 self.workers.receive(proc)
             elif kind == "exit" and proc in self.workers:
                 self.workers.on_exit(proc)
+            elif kind == "reap":
+                self.workers.reap(proc)
         # after a freeze, learn that this client was swept before acting on what arrived
         # meanwhile (jobs pushed to it then were requeued by the sweep)
         if self.heartbeat.swept.is_set():
@@ -323,7 +325,7 @@ class Supervisor:
             self.wakeup.close()
             if self.heartbeat.is_alive():
                 self.heartbeat.join(timeout=2)
-            self.workers.kill_all()
+            self.workers.close()
             self._restore_signals(previous)
             self.rounds.pipe.close()
             self.r.close()
