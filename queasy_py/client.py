@@ -249,7 +249,7 @@ class Client:
             finally:
                 early.close()
                 if supervisor is not None:  # adopted, but its run() stopped before its
-                    supervisor.workers.kill_all()  # try (Ctrl-C): none left (else a no-op)
+                    supervisor.workers.close()  # try (Ctrl-C): none left (else a no-op)
                 self._supervisor = None
 
     def stop(self) -> None:

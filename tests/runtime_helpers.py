@@ -322,7 +322,7 @@ class Runtime:
 def close_unrun(sup: Any, client: Client) -> None:
     """Close what a Supervisor built but never ran holds (its workers, wake-up, round pipe,
     connection and selector), then its client."""
-    sup.workers.kill_all()
+    sup.workers.close()
     sup.wakeup.close()
     sup.rounds.pipe.close()
     sup.r.close()

@@ -6,8 +6,10 @@ sys.path, zip entries included, the working directory last).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,6 +61,65 @@ def test_a_timeout_kill_takes_every_process_the_job_started(rt: Runtime) -> None
     wait_for(lambda: not alive(worker), what="the worker to be killed at the timeout")
     all_gone(pids, "the job's background processes to die with its worker")
     assert rt.wait_events("q", 1)[0]["outcome"] == "timed_out"
+
+
+#: prctl(2) option: orphaned descendants are reparented to this process, not to init
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@pytest.fixture
+def late_reaper() -> Iterator[list[int]]:
+    """This test process as the child subreaper of its descendants, which reaps the orphans
+    it adopts only once the test ends (the pids the test puts in the list): a job's killed
+    process stays a zombie meanwhile, as under a container init or a process manager that
+    reaps late."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    assert prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0, os.strerror(ctypes.get_errno())
+    adopted: list[int] = []
+    try:
+        yield adopted
+    finally:
+        prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        for pid in adopted:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                wait_for(lambda p=pid: os.waitpid(p, os.WNOHANG)[0], timeout=5.0)
+            except ChildProcessError:
+                pass  # not adopted here (reaped by its parent)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_timeout_kill_does_not_block_the_loop_on_the_killed_processes(
+    rt: Runtime, late_reaper: list[int]
+) -> None:
+    """The loop killed a timed-out worker and then waited for it and every process of its
+    tree to be gone (up to 5 s for each). A process of the job that is killed but not yet
+    reaped (a zombie whose reaper is late; a process in D state, stuck on a hung NFS read,
+    that SIGKILL ends only later) held the whole loop that long: no other worker's result
+    was read, no job started. The kill only signals now; the worker is reaped when its exit
+    sentinel says so. Here the job's child is adopted, once killed, by this test process,
+    which reaps it only at the end: meanwhile the other queue's jobs go on starting."""
+    rt.start(
+        {
+            "slow": queue_spec(SPAWN, timeout=1.0, max_timeouts=1, size=100, priority=1),
+            "quick": queue_spec(size=100),
+        },
+        workers=2,
+    )
+    rt.queue("slow").dispatch({"tag": "s", "setsid": True, "spin": True}, id="s")
+    worker, pids = spawned(rt, "s")
+    late_reaper.extend(pids)
+    quick = rt.queue("quick").dispatch_many(
+        {"data": {"tag": "q", "sleep": 0.05}} for _ in range(60)
+    )
+    wait_for(lambda: not alive(worker), what="the worker to be killed at the timeout")
+    killed = time.time()
+    starts = sorted(rec["t"] for rec in rt.wait_records(len(quick), "start", tag="q", timeout=30.0))
+    assert starts[0] < killed < starts[-1]  # the kill came while the quick jobs ran
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert max(gaps) < 1.0, gaps
+    assert rt.wait_events("slow", 1)[0]["outcome"] == "timed_out"
 
 
 def test_a_worker_that_dies_takes_the_processes_its_jobs_started(rt: Runtime) -> None:

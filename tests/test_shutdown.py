@@ -13,10 +13,11 @@ from pathlib import Path
 import psutil
 import pytest
 import redis
-from runtime_helpers import Runtime, queue_spec
+from runtime_helpers import Runtime, queue_spec, wait_for
 from test_loop_faults import Own
 
 from queasy_py.runtime.early import sigterm_interrupts, stops_run
+from queasy_py.store.keys import QueueKeys
 
 
 @pytest.fixture
@@ -144,3 +145,40 @@ def test_a_dequeue_reply_that_comes_during_the_drain_starts_no_job(rt: Runtime, 
     assert job is not None and job.state == "waiting", job
     # leased once by that dequeue (attempts counts leases), no retry, stall or timeout
     assert (job.attempts, job.retry_count, job.stall_count, job.timeout_count) == (1, 0, 0, 0)
+
+
+def test_jobs_pushed_while_liveness_is_unknown_are_handed_back_at_shutdown(
+    rt: Runtime, own: Own
+) -> None:
+    """Jobs pushed to a supervisor while it does not know whether it is alive (woken from a
+    freeze, its heartbeat not yet answered) are held, not started. A shutdown that came
+    first dropped them: they stayed active, leased to the supervisor that had left, until a
+    sweep after its expiry put them back with a stall counted. They are handed back at
+    shutdown like any job not started: waiting again at once, nothing counted. The server is
+    frozen when the supervisor wakes, so its heartbeat cannot answer before the shutdown."""
+    sup = rt.start({"q": queue_spec()}, workers=1, poll_interval=30.0)  # no polling dequeue
+    base = QueueKeys(rt.prefix, "q", "q").base
+    parked = wait_for(lambda: own.r.hgetall(f"{base}:parked"), what="its slots parked")
+    (client,) = parked
+    fresh = own.r.zscore(f"{base}:fresh", client)
+    # a push goes to a client fresh for half its expiry: stop it right after a heartbeat
+    wait_for(lambda: own.r.zscore(f"{base}:fresh", client) != fresh, what="a heartbeat")
+    sup.signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    q = rt.queue("q")
+    ids = [q.dispatch({"tag": "pushed"}) for _ in range(2)]
+    for job_id in ids:  # leased by the dispatch: pushed to the stopped supervisor
+        assert own.r.hget(f"{base}:lease:{client}", job_id) is not None, job_id
+    # woken past its expiry (1 s: heartbeat_interval 0.5), its liveness is unknown
+    time.sleep(max(0.0, stopped + 1.5 - time.monotonic()))
+    own.freeze()
+    sup.signal(signal.SIGTERM)
+    sup.signal(signal.SIGCONT)
+    wait_for(lambda: "could not stop pushes" in sup.log(), what="the unpark to give up")
+    own.thaw()
+    assert sup.wait(timeout=30.0) == 0, sup.log()
+    assert rt.records(tag="pushed") == [], sup.log()
+    for job_id in ids:
+        job = q.get_job(job_id)
+        assert job is not None and job.state == "waiting", (job, sup.log())
+        assert (job.retry_count, job.stall_count, job.timeout_count) == (0, 0, 0), job

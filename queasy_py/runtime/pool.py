@@ -138,9 +138,16 @@ class WorkerProc:
             return 0
 
     def kill(self) -> None:
-        """SIGKILL the worker and every process it started (its group and its tree)."""
+        """SIGKILL the worker and every process it started (its group and its tree), and
+        wait for them (outside the loop: Early, the supervisor's exit)."""
         kill_tree(self.pid)
         self.close()
+
+    def signal_kill(self) -> None:
+        """SIGKILL the worker and every process it started, waiting for none of them (the
+        loop: its exit sentinel says when to reap it, `close`), and close its pipe."""
+        kill_tree(self.pid, wait=False)
+        self.pipe.close()
 
     def close(self) -> None:
         try:
@@ -160,10 +167,12 @@ def kill_group(pgid: int) -> None:
         pass
 
 
-def kill_tree(pid: int) -> None:
+def kill_tree(pid: int, wait: bool = True) -> None:
     """SIGKILL worker `pid`: its process group (it leads one: start_worker), which takes the
     background processes its jobs started even once init adopted them, and every process
-    still under it, which takes those that moved to a session of their own."""
+    still under it, which takes those that moved to a session of their own. With `wait`,
+    wait up to 5 s for them to be gone (a zombie whose reaper is late, a process in D state
+    counts against it): never in the loop."""
     try:
         parent = psutil.Process(pid)
         procs = parent.children(recursive=True) + [parent]
@@ -175,7 +184,8 @@ def kill_tree(pid: int) -> None:
             proc.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(procs, timeout=5)
+    if wait:
+        psutil.wait_procs(procs, timeout=5)
 
 
 #: the worker's first lines: its sys.path is the supervisor's (argv[1], JSON), set before

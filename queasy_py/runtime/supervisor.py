@@ -261,6 +261,8 @@ class Supervisor:
                 self.workers.receive(proc)
             elif kind == "exit" and proc in self.workers:
                 self.workers.on_exit(proc)
+            elif kind == "reap":
+                self.workers.reap(proc)
         # after a freeze, learn that this client was swept before acting on what arrived
         # meanwhile (jobs pushed to it then were requeued by the sweep)
         if self.heartbeat.swept.is_set():
@@ -323,7 +325,7 @@ class Supervisor:
             self.wakeup.close()
             if self.heartbeat.is_alive():
                 self.heartbeat.join(timeout=2)
-            self.workers.kill_all()
+            self.workers.close()
             self._restore_signals(previous)
             self.rounds.pipe.close()
             self.r.close()
@@ -368,6 +370,7 @@ class Supervisor:
                 break
             self._step()
         self.workers.hand_back_all()
+        self._hand_back_held()
         self.rounds.checkouts.twins.release_all("the supervisor shut down")
         self._send_last_acks()
         for state in self.states.values():
@@ -380,6 +383,15 @@ class Supervisor:
         except (redis.RedisError, OSError):
             pass  # its entry expires
         log.info("supervisor %s stopped", self.client.id)
+
+    def _hand_back_held(self) -> None:
+        """The pushes held while liveness was unknown (and any that arrived unread) go back
+        as jobs never started ('return': nothing counted, as a dequeue reply during the
+        drain), not left leased until a sweep counts a stall; none when this client was
+        swept meanwhile (the sweep requeued them)."""
+        held, self.held = self.held + self.wakeup.read(), []
+        if not (self.heartbeat.swept.is_set() and self.heartbeat.swept_id == self.client.id):
+            self.rounds.on_messages(held)  # stopping: each is returned (Checkouts._pushed)
 
     def _send_last_acks(self) -> None:
         rounds = self.rounds

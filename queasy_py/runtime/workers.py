@@ -63,6 +63,7 @@ class Workers:
         self.import_error = ""  # the last import error a worker reported (logged once)
         self.fatal: HandlerError | None = None  # workers cannot start: the supervisor gives up
         self.writing: set[WorkerProc] = set()  # pipes watched for writability
+        self.dying: list[WorkerProc] = []  # killed, reaped once their sentinel is readable
         self.metrics: Tally | None = None  # counts for /metrics (runtime/metrics.py): on
         #: workers replaced, by why: timeout, crash, memory, max_jobs, start, swept
         self.replaced: dict[str, int] = defaultdict(int)
@@ -115,12 +116,30 @@ class Workers:
             self.procs.remove(proc)
 
     def kill(self, proc: WorkerProc) -> None:
+        """SIGKILL it and its processes without waiting: its exit sentinel, still watched,
+        has the loop reap it (`reap`). A worker slow to die (D state, a late reaper of its
+        job's processes) never holds the loop."""
         self._forget(proc)
-        proc.kill()
+        proc.signal_kill()
+        self.dying.append(proc)
+        self.events.register(proc.sentinel, ("reap", proc))
+
+    def reap(self, proc: WorkerProc) -> None:
+        """A killed worker has exited: collect its status (no wait) and close its sentinel."""
+        self.events.unregister(proc.sentinel)
+        if proc in self.dying:
+            self.dying.remove(proc)
+        proc.close()
 
     def kill_all(self) -> None:
         for proc in list(self.procs):
             self.kill(proc)
+
+    def close(self) -> None:
+        """The supervisor's exit: kill every worker and wait (bounded) for each to exit."""
+        self.kill_all()
+        for proc in list(self.dying):
+            self.reap(proc)
 
     def accepting(self) -> list[WorkerProc]:
         return [w for w in self.procs if w.accepts]
@@ -382,7 +401,7 @@ class Workers:
                 try:
                     proc.pipe.send_frame(b'"stop"')
                 except OSError:
-                    kill_tree(proc.pid)
+                    kill_tree(proc.pid, wait=False)  # reaped through its sentinel (on_exit)
 
     def hand_back_all(self) -> None:
         """Shutdown: kill every worker and hand back the jobs they still held. Results a
