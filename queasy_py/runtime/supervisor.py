@@ -22,7 +22,6 @@ import redis
 from .. import defaults
 from ..errors import InvalidInput
 from ..store.connection import loop_client, new_client_id
-from ..store.library import fcall
 from ..store.loopio import round_pipe, wakeup
 from ..store.pubsub import Message
 from .early import Early, queue_specs, stops_run, worker_env
@@ -33,6 +32,7 @@ from .outcomes import Ack
 from .registry import Registry
 from .rounds import Rounds
 from .scheduler import QueueState
+from .shutdown import Shutdown
 from .workers import Workers
 
 if TYPE_CHECKING:
@@ -45,13 +45,11 @@ log = logging.getLogger("queasy_py")
 #: seconds between two checks that every lease this client holds in Redis is known here (a
 #: job pushed on a connection that broke unnoticed would otherwise stay leased forever)
 RECONCILE_INTERVAL = 60.0
-#: seconds shutdown waits for its last acks to be accepted
-ACK_DEADLINE = 10.0
 #: seconds between two urgent heartbeats while this client does not know whether it is alive
 KICK_INTERVAL = 0.5
 
 
-class Supervisor:
+class Supervisor(Shutdown):
     def __init__(self, client: Client, early: Early | None = None) -> None:
         """`early`: workers run() started first (runtime/early.py), adopted here."""
         self.client = client
@@ -340,80 +338,3 @@ class Supervisor:
                 self.rounds.schedules.seed(self.r)
             except (redis.RedisError, OSError) as exc:  # the first checks learn it instead
                 log.warning("could not read the schedules at start: %s", exc)
-
-    # ------------------------------------------------------------------ shutdown
-
-    def _stop(self) -> None:
-        self.stopping = True
-        self.workers.stopping = True
-        self.rounds.stopping = True
-
-    def _shutdown(self) -> None:
-        """Stop dequeuing, wait for running jobs up to shutdown_timeout, then hand back the rest."""
-        self._stop()
-        # the signals (or stop() calls) that started it: one (none after a fatal error); any
-        # other, even one counted before this line (while the pushes stop), skips the wait
-        first = min(self.signals, 1)
-        try:
-            self.rounds.unpark_all(self.client.id)
-        except (redis.RedisError, OSError) as exc:  # it leaves at the end, which unparks too
-            log.warning("could not stop pushes before shutting down: %s", exc)
-        deadline = time.monotonic() + self.shutdown_timeout
-        log.info(
-            "shutting down: waiting up to %.3gs for %d running job(s)",
-            self.shutdown_timeout,
-            self.workers.running(),
-        )
-        while self.workers.running() and time.monotonic() < deadline:
-            if self.signals > first:
-                log.warning("second signal: not waiting for running jobs")
-                break
-            self._step()
-        self.workers.hand_back_all()
-        self._hand_back_held()
-        self.rounds.checkouts.twins.release_all("the supervisor shut down")
-        self._send_last_acks()
-        for state in self.states.values():
-            try:
-                fcall(self.r, "queasy_leave", [state.base], ["", self.client.id])
-            except (redis.RedisError, OSError):
-                break
-        try:
-            self.registry.leave(self.r, self.client.id)
-        except (redis.RedisError, OSError):
-            pass  # its entry expires
-        log.info("supervisor %s stopped", self.client.id)
-
-    def _hand_back_held(self) -> None:
-        """The pushes held while liveness was unknown (and any that arrived unread) go back
-        as jobs never started ('return': nothing counted, as a dequeue reply during the
-        drain), not left leased until a sweep counts a stall; none when this client was
-        swept meanwhile (the sweep requeued them)."""
-        held, self.held = self.held + self.wakeup.read(), []
-        if not (self.heartbeat.swept.is_set() and self.heartbeat.swept_id == self.client.id):
-            self.rounds.on_messages(held)  # stopping: each is returned (Checkouts._pushed)
-
-    def _send_last_acks(self) -> None:
-        rounds = self.rounds
-        rounds.outage.retry_at = 0.0
-        deadline = time.monotonic() + ACK_DEADLINE
-        first = self.signals
-        while (self.acks or rounds.pipe.inflight) and time.monotonic() < deadline:
-            if self.signals > first:
-                log.warning("another signal: not waiting for the last acks")
-                break
-            rounds.send()
-            rounds.pipe.read(block=True)
-            if self.acks:
-                time.sleep(max(0.0, rounds.outage.retry_at - time.time()))
-        if self.acks:  # they are swept back with the client and run again: say which
-            names = {state.base: name for name, state in self.states.items()}
-            ids = [f"{names.get(ack.base, ack.base)}/{ack.args[0]}" for ack in self.acks]
-            shown = ", ".join(ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
-            log.error(
-                "%d outcome(s) not acknowledged before the exit (Redis did not take them in "
-                "%g s): these jobs will be swept back and run again: %s",
-                len(ids),
-                ACK_DEADLINE,
-                shown,
-            )
