@@ -1,6 +1,6 @@
-"""The worker pool and its health: start and replace workers, read their results, and act on
-timeouts (mark unhealthy, replace, kill once only timed-out jobs remain), memory (recycle),
-job counts (recycle) and exits (requeue what the worker held)."""
+"""The worker pool: start and replace workers, read their results, and act on job counts
+(recycle) and exits (requeue what the worker held). Its health checks (starts, timeouts,
+memory) are in runtime/health.py."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from ..errors import HandlerError
 from . import outcomes
 from .early import Early, start_at_once
 from .events import Events
+from .health import Health
 from .pool import Running, WorkerProc, kill_tree, start_worker
 from .scheduler import QueueState, place
 
@@ -25,13 +26,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("queasy_py")
 
-MEMORY_CHECK_INTERVAL = 5.0
-#: the first and the longest wait before starting a worker again after one died at start
-START_BACKOFF = 0.5
-MAX_START_BACKOFF = 30.0
 
-
-class Workers:
+class Workers(Health):
     """The supervisor's worker subprocesses. Acks it decides go to the shared `acks` list."""
 
     def __init__(
@@ -272,37 +268,6 @@ class Workers:
         proc.close()
         self.ensure()
 
-    def _start_failed(self, proc: WorkerProc, why: str) -> None:
-        """Back off before the next start; after WORKER_START_FAILURES in a row, give up."""
-        self.start_failures += 1
-        self.replaced["start"] += 1
-        delay = min(MAX_START_BACKOFF, START_BACKOFF * 2 ** (self.start_failures - 1))
-        self.next_spawn = time.monotonic() + delay
-        if self.start_failures >= defaults.WORKER_START_FAILURES:
-            self.fatal = HandlerError(  # run() raises it: `queasy run` exits HANDLER
-                f"{self.start_failures} workers in a row could not start (the last {why}): "
-                f"{self.import_error or 'no import error was reported'}"
-            )
-        else:
-            log.error(
-                "worker %d %s (%d in a row); starting another in %.1fs",
-                proc.pid,
-                why,
-                self.start_failures,
-                delay,
-            )
-
-    def check_starts(self, now: float) -> None:
-        """Kill a worker that is not ready WORKER_START_TIMEOUT after its start (a hung
-        import), counting it as a start that failed."""
-        for proc, started in list(self.started.items()):
-            if now - started > defaults.WORKER_START_TIMEOUT:
-                self.kill(proc)
-                self._start_failed(
-                    proc, f"was not ready after {defaults.WORKER_START_TIMEOUT:.3g}s"
-                )
-                self.ensure()
-
     def retry_ack(
         self,
         job: Running,
@@ -352,45 +317,6 @@ class Workers:
             else:
                 self.acks.append(self.retry_ack(job, kind, proc.pid, "", error_name, message))
         proc.jobs.clear()
-
-    # ------------------------------------------------------------------ health
-
-    def check_timeouts(self, now: float) -> None:
-        for proc in list(self.procs):
-            if now < proc.next_timeout and proc.healthy:
-                continue  # no job of it can have passed its timeout yet
-            next_timeout = float("inf")
-            for job in proc.jobs.values():
-                if not job.timed_out and now < job.deadline:
-                    next_timeout = min(next_timeout, job.deadline)
-                elif not job.timed_out:
-                    job.timed_out = True
-                    log.warning(
-                        "job %s of %s passed its timeout of %.3gs on worker %d",
-                        job.id,
-                        job.queue,
-                        self.states[job.queue].spec.timeout,
-                        proc.pid,
-                    )
-                    if proc.healthy:
-                        proc.healthy = False
-                        self.replaced["timeout"] += 1
-                        self.ensure()
-            proc.next_timeout = next_timeout
-            if not proc.healthy and all(j.timed_out for j in proc.jobs.values()):
-                log.warning("killing worker %d (only timed-out jobs left)", proc.pid)
-                self.kill(proc)
-                self.requeue_held(proc, "timeout", "TimeoutError")
-                self.ensure()
-
-    def check_memory(self, now: float) -> None:
-        if not self.max_worker_memory or now < self.next_memory_check:
-            return
-        self.next_memory_check = now + MEMORY_CHECK_INTERVAL
-        for proc in list(self.procs):
-            rss = proc.rss()
-            if proc.healthy and rss > self.max_worker_memory:
-                self._retire(proc, f"RSS {rss} bytes > max_worker_memory", "memory")
 
     def stop_drained(self) -> None:
         """Tell each drained retiring worker to exit; its exit is reaped through its sentinel
