@@ -648,3 +648,48 @@ def test_the_async_client_uses_the_project_server_and_keeps_its_job(
     with Client(workers=0) as client:  # the next one finds the job on disk
         assert client.server is not None and client.server.pid != pid
         assert client.queue("q").counts()["waiting"] == 1
+
+
+# ---------------------------------------------------------------- its directory removed
+
+
+def test_close_after_the_data_dir_was_removed_says_so_and_the_server_still_stops(
+    project: Project, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`rm -rf .queasy` under a live server: close() (a Client's, `queasy run`'s, at exit)
+    raised FileNotFoundError from its lock files. It says what happened instead; the keeper,
+    which still holds the removed users.lock, stops the server all the same."""
+    import shutil
+
+    server = join(project.data_dir)
+    info = project.info()
+    assert info is not None
+    shutil.rmtree(project.data_dir)
+    with caplog.at_level("WARNING", logger="queasy_py.embedded"):
+        assert server.close() is False
+    assert f"the data directory {project.data_dir} of the embedded server was removed" in (
+        caplog.text
+    )
+    for key in ("pid", "keeper_pid"):
+        wait_for(lambda pid=info[key]: pid_gone(pid), 15, f"{key} {info[key]} to exit")
+    assert server.close() is False  # idempotent
+
+
+def test_queasy_server_whose_data_dir_is_removed_exits_1_without_a_traceback(
+    project: Project,
+) -> None:
+    import shutil
+
+    served = project.start("server")
+    info = wait_for(project.info, 30, "`queasy server` to start the server")
+    wait_for(lambda: "serving" in project.output(served), 10, "the serving line")
+    shutil.rmtree(project.data_dir)
+    try:
+        code = served.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(project.output(served)) from None
+    out = project.output(served)
+    assert code == 1 and "Traceback" not in out, out
+    assert f"the data directory {project.data_dir} of the embedded server was removed" in out
+    for key in ("pid", "keeper_pid"):
+        wait_for(lambda pid=info[key]: pid_gone(pid), 15, f"{key} {info[key]} to exit")
