@@ -427,6 +427,35 @@ def test_queasy_server_with_a_config_that_cannot_be_read_exits_2_and_makes_nothi
     assert not (project.dir / defaults.STATE_DIR_NAME).exists()
 
 
+@pytest.mark.parametrize("given", [True, False], ids=["config_file", "project_pyproject"])
+def test_queasy_server_refuses_a_config_that_names_another_redis(
+    project: Project, given: bool
+) -> None:
+    """A config whose `redis` names a server: every other command of the project uses that
+    server, so the embedded one `queasy server` served (and kept up) was used by none. It
+    exits CONFIG (2) naming the file and the URL, its password masked, and makes nothing."""
+    url = "redis://:hunter2@redis.example:6379/0"
+    if given:
+        config = project.dir / "queasy.toml"
+        config.write_text(f'redis = "{url}"\n[queues.q]\nhandler = "app.jobs"\n')
+        args = ["server", "--config", str(config)]
+    else:
+        config = project.dir / "pyproject.toml"
+        config.write_text(PYPROJECT.replace("[tool.queasy]\n", f'[tool.queasy]\nredis = "{url}"\n'))
+        args = ["server"]
+    try:
+        done = subprocess.run(
+            [QUEASY, *args], cwd=project.dir, env=project.env, stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=15,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise AssertionError("queasy server served beside the config's redis") from None
+    assert done.returncode == 2, done.stderr
+    assert f"{config}: redis names redis://:***@redis.example:6379/0" in done.stderr, done.stderr
+    assert "hunter2" not in done.stderr and "Traceback" not in done.stderr
+    assert not project.data_dir.exists()
+
+
 # ---------------------------------------------------------------- locked (issue #18)
 
 
