@@ -28,7 +28,7 @@ from .resolve import PathLike, Target, resolve
 from .store import events
 from .store.aiocluster import async_cluster_client, ready_cluster
 from .store.cluster import is_cluster_url
-from .store.connection import from_url, mask_url
+from .store.connection import from_url, mask_url, producer_options
 from .store.keys import RegistryKeys
 from .store.library import Dispatched, handshake, lua_error, run_handshake_async
 
@@ -61,7 +61,7 @@ class AsyncClient:
             if self.cluster:  # redis-py's asyncio RedisCluster, FCALL routed by its key
                 self.redis: Any = async_cluster_client(self.url)
             else:
-                self.redis = from_url(aioredis.Redis, self.url, socket_connect_timeout=5.0)
+                self.redis = from_url(aioredis.Redis, self.url, **producer_options())
         except BaseException:
             if self.server is not None:
                 self.server.close()

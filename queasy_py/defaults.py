@@ -26,6 +26,11 @@ EVENT_TRACEBACK_BYTES = 1024
 #: attempts and first backoff (seconds, doubling) when connecting to Redis
 CONNECT_ATTEMPTS = 3
 CONNECT_BACKOFF = 0.2
+#: seconds every connection of the producer API (Client, AsyncClient, their cluster clients,
+#: the CLI's) waits to connect, and for one reply: a frozen server fails a call after that
+#: with a clear error, whatever redis-py's own default (none before redis-py 8: forever)
+CONNECT_TIMEOUT = 5.0
+SOCKET_TIMEOUT = 5.0
 #: how long `queasy run` keeps retrying an unreachable Redis at start (seconds)
 RUN_CONNECT_TIMEOUT = 120.0
 #: environment variable read when no URL is given

@@ -173,6 +173,7 @@ def test_a_config_queue_name_with_spaces_or_braces_exits_config(tmp_path: Path, 
         # called, these would run nothing (the job finished without running) or only fail
         ("tests.runtime_handlers.generator", "handle is a generator function"),
         ("tests.runtime_handlers.async_generator", "handle is an async generator function"),
+        ("tests.runtime_handlers.wrapped_generator", "handle wraps a generator function"),
         ("tests.runtime_handlers.a_class", "handle is a class"),
         (
             "tests.runtime_handlers.wrong_signature",
@@ -181,7 +182,7 @@ def test_a_config_queue_name_with_spaces_or_braces_exits_config(tmp_path: Path, 
     ],
     ids=[
         "raises_on_import", "no_handle", "missing", "not_a_path",
-        "generator", "async_generator", "class", "wrong_signature",
+        "generator", "async_generator", "wrapped_generator", "class", "wrong_signature",
     ],
 )
 def test_a_bad_handler_module_exits_handler_before_any_job_is_taken(

@@ -427,6 +427,35 @@ def test_queasy_server_with_a_config_that_cannot_be_read_exits_2_and_makes_nothi
     assert not (project.dir / defaults.STATE_DIR_NAME).exists()
 
 
+@pytest.mark.parametrize("given", [True, False], ids=["config_file", "project_pyproject"])
+def test_queasy_server_refuses_a_config_that_names_another_redis(
+    project: Project, given: bool
+) -> None:
+    """A config whose `redis` names a server: every other command of the project uses that
+    server, so the embedded one `queasy server` served (and kept up) was used by none. It
+    exits CONFIG (2) naming the file and the URL, its password masked, and makes nothing."""
+    url = "redis://:hunter2@redis.example:6379/0"
+    if given:
+        config = project.dir / "queasy.toml"
+        config.write_text(f'redis = "{url}"\n[queues.q]\nhandler = "app.jobs"\n')
+        args = ["server", "--config", str(config)]
+    else:
+        config = project.dir / "pyproject.toml"
+        config.write_text(PYPROJECT.replace("[tool.queasy]\n", f'[tool.queasy]\nredis = "{url}"\n'))
+        args = ["server"]
+    try:
+        done = subprocess.run(
+            [QUEASY, *args], cwd=project.dir, env=project.env, stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=15,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise AssertionError("queasy server served beside the config's redis") from None
+    assert done.returncode == 2, done.stderr
+    assert f"{config}: redis names redis://:***@redis.example:6379/0" in done.stderr, done.stderr
+    assert "hunter2" not in done.stderr and "Traceback" not in done.stderr
+    assert not project.data_dir.exists()
+
+
 # ---------------------------------------------------------------- locked (issue #18)
 
 
@@ -648,3 +677,48 @@ def test_the_async_client_uses_the_project_server_and_keeps_its_job(
     with Client(workers=0) as client:  # the next one finds the job on disk
         assert client.server is not None and client.server.pid != pid
         assert client.queue("q").counts()["waiting"] == 1
+
+
+# ---------------------------------------------------------------- its directory removed
+
+
+def test_close_after_the_data_dir_was_removed_says_so_and_the_server_still_stops(
+    project: Project, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`rm -rf .queasy` under a live server: close() (a Client's, `queasy run`'s, at exit)
+    raised FileNotFoundError from its lock files. It says what happened instead; the keeper,
+    which still holds the removed users.lock, stops the server all the same."""
+    import shutil
+
+    server = join(project.data_dir)
+    info = project.info()
+    assert info is not None
+    shutil.rmtree(project.data_dir)
+    with caplog.at_level("WARNING", logger="queasy_py.embedded"):
+        assert server.close() is False
+    assert f"the data directory {project.data_dir} of the embedded server was removed" in (
+        caplog.text
+    )
+    for key in ("pid", "keeper_pid"):
+        wait_for(lambda pid=info[key]: pid_gone(pid), 15, f"{key} {info[key]} to exit")
+    assert server.close() is False  # idempotent
+
+
+def test_queasy_server_whose_data_dir_is_removed_exits_1_without_a_traceback(
+    project: Project,
+) -> None:
+    import shutil
+
+    served = project.start("server")
+    info = wait_for(project.info, 30, "`queasy server` to start the server")
+    wait_for(lambda: "serving" in project.output(served), 10, "the serving line")
+    shutil.rmtree(project.data_dir)
+    try:
+        code = served.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(project.output(served)) from None
+    out = project.output(served)
+    assert code == 1 and "Traceback" not in out, out
+    assert f"the data directory {project.data_dir} of the embedded server was removed" in out
+    for key in ("pid", "keeper_pid"):
+        wait_for(lambda pid=info[key]: pid_gone(pid), 15, f"{key} {info[key]} to exit")

@@ -462,6 +462,12 @@ def test_a_stop_with_nothing_running_does_not_stop_the_next_run(
         client.close()
 
 
+#: a decorator that passes the wrapped function's return value through (functools.wraps)
+WRAPS = (
+    "import functools\ndef logged(fn):\n    @functools.wraps(fn)\n"
+    "    def wrapper(data, job): return fn(data, job)\n    return wrapper\n"
+)
+
 HANDLE_KINDS = {
     "partial": "import functools\nasync def f(x, data, job): return x\n"
     "handle = functools.partial(f, 'partial')\n",
@@ -473,6 +479,10 @@ HANDLE_KINDS = {
     "handle = H()\n",
     "generator_partial": "import functools\ndef f(x, data, job):\n    yield x\n"
     "handle = functools.partial(f, 1)\n",
+    "wrapped_generator": WRAPS + "@logged\ndef handle(data, job):\n    yield 1\n",
+    "wrapped_async_generator": WRAPS + "@logged\n@logged\nasync def handle(data, job):\n"
+    "    yield 1\n",
+    "wrapped_async": WRAPS + "@logged\nasync def handle(data, job): return 'wrapped_async'\n",
     "class": "class handle:\n    def __init__(self, data, job): pass\n",
     "one_argument": "def handle(data): pass\n",
 }
@@ -488,6 +498,9 @@ HANDLE_KINDS = {
         ("async_generator", "handle is an async generator function"),
         ("generator_call", "handle is a generator function"),
         ("generator_partial", "handle is a generator function"),
+        ("wrapped_generator", "handle wraps a generator function"),
+        ("wrapped_async_generator", "handle wraps an async generator function"),
+        ("wrapped_async", None),
         ("class", "handle is a class"),
         ("one_argument", "cannot take (data, job)"),
     ],

@@ -88,7 +88,7 @@ def test_a_queasy_run_config_takes_the_schedule_keys_and_names_a_bad_one() -> No
 
 def test_cron_fire_times_follow_the_expression_in_its_timezone() -> None:
     s = build("q", spec(schedule="0 9 * * MON-FRI", timezone="Europe/Paris"))
-    assert s is not None and s.text == "cron 0 9 * * MON-FRI Europe/Paris"
+    assert s is not None and s.text == "cron 0 9 * * 1-5 Europe/Paris"  # one text per schedule
     friday = ms("2024-03-29T08:00:00")  # 09:00 in Paris (winter time)
     assert s.next_after(friday - 1) == friday
     assert s.next_after(friday) == ms("2024-04-01T07:00:00")  # Monday, summer time
@@ -230,3 +230,64 @@ def test_schedule_info_and_schedules_read_what_the_library_stored(
             return await aclient.queue("reports").schedule_info()
 
     assert asyncio.run(read()) == info
+
+
+@pytest.mark.parametrize(
+    "spellings",
+    [
+        ("0 9 * * MON-FRI", "0 9 * * mon-fri", "0 9 * * 1-5", "0  9 * *  1,2,3-5"),
+        ("*/5 * * * *", "0/5 * * * *", "0-59/5 * * * *", "0,5,10,15,20,25,30,35,40,45,50,55 * * *"
+         " *"),
+        ("0 0 * * 0", "0 0 * * 7", "0 0 * * SUN", "0 0 * * sun"),
+        ("0 0 1 JAN,feb *", "0 0 1 1-2 *", "0 0 1 2,1 *"),
+        ("*/30 * * * *", "0,30 * * * *"),
+        ("*/20 * * * * *", "0/20 * * * jan-dec *", "0,20,40 * * * * *"),
+        ("0 12 * * 0-7", "0 12 * * SUN-SAT", "0 12 * * 0-6"),
+        ("0 0 * * 5L", "0 0 * * 5l"),
+    ],
+)
+def test_one_schedule_spelled_several_ways_has_one_text(spellings: tuple[str, ...]) -> None:
+    """The library tells a changed schedule by its text: every spelling of one makes one."""
+    texts = {build("q", spec(schedule=s)).text for s in spellings}  # type: ignore[union-attr]
+    assert len(texts) == 1, texts
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        # cronsim's Debian-cron DST handling is on in a 5-field expression whose minute and
+        # hour both start with no `*`: these are two schedules in a zone with DST
+        ("*/5 9 * * *", "0/5 9 * * *"),
+        ("0 */2 * * *", "0 0-23/2 * * *"),
+        # day-of-month and day-of-week both restricted: either matches (a `*` makes it both)
+        ("0 0 */2 * 1", "0 0 1/2 * 1"),
+        ("0 0 * * *", "0 0 0 * * *"),  # 6 fields: no DST handling
+    ],
+)
+def test_schedules_the_parser_tells_apart_keep_two_texts(a: str, b: str) -> None:
+    first, second = build("q", spec(schedule=a)), build("q", spec(schedule=b))
+    assert first is not None and second is not None and first.text != second.text
+
+
+def test_the_canonical_text_is_read_as_the_same_schedule_and_is_stable() -> None:
+    from queasy_py.runtime.crontext import _meaning, _sim, canonical
+
+    fields = (
+        ["*", "0", "*/15", "5-10", "1,3,7", "0/20", "30"],
+        ["*", "0", "*/2", "9-17", "0/6", "1,13"],
+        ["*", "1", "*/2", "1/2", "L", "LW", "1,15", "10-20"],
+        ["*", "1", "JAN-MAR", "*/3", "dec"],
+        ["*", "0", "7", "MON-FRI", "1#2", "5L", "*/2", "sun,sat"],
+    )
+    import itertools
+
+    for minute, hour, day, month, weekday in itertools.product(*fields):
+        for expression in (f"{minute} {hour} {day} {month} {weekday}",
+                           f"0 {minute} {hour} {day} {month} {weekday}"):  # fmt: skip
+            try:
+                sim = _sim(expression)
+            except Exception:  # noqa: BLE001 - a combination cronsim refuses
+                continue
+            text = canonical(expression)
+            assert _meaning(_sim(text), text) == _meaning(sim, expression), expression
+            assert canonical(text) == text, expression

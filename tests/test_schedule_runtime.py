@@ -262,3 +262,27 @@ def test_a_schedule_changed_in_the_config_takes_effect_at_the_next_occurrence(
         assert stop_run(hourly) == 0
     for name in ("yearly", "every", "hourly"):
         print(f"----- {name} -----\n" + (tmp_path / f"{name}.log").read_text(errors="replace"))
+
+
+def test_one_schedule_spelled_two_ways_in_a_rolling_deploy_does_not_move_a_late_occurrence(
+    rt: Runtime,
+) -> None:
+    """Two supervisors of one deploy, one config spelling the schedule `0/20 * * * jan-dec *`,
+    the next `*/20 * * * * *`: the library compared the texts, took the second for a changed
+    schedule and moved the pending occurrence, late after an outage, to the next fire time,
+    so the missed run (catch_up="once": run it at once) never ran. One canonical text now."""
+    first = rt.start({"q": queue_spec(SCHEDULED, schedule="0/20 * * * jan-dec *")})
+    q = rt.queue("q")
+    wait_for(lambda: (i := q.schedule_info()) and i.state == "delayed", what="the occurrence")
+    assert first.stop() == 0
+    pending = q.schedule_info()
+    assert pending is not None and pending.fire_at is not None
+    assert pending.spec == "cron */20 * * * * * UTC"
+    wait_for(lambda: time.time() > pending.fire_at + 1.5, timeout=25, what="a late occurrence")
+    before = len(runs(rt))
+    second = rt.start({"q": queue_spec(SCHEDULED, schedule="*/20 * * * * *")})
+    (late, *_) = rt.wait_records(before + 1, "start", timeout=25)[before:]
+    assert late["fire_at"] == pending.fire_at, "the late occurrence was moved, not run"
+    assert late["t"] < pending.fire_at + 10
+    assert not next_occurrences(second)
+    assert second.stop() == 0

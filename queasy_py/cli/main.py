@@ -198,8 +198,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_server(args: argparse.Namespace) -> int:
     from ..store.shared import serve_foreground
 
-    if args.config:  # read as the other commands read it: a typo is ConfigError, not a new dir
-        config_table(args.config)
+    # the config read as the other commands read it: a typo is ConfigError, not a new dir
+    config = args.config or find_pyproject()
+    redis = config_table(config).get("redis") if config else None
+    if redis is not None:  # the project's commands use that server: this one would serve none
+        raise ConfigError(
+            f"{config}: redis names {mask_url(str(redis))}: the project's commands use that "
+            "server, not the embedded one `queasy server` runs; remove `redis` from the config "
+            "to use the embedded server"
+        )
     return serve_foreground(data_dir_for(args.data_dir, args.config))
 
 

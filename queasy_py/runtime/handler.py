@@ -51,6 +51,17 @@ def refusal(handle: Any) -> str | None:
         return "handle is an async generator function: its body would never run; use async def"
     if inspect.isgeneratorfunction(code):
         return "handle is a generator function: its body would never run; drop the yield"
+    inner = _unwrapped(code)  # behind decorators (functools.wraps): what they call
+    if inner is not code and inspect.isasyncgenfunction(inner):
+        return (
+            f"handle wraps an async generator function ({_name(inner)}, through "
+            "__wrapped__): its body would never run; use async def"
+        )
+    if inner is not code and inspect.isgeneratorfunction(inner):
+        return (
+            f"handle wraps a generator function ({_name(inner)}, through __wrapped__): its "
+            "body would never run; drop the yield"
+        )
     try:
         signature = inspect.signature(handle)
     except (TypeError, ValueError):  # a builtin without one: let it be called
@@ -60,6 +71,30 @@ def refusal(handle: Any) -> str | None:
     except TypeError:
         return f"handle{signature} cannot take (data, job)"
     return None
+
+
+#: the most decorators (__wrapped__ links) followed from handle to the function they wrap
+MAX_WRAPPED = 100
+
+
+def _unwrapped(code: Any) -> Any:
+    """The function `code` wraps, following __wrapped__ (functools.wraps) at most MAX_WRAPPED
+    times; `code` itself when it wraps nothing (or the links loop, or are not callables)."""
+    count = 0
+
+    def stop(f: Any) -> bool:
+        nonlocal count
+        count += 1
+        return count > MAX_WRAPPED or not callable(getattr(f, "__wrapped__", None))
+
+    try:
+        return inspect.unwrap(code, stop=stop)
+    except Exception:  # noqa: BLE001 - a cycle of __wrapped__ (ValueError), a getattr raising
+        return code
+
+
+def _name(f: Any) -> str:
+    return str(getattr(f, "__qualname__", None) or getattr(f, "__name__", None) or repr(f))
 
 
 #: the ready-made handlers, once the top-level package `handlers`, now queasy_py.handlers

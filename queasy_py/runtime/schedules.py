@@ -120,9 +120,11 @@ def build(queue: str, spec: ListenOptions) -> Schedule | None:
     from cronsim import CronSimError
 
     assert cron is not None
-    expression = " ".join(cron.split())
+    from .crontext import canonical
+
     try:
-        schedule = Schedule(expression, None, spec.timezone)
+        # one text per schedule (`MON-FRI`, `mon-fri`, `1-5`): the library compares texts
+        schedule = Schedule(canonical(" ".join(cron.split())), None, spec.timezone)
         schedule.next_after(int(time.time() * 1000))
     except CronSimError as exc:
         raise InvalidInput(

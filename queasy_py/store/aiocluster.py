@@ -27,6 +27,7 @@ from .cluster import (
     parse_cluster_url,
     refused_credentials,
 )
+from .connection import producer_options
 from .library import handshake, parse_version, run_handshake_async
 
 
@@ -79,7 +80,7 @@ def async_cluster_client(url: str) -> AsyncClusterClient:
     nodes, options = parse_cluster_url(url)
     return AsyncClusterClient(
         startup_nodes=[ClusterNode(node.host, node.port) for node in nodes],
-        **{"socket_connect_timeout": 5.0, "socket_keepalive": True, **options},
+        **{**producer_options(), **options},
         retry=Retry(NoBackoff(), 0),
     )
 
@@ -108,7 +109,7 @@ async def ready_cluster(rc: AsyncClusterClient, url: str) -> str:
     versions = []
     for node in rc.get_primaries():  # a plain connection per primary: the handshake's calls
         r = aioredis.Redis(
-            host=node.host, port=node.port, **{"socket_connect_timeout": 5.0, **options}
+            host=node.host, port=node.port, **{**producer_options(), **options}
         )
         try:
             versions.append(await run_handshake_async(r, handshake()))

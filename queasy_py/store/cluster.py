@@ -29,7 +29,7 @@ from redis.retry import Retry
 
 from .. import defaults
 from ..errors import AuthenticationFailed, ConfigError, ConnectionFailed
-from .connection import CLUSTER_SCHEMES
+from .connection import CLUSTER_SCHEMES, producer_options
 from .connection import is_cluster_url as is_cluster_url  # its home before
 from .library import ensure_loaded, parse_version
 
@@ -182,7 +182,7 @@ def connect_cluster(
         try:
             rc = ClusterClient(
                 startup_nodes=nodes,
-                **{"socket_connect_timeout": 5.0, "socket_keepalive": True, **options},
+                **{**producer_options(), **options},
                 retry=Retry(NoBackoff(), 0),
             )
         except redis.AuthenticationError as exc:
@@ -253,7 +253,7 @@ def _not_a_cluster(url: str, node: ClusterNode, options: dict[str, Any]) -> Exce
     or a user who may not read it (AuthenticationFailed naming the ACL the README gives)."""
     from .connection import mask_url
 
-    probe = redis.Redis(host=node.host, port=node.port, **{"socket_timeout": 5.0, **options})
+    probe = redis.Redis(host=node.host, port=node.port, **{**producer_options(), **options})
     try:
         enabled = probe.info("cluster").get("cluster_enabled") == 1
     except redis.RedisError:

@@ -134,7 +134,17 @@ def plain_url(url: str) -> bool:
 def producer_client(url: str) -> redis.Redis:
     """A redis.Redis for the producer API; it connects on its first command (from_url checks
     the URL at once)."""
-    return from_url(redis.Redis, url, socket_connect_timeout=5.0, socket_keepalive=True)
+    return from_url(redis.Redis, url, **producer_options())
+
+
+def producer_options() -> dict[str, Any]:
+    """The socket options of every producer connection (a URL's own `?socket_timeout=`...
+    win over them): bounded whatever redis-py's defaults."""
+    return {
+        "socket_connect_timeout": defaults.CONNECT_TIMEOUT,
+        "socket_timeout": defaults.SOCKET_TIMEOUT,
+        "socket_keepalive": True,
+    }
 
 
 def wait_reachable(

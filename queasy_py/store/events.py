@@ -180,8 +180,8 @@ def fields_of(raw: dict[Any, Any], queue: str) -> dict[str, str]:
 
 #: the largest count of events one read returns
 MAX_COUNT = 10_000
-#: the longest XREAD BLOCK of a reader that waits for events, in seconds: below the 5 s
-#: socket timeout redis-py gives a unix-socket connection (and every asyncio one)
+#: the longest XREAD BLOCK of a reader that waits for events, in seconds: below the socket
+#: timeout of every producer connection (defaults.SOCKET_TIMEOUT, 5 s)
 EVENT_BLOCK = 2.0
 
 

@@ -186,7 +186,11 @@ class SharedServer:
             return False
         atexit.unregister(self.close)
         os.close(users)
-        stopped = _wait_stopped(self.data_dir, time.monotonic() + timeout)
+        try:
+            stopped = _wait_stopped(self.data_dir, time.monotonic() + timeout)
+        except FileNotFoundError:  # `rm -rf .queasy` under it: no lock file to wait on
+            log.warning("%s; not waiting for it to stop", _removed(self.data_dir))
+            return False
         if stopped and self.long_lived:
             log.info("stopped the embedded server of %s: no other process uses it", self.data_dir)
         elif stopped:
@@ -197,6 +201,15 @@ class SharedServer:
                 self.data_dir,
             )
         return stopped
+
+
+def _removed(data_dir: pathlib.Path) -> str:
+    """What a process says when the data directory of the server it uses is gone."""
+    return (
+        f"the data directory {data_dir} of the embedded server was removed while it ran (its "
+        "socket, password and append-only file with it: its jobs are lost); the server stops "
+        "once no process uses it"
+    )
 
 
 def _wait_stopped(data_dir: pathlib.Path, deadline: float) -> bool:
@@ -407,6 +420,9 @@ def serve_foreground(data_dir: str | os.PathLike[str]) -> int:
             while not stopping.wait(0.5):
                 if ping(server.socket, server.password):
                     silent = False
+                elif not server.data_dir.is_dir():
+                    log.error("%s", _removed(server.data_dir))
+                    return 1
                 elif _keeper_alive(server.data_dir):  # busy or paused, not dead: its keeper
                     if not silent:  # watches it (and exits when it dies)
                         log.warning("the embedded server does not answer PING (busy or paused?)")
