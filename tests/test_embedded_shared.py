@@ -589,8 +589,8 @@ def test_a_keeper_that_cannot_write_server_json_says_why_and_stops_its_server(
     here a directory in its way). It died with a traceback, so join() said only "the
     embedded server's keeper failed: see server.log", a log the full disk had cut short; it
     now says `error` naming the file and the reason, and stops its server."""
+    from queasy_py.store.datadir import lock_file, socket_path
     from queasy_py.store.embedded import find_server_binary
-    from queasy_py.store.shared import lock_file, socket_path
 
     project.data_dir.mkdir(mode=0o700)
     (project.data_dir / "server.json" / "in-the-way").mkdir(parents=True)

@@ -27,8 +27,8 @@ from types import FrameType
 
 from .. import defaults
 from ..errors import QueasyError
+from .datadir import lock_file, try_lock, wait_lock
 from .embedded import EmbeddedServer, _write_private
-from .shared import lock_file, try_lock, wait_lock
 
 log = logging.getLogger("queasy_py.keeper")
 

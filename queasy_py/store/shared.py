@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import atexit
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -39,10 +38,8 @@ import pathlib
 import select
 import signal
 import socket
-import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from types import FrameType
@@ -51,99 +48,13 @@ from urllib.parse import unquote, urlsplit
 
 from .. import defaults
 from ..errors import ConfigError, QueasyError
+from .datadir import INFO, ignore_file, lock_file, read_info, socket_path, try_lock, wait_lock
 from .embedded import _private_dir, find_server_binary, open_log
 from .resp import ping
 
 __all__ = ["SharedServer", "join", "serve_foreground", "socket_path"]
 
 log = logging.getLogger("queasy_py.embedded")
-
-#: the longest unix socket path used as is (the kernel's limit is 107 bytes)
-_MAX_SOCKET_PATH = 100
-_INFO = "server.json"
-
-
-def lock_file(path: pathlib.Path) -> int:
-    """An fd of the lock file `path` (created 0600), for flock; never follows a symlink."""
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-
-
-def try_lock(fd: int, kind: int) -> bool:
-    """flock(fd, kind) without waiting: True if taken."""
-    try:
-        fcntl.flock(fd, kind | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-
-
-def wait_lock(fd: int, kind: int, deadline: float, what: str) -> None:
-    """flock(fd, kind), polling until `deadline` (time.monotonic()), then QueasyError."""
-    while not try_lock(fd, kind):
-        if time.monotonic() > deadline:
-            raise QueasyError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
-def socket_path(data_dir: pathlib.Path) -> pathlib.Path:
-    """Where the server of `data_dir` listens: `data_dir/valkey.sock`, or for a path too long
-    for a unix socket, a file named by a hash of `data_dir` in a private directory of this user."""
-    path = data_dir / "valkey.sock"
-    if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
-        return path
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    # one that is not a directory of this user (a `su` or container session inherits a missing
-    # one, or another user's) is not used
-    base = pathlib.Path(runtime) / "queasy" if runtime and _own_dir(runtime) else None
-    if base is None or len(os.fsencode(base)) > _MAX_SOCKET_PATH - 25:
-        base = pathlib.Path(tempfile.gettempdir()) / f"queasy-{os.getuid()}"
-    try:
-        base.mkdir(mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise QueasyError(f"cannot make {base} for the socket of {data_dir}: {exc}") from None
-    info = os.lstat(base)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise QueasyError(f"{base} is not a directory of this user: cannot put a socket there")
-    if info.st_mode & 0o077:
-        os.chmod(base, 0o700)
-    return base / f"{hashlib.sha256(os.fsencode(data_dir)).hexdigest()[:16]}.sock"
-
-
-def _own_dir(path: str) -> bool:
-    """True if `path` is a directory (not a link) of this user."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
-
-
-def read_info(data_dir: pathlib.Path) -> dict[str, Any] | None:
-    """The running server's `server.json`, None if missing or unreadable."""
-    try:
-        info = json.loads((data_dir / _INFO).read_text())
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) and isinstance(info.get("url"), str) else None
-
-
-def _ignore_file(data_dir: pathlib.Path) -> None:
-    """A `.gitignore` of `*`, so the state directory is never committed: written whole (a
-    temporary file renamed) when missing or empty (a full disk left it so), else kept."""
-    ignore = data_dir / ".gitignore"
-    try:
-        if ignore.stat().st_size > 0:
-            return
-    except FileNotFoundError:
-        pass
-    fd, temp = tempfile.mkstemp(prefix=".gitignore.", dir=data_dir)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write("# made by queasy_py: the embedded server's data and password\n*\n")
-        os.replace(temp, ignore)
-    except BaseException:
-        os.unlink(temp)
-        raise
 
 
 class SharedServer:
@@ -248,7 +159,7 @@ def join(
     path = pathlib.Path(data_dir).absolute()
     try:
         _private_dir(path)
-        _ignore_file(path)
+        ignore_file(path)
         start = lock_file(path / "start.lock")
     except OSError as exc:
         raise ConfigError(
@@ -285,7 +196,7 @@ def _join_locked(path: pathlib.Path, deadline: float) -> tuple[dict[str, Any], i
     try:
         started = False
         if try_lock(keeper_lock, fcntl.LOCK_EX):  # no keeper alive: start one
-            for stale in (path / _INFO, socket_path(path)):
+            for stale in (path / INFO, socket_path(path)):
                 stale.unlink(missing_ok=True)
             wait_lock(users, fcntl.LOCK_SH, deadline, f"{path / 'users.lock'}")
             _start_keeper(path, keeper_lock, deadline)
@@ -296,7 +207,7 @@ def _join_locked(path: pathlib.Path, deadline: float) -> tuple[dict[str, Any], i
         if info is None:
             raise QueasyError(
                 f"the embedded server of {path} has a keeper (see {path / 'server.log'}) "
-                f"but no readable {_INFO}"
+                f"but no readable {INFO}"
             )
         if not started and not _listening(str(info.get("socket", ""))):
             os.close(users)
@@ -414,7 +325,7 @@ def serve_foreground(data_dir: str | os.PathLike[str]) -> int:
                 "no TCP port); the URL with its password is in %s (readable by this user "
                 "only); stop with Ctrl-C or SIGTERM",
                 server.data_dir, server.socket, server.version, server.pid,
-                server.data_dir / _INFO,
+                server.data_dir / INFO,
             )  # fmt: skip
             silent = False
             while not stopping.wait(0.5):

@@ -1,0 +1,103 @@
+"""The data directory of a project's embedded server (store/shared.py): its lock files, the
+path of its unix socket, its `server.json` and its `.gitignore`."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import pathlib
+import stat
+import tempfile
+import time
+from typing import Any
+
+from ..errors import QueasyError
+
+#: the longest unix socket path used as is (the kernel's limit is 107 bytes)
+_MAX_SOCKET_PATH = 100
+INFO = "server.json"
+
+
+def lock_file(path: pathlib.Path) -> int:
+    """An fd of the lock file `path` (created 0600), for flock; never follows a symlink."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def try_lock(fd: int, kind: int) -> bool:
+    """flock(fd, kind) without waiting: True if taken."""
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def wait_lock(fd: int, kind: int, deadline: float, what: str) -> None:
+    """flock(fd, kind), polling until `deadline` (time.monotonic()), then QueasyError."""
+    while not try_lock(fd, kind):
+        if time.monotonic() > deadline:
+            raise QueasyError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def socket_path(data_dir: pathlib.Path) -> pathlib.Path:
+    """Where the server of `data_dir` listens: `data_dir/valkey.sock`, or for a path too long
+    for a unix socket, a file named by a hash of `data_dir` in a private directory of this user."""
+    path = data_dir / "valkey.sock"
+    if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+        return path
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    # one that is not a directory of this user (a `su` or container session inherits a missing
+    # one, or another user's) is not used
+    base = pathlib.Path(runtime) / "queasy" if runtime and _own_dir(runtime) else None
+    if base is None or len(os.fsencode(base)) > _MAX_SOCKET_PATH - 25:
+        base = pathlib.Path(tempfile.gettempdir()) / f"queasy-{os.getuid()}"
+    try:
+        base.mkdir(mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise QueasyError(f"cannot make {base} for the socket of {data_dir}: {exc}") from None
+    info = os.lstat(base)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise QueasyError(f"{base} is not a directory of this user: cannot put a socket there")
+    if info.st_mode & 0o077:
+        os.chmod(base, 0o700)
+    return base / f"{hashlib.sha256(os.fsencode(data_dir)).hexdigest()[:16]}.sock"
+
+
+def _own_dir(path: str) -> bool:
+    """True if `path` is a directory (not a link) of this user."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+
+
+def read_info(data_dir: pathlib.Path) -> dict[str, Any] | None:
+    """The running server's `server.json`, None if missing or unreadable."""
+    try:
+        info = json.loads((data_dir / INFO).read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) and isinstance(info.get("url"), str) else None
+
+
+def ignore_file(data_dir: pathlib.Path) -> None:
+    """A `.gitignore` of `*`, so the state directory is never committed: written whole (a
+    temporary file renamed) when missing or empty (a full disk left it so), else kept."""
+    ignore = data_dir / ".gitignore"
+    try:
+        if ignore.stat().st_size > 0:
+            return
+    except FileNotFoundError:
+        pass
+    fd, temp = tempfile.mkstemp(prefix=".gitignore.", dir=data_dir)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write("# made by queasy_py: the embedded server's data and password\n*\n")
+        os.replace(temp, ignore)
+    except BaseException:
+        os.unlink(temp)
+        raise
