@@ -1,5 +1,6 @@
-"""The data directory of a project's embedded server (store/shared.py): its lock files, the
-path of its unix socket, its `server.json` and its `.gitignore`."""
+"""The private files of an embedded server's data directory (store/embedded.py, shared.py):
+the directory itself (0700), its password, its log, its lock files, the path of its unix
+socket, its `server.json` and its `.gitignore`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import hashlib
 import json
 import os
 import pathlib
+import secrets
 import stat
 import tempfile
 import time
@@ -101,3 +103,44 @@ def ignore_file(data_dir: pathlib.Path) -> None:
     except BaseException:
         os.unlink(temp)
         raise
+
+
+def private_dir(path: pathlib.Path) -> None:
+    """Create `path` (and parents) if missing; make it 0700: it holds job data and passwords."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+
+
+def stored_password(data_dir: pathlib.Path) -> str:
+    """The password kept in `data_dir/password`, created (0600, random) if missing."""
+    file = data_dir / "password"
+    try:
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        password = file.read_text().strip()
+        if password:
+            return password
+        file.unlink()  # empty (a crash mid-write): make a new one
+        return stored_password(data_dir)
+    password = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w") as out:
+        out.write(password + "\n")
+    return password
+
+
+def write_private(file: pathlib.Path, text: str) -> pathlib.Path:
+    """Write `text` to `file`, readable by this user only (0600 from its creation)."""
+    file.unlink(missing_ok=True)
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    return file
+
+
+def open_log(file: pathlib.Path) -> int:
+    """An fd appending to the log `file`, made 0600 whatever the umask (it names paths and
+    pids; never a password)."""
+    fd = os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd

@@ -21,7 +21,6 @@ import importlib.util
 import logging
 import os
 import pathlib
-import secrets
 import shutil
 import signal
 import socket
@@ -35,6 +34,7 @@ from urllib.parse import quote
 
 from ..defaults import DATA_DIR_ENV
 from ..errors import ConfigError, QueasyError
+from .datadir import open_log, private_dir, stored_password
 from .resp import command as _command
 from .resp import info_server as _info_server
 from .resp import loading as _loading
@@ -87,49 +87,8 @@ def state_dir() -> pathlib.Path:
             f"${DATA_DIR_ENV}), or give a Redis URL"
         )
     path = pathlib.Path(base) / "queasy"
-    _private_dir(path)
+    private_dir(path)
     return path
-
-
-def _private_dir(path: pathlib.Path) -> None:
-    """Create `path` (and parents) if missing; make it 0700: it holds job data and passwords."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if path.stat().st_mode & 0o077:
-        path.chmod(0o700)
-
-
-def _stored_password(data_dir: pathlib.Path) -> str:
-    """The password kept in `data_dir/password`, created (0600, random) if missing."""
-    file = data_dir / "password"
-    try:
-        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        password = file.read_text().strip()
-        if password:
-            return password
-        file.unlink()  # empty (a crash mid-write): make a new one
-        return _stored_password(data_dir)
-    password = secrets.token_urlsafe(32)
-    with os.fdopen(fd, "w") as out:
-        out.write(password + "\n")
-    return password
-
-
-def _write_private(file: pathlib.Path, text: str) -> pathlib.Path:
-    """Write `text` to `file`, readable by this user only (0600 from its creation)."""
-    file.unlink(missing_ok=True)
-    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    return file
-
-
-def open_log(file: pathlib.Path) -> int:
-    """An fd appending to the log `file`, made 0600 whatever the umask (it names paths and
-    pids; never a password)."""
-    fd = os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    os.fchmod(fd, 0o600)
-    return fd
 
 
 def _config_text(password: str, admin_commands: bool = False) -> str:
@@ -216,8 +175,8 @@ class EmbeddedServer:
     def password(self) -> str:
         """The password clients need (the `default` user's); made on first use if missing."""
         if self._password is None:
-            _private_dir(self.data_dir)
-            self._password = _stored_password(self.data_dir)
+            private_dir(self.data_dir)
+            self._password = stored_password(self.data_dir)
         return self._password
 
     @property
@@ -255,7 +214,7 @@ class EmbeddedServer:
         binary = self._binary or find_server_binary()
         if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
             raise QueasyError(f"valkey-server binary not found or not executable: {binary}")
-        _private_dir(self.data_dir)
+        private_dir(self.data_dir)
         config = _config_text(self.password, self._admin_commands)
         global _libc
         if sys.platform.startswith("linux") and _libc is None:

@@ -27,8 +27,8 @@ from types import FrameType
 
 from .. import defaults
 from ..errors import QueasyError
-from .datadir import lock_file, try_lock, wait_lock
-from .embedded import EmbeddedServer, _write_private
+from .datadir import lock_file, try_lock, wait_lock, write_private
+from .embedded import EmbeddedServer
 
 log = logging.getLogger("queasy_py.keeper")
 
@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
     }
     info_file = data_dir / "server.json"
     try:
-        _write_private(info_file, json.dumps(info, indent=1) + "\n")
+        write_private(info_file, json.dumps(info, indent=1) + "\n")
     except OSError as exc:  # a full disk, an unwritable data dir: said to join(), not just logged
         server.stop(timeout=10.0)
         with contextlib.suppress(OSError):

@@ -48,8 +48,18 @@ from urllib.parse import unquote, urlsplit
 
 from .. import defaults
 from ..errors import ConfigError, QueasyError
-from .datadir import INFO, ignore_file, lock_file, read_info, socket_path, try_lock, wait_lock
-from .embedded import _private_dir, find_server_binary, open_log
+from .datadir import (
+    INFO,
+    ignore_file,
+    lock_file,
+    open_log,
+    private_dir,
+    read_info,
+    socket_path,
+    try_lock,
+    wait_lock,
+)
+from .embedded import find_server_binary
 from .resp import ping
 
 __all__ = ["SharedServer", "join", "serve_foreground", "socket_path"]
@@ -158,7 +168,7 @@ def join(
     """Use the server of `data_dir` (made 0700 if missing), starting it if none runs."""
     path = pathlib.Path(data_dir).absolute()
     try:
-        _private_dir(path)
+        private_dir(path)
         ignore_file(path)
         start = lock_file(path / "start.lock")
     except OSError as exc:
