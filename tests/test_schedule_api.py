@@ -316,3 +316,18 @@ def test_a_short_schedule_whose_canonical_text_is_long_is_not_refused_as_too_lon
     client.queue("q").counts()  # the library loaded
     fire_at = made.next_after(int(datetime.now(UTC).timestamp() * 1000))
     assert schedule(Lua(r, prefix, "q"), None, fire_at, spec=made.text).code == 2  # CREATED
+
+
+def test_a_schedule_text_over_the_librarys_200_bytes_is_refused_by_listen(
+    client: Client, r: redis.Redis, prefix: str
+) -> None:
+    """The library counts a schedule's text in bytes (MAX_SPEC). cronsim reads `ſun` as `SUN`
+    (str.upper), and an expression it cannot write canonically (`*/5,7` in day-of-month) is
+    kept as written: 196 characters but 240 bytes. listen() must refuse it, naming it too
+    long, not leave every supervisor's schedule check to fail at the library."""
+    expression = "0 0 */5,7 * " + ",".join(["ſun"] * 44)
+    with pytest.raises(InvalidInput, match="is too long"):
+        build("q", spec(schedule=expression))
+    client.queue("q").counts()  # the library loaded: it refuses that text
+    with pytest.raises(redis.ResponseError, match="spec must be"):
+        schedule(Lua(r, prefix, "q"), None, 2**41, spec=f"cron {expression} UTC")

@@ -37,7 +37,7 @@ log = logging.getLogger("queasy_py")
 
 #: fire times counted at most when catch-up passes over them (the count is shown by status)
 COUNT_LIMIT = 10_000
-#: the longest text of a schedule (the library's MAX_SPEC)
+#: the longest text of a schedule, in UTF-8 bytes (the library's MAX_SPEC)
 MAX_TEXT = 200
 #: codes of queasy_schedule
 NOTHING, STALE, CREATED, MOVED = 0, 1, 2, 3
@@ -128,7 +128,7 @@ def build(queue: str, spec: ListenOptions) -> Schedule | None:
         # one text per schedule (`MON-FRI`, `mon-fri`, `1-5`): the library compares texts
         written = " ".join(cron.split())
         schedule = Schedule(canonical(written), None, spec.timezone)
-        if len(schedule.text) > MAX_TEXT:  # runs written out (`0/3,1/3`): kept as written
+        if len(schedule.text.encode()) > MAX_TEXT:  # runs written out (`0/3,1/3`): kept as written
             schedule = Schedule(written, None, spec.timezone)
         schedule.next_after(int(time.time() * 1000))
     except CronSimError as exc:
@@ -140,7 +140,7 @@ def build(queue: str, spec: ListenOptions) -> Schedule | None:
         raise InvalidInput(
             f"queue {queue!r}: schedule {cron!r} never fires (no match within 50 years)"
         ) from None
-    if len(schedule.text) > MAX_TEXT:
+    if len(schedule.text.encode()) > MAX_TEXT:  # bytes, as the library counts
         raise InvalidInput(f"queue {queue!r}: schedule {cron!r} is too long")
     return schedule
 
