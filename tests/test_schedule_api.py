@@ -291,3 +291,43 @@ def test_the_canonical_text_is_read_as_the_same_schedule_and_is_stable() -> None
             text = canonical(expression)
             assert _meaning(_sim(text), text) == _meaning(sim, expression), expression
             assert canonical(text) == text, expression
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "0/3,1/3 0/3,1/3 0/3,1/3 * * *",  # 30 characters; its runs written out: 272
+        "0/3,1/3 0/3,1/3 0/2,1/3 1/3 * *",
+    ],
+)
+def test_a_short_schedule_whose_canonical_text_is_long_is_not_refused_as_too_long(
+    expression: str, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    """The canonical text writes each field's values out as runs: a short expression built of
+    steps (`0/3,1/3`) has a far longer one. It is a schedule cronsim accepts and that fit the
+    library's 200 bytes as written: listen() takes it, and the library stores its text."""
+    from queasy_py.runtime.crontext import _meaning, _sim
+
+    made = build("q", spec(schedule=expression))
+    assert made is not None and made.cron is not None
+    assert len(made.text.encode()) <= 200
+    assert _meaning(_sim(made.cron), made.cron) == _meaning(_sim(expression), expression)
+    assert build("q", spec(schedule=f"  {expression} ")).text == made.text  # type: ignore[union-attr]
+    client.queue("q").counts()  # the library loaded
+    fire_at = made.next_after(int(datetime.now(UTC).timestamp() * 1000))
+    assert schedule(Lua(r, prefix, "q"), None, fire_at, spec=made.text).code == 2  # CREATED
+
+
+def test_a_schedule_text_over_the_librarys_200_bytes_is_refused_by_listen(
+    client: Client, r: redis.Redis, prefix: str
+) -> None:
+    """The library counts a schedule's text in bytes (MAX_SPEC). cronsim reads `ſun` as `SUN`
+    (str.upper), and an expression it cannot write canonically (`*/5,7` in day-of-month) is
+    kept as written: 196 characters but 240 bytes. listen() must refuse it, naming it too
+    long, not leave every supervisor's schedule check to fail at the library."""
+    expression = "0 0 */5,7 * " + ",".join(["ſun"] * 44)
+    with pytest.raises(InvalidInput, match="is too long"):
+        build("q", spec(schedule=expression))
+    client.queue("q").counts()  # the library loaded: it refuses that text
+    with pytest.raises(redis.ResponseError, match="spec must be"):
+        schedule(Lua(r, prefix, "q"), None, 2**41, spec=f"cron {expression} UTC")

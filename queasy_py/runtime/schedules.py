@@ -37,6 +37,8 @@ log = logging.getLogger("queasy_py")
 
 #: fire times counted at most when catch-up passes over them (the count is shown by status)
 COUNT_LIMIT = 10_000
+#: the longest text of a schedule, in UTF-8 bytes (the library's MAX_SPEC)
+MAX_TEXT = 200
 #: codes of queasy_schedule
 NOTHING, STALE, CREATED, MOVED = 0, 1, 2, 3
 GRACE_MS = int(defaults.SCHEDULE_GRACE * 1000)
@@ -124,7 +126,10 @@ def build(queue: str, spec: ListenOptions) -> Schedule | None:
 
     try:
         # one text per schedule (`MON-FRI`, `mon-fri`, `1-5`): the library compares texts
-        schedule = Schedule(canonical(" ".join(cron.split())), None, spec.timezone)
+        written = " ".join(cron.split())
+        schedule = Schedule(canonical(written), None, spec.timezone)
+        if len(schedule.text.encode()) > MAX_TEXT:  # runs written out (`0/3,1/3`): kept as written
+            schedule = Schedule(written, None, spec.timezone)
         schedule.next_after(int(time.time() * 1000))
     except CronSimError as exc:
         raise InvalidInput(
@@ -135,7 +140,7 @@ def build(queue: str, spec: ListenOptions) -> Schedule | None:
         raise InvalidInput(
             f"queue {queue!r}: schedule {cron!r} never fires (no match within 50 years)"
         ) from None
-    if len(schedule.text) > 200:
+    if len(schedule.text.encode()) > MAX_TEXT:  # bytes, as the library counts
         raise InvalidInput(f"queue {queue!r}: schedule {cron!r} is too long")
     return schedule
 
