@@ -12,7 +12,6 @@ get_job, counts) and fail_queue; running handlers (listen/run) stays with the sy
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -31,6 +30,7 @@ from .store.cluster import is_cluster_url
 from .store.connection import from_url, mask_url, producer_options
 from .store.keys import RegistryKeys
 from .store.library import Dispatched, handshake, lua_error, run_handshake_async
+from .waits import AsyncResultWake
 
 log = logging.getLogger("queasy_py")
 
@@ -269,10 +269,21 @@ class AsyncQueue(QueueBase):
 
     async def result(self, job_id: str, timeout: float | None = None) -> Any:
         """Like Queue.result: woken by the job's end (its channel, or its outcome event),
-        never polling."""
+        looking at the job and the registry again every RESULT_RECHECK seconds."""
         validate.job_id(job_id)
         deadline = self._deadline(timeout)
         await self.client.ready()
+        async with AsyncResultWake(self.client.redis, self.keys, job_id) as wake:
+            while True:  # the wake-up is chosen before the look: an end after it wakes it
+                await wake.choose(await self._publishes_ends())
+                done, value = records.outcome(await self.get_job(job_id), job_id, self.name)
+                if done:
+                    return value
+                await wake.wait(self._left(job_id, deadline, timeout))
+
+    async def _publishes_ends(self) -> bool:
+        """Whether the ends of this queue's jobs are published on their channels now
+        (records.publishes_ends over the registry's live supervisors)."""
         r, key = self.client.redis, RegistryKeys(self.client.prefix).supervisors
         if self.client.cluster:  # TIME has no key: any node (their clocks agree, as for Client)
             (seconds, micros), entries = await r.time(), await r.hgetall(key)
@@ -282,41 +293,7 @@ class AsyncQueue(QueueBase):
                 pipe.hgetall(key)
                 (seconds, micros), entries = await pipe.execute()
         supervisors = records.live(entries.values(), seconds + micros / 1e6)
-        if records.publishes_ends(supervisors, self.name):
-            return await self._result_by_channel(job_id, deadline, timeout)
-        return await self._result_by_events(job_id, deadline, timeout)
-
-    async def _result_by_channel(self, job_id: str, deadline: float | None, timeout: Any) -> Any:
-        pubsub = self.client.redis.pubsub(ignore_subscribe_messages=True)
-        try:
-            await pubsub.ssubscribe(self.keys.done(job_id))  # the library SPUBLISHes it
-            # a cluster's pub/sub reads the shard's node (redis-py's asyncio ClusterPubSub)
-            get = getattr(pubsub, "get_sharded_message", pubsub.get_message)
-            while True:
-                done, value = records.outcome(await self.get_job(job_id), job_id, self.name)
-                if done:
-                    return value
-                await get(timeout=self._left(job_id, deadline, timeout))
-        finally:
-            await pubsub.aclose()
-
-    async def _result_by_events(self, job_id: str, deadline: float | None, timeout: Any) -> Any:
-        r, key = self.client.redis, self.keys.events
-        newest = await r.xrevrange(key, "+", "-", count=1)
-        after = events.parse_entries(newest, key)[0]["event_id"] if newest else "0-0"
-        while True:
-            done, value = records.outcome(await self.get_job(job_id), job_id, self.name)
-            if done:
-                return value
-            until = time.monotonic() + self._left(job_id, deadline, timeout)
-            while (block := until - time.monotonic()) > 0:  # until an event of this job
-                wait = max(1, int(min(block, events.EVENT_BLOCK) * 1000))
-                reply = await r.xread({key: after}, count=PAGE, block=wait)
-                new = events.parse_entries(reply[0][1], key) if reply else []
-                if new:
-                    after = new[-1]["event_id"]
-                    if any(event.get("id") == job_id for event in new):
-                        break
+        return records.publishes_ends(supervisors, self.name)
 
     async def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
         low, high, count = events.range_args(self.keys.events, after, count)

@@ -31,6 +31,11 @@ CONNECT_BACKOFF = 0.2
 #: with a clear error, whatever redis-py's own default (none before redis-py 8: forever)
 CONNECT_TIMEOUT = 5.0
 SOCKET_TIMEOUT = 5.0
+#: the longest result() waits on what wakes it (the job's channel, the queue's outcome events)
+#: before it looks at the job and the supervisors' registry again: the latest it sees an end
+#: that woke nothing (run by a supervisor without store_results that started during the wait,
+#: or on a queue with events off), and then waits on what that supervisor announces
+RESULT_RECHECK = 5.0
 #: how long `queasy run` keeps retrying an unreachable Redis at start (seconds)
 RUN_CONNECT_TIMEOUT = 120.0
 #: environment variable read when no URL is given

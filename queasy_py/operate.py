@@ -9,20 +9,19 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from . import records, validate
+from . import defaults, records, validate
 from .errors import InvalidInput, ResultTimeout
 from .job import END_STATES, JobInfo
 from .store import events
 from .store.lazyredis import redis
 from .store.library import fcall, lua_error
+from .waits import ResultWake
 
 #: jobs per call of queasy_jobs (the most), queasy_requeue and queasy_purge
 PAGE = 1000
 LISTED = ("waiting", "delayed", "blocked", "active", *END_STATES)
 #: what purge("all") removes, in this order: every state but active
 PURGED = ("waiting", "delayed", "blocked", "cancelled", "finished", "failed")
-#: the longest wait of result() on one read before it looks at the job again
-RESULT_WAIT = 3600.0
 
 
 class OperateArgs:
@@ -73,11 +72,13 @@ class OperateArgs:
         return ResultTimeout(f"job {job_id} of {self.name} did not end within {timeout}s")
 
     def _left(self, job_id: str, deadline: float | None, timeout: Any) -> float:
-        """Seconds to wait before looking at the job again; ResultTimeout when none is left."""
-        left = RESULT_WAIT if deadline is None else deadline - time.monotonic()
+        """Seconds to wait before looking at the job (and the registry) again: RESULT_RECHECK
+        at most; ResultTimeout when none is left."""
+        recheck = defaults.RESULT_RECHECK
+        left = recheck if deadline is None else deadline - time.monotonic()
         if left <= 0:
             raise self._timed_out(job_id, timeout)
-        return min(left, RESULT_WAIT)
+        return min(left, recheck)
 
 
 class Operate:
@@ -147,40 +148,19 @@ class Operate:
         """Wait for job `job_id` to end and return its handler's return value (None if its
         queue does not store results). JobFailed when it failed for good or was cancelled,
         JobNotFound for an unknown id, ResultTimeout after `timeout` seconds. The waiter is
-        woken by the end itself, never polling: a message on the job's channel where every
-        live supervisor of the queue stores results (they publish ends), else the job's
-        outcome event (README "Results")."""
+        woken by the end itself: a message on the job's channel where every live supervisor
+        of the queue stores results (they publish ends), else the job's outcome event; it
+        looks at the job and the registry again every RESULT_RECHECK seconds, choosing again,
+        so an end that woke nothing is seen then (README "Results")."""
         validate.job_id(job_id)
         deadline = self._deadline(timeout)
-        if records.publishes_ends(self.client.supervisors(), self.name):
-            return self._result_by_channel(job_id, deadline, timeout)
-        return self._result_by_events(job_id, deadline, timeout)
-
-    def _result_by_channel(self, job_id: str, deadline: float | None, timeout: Any) -> Any:
-        with self.client.redis.pubsub(ignore_subscribe_messages=True) as pubsub:
-            pubsub.ssubscribe(self.keys.done(job_id))  # sharded: the library SPUBLISHes it
-            # a cluster's pub/sub reads the shard's node (redis-py's ClusterPubSub)
-            get = getattr(pubsub, "get_sharded_message", pubsub.get_message)
-            while True:  # subscribed first: an end after this look is a message
+        with ResultWake(self.client.redis, self.keys, job_id) as wake:
+            while True:  # the wake-up is chosen before the look: an end after it wakes it
+                wake.choose(records.publishes_ends(self.client.supervisors(), self.name))
                 done, value = records.outcome(self.get_job(job_id), job_id, self.name)
                 if done:
                     return value
-                get(timeout=self._left(job_id, deadline, timeout))
-
-    def _result_by_events(self, job_id: str, deadline: float | None, timeout: Any) -> Any:
-        r, key = self.client.redis, self.keys.events
-        after = events.stream_end(r, key).last_id  # an end after the look is read below
-        while True:
-            done, value = records.outcome(self.get_job(job_id), job_id, self.name)
-            if done:
-                return value
-            until = time.monotonic() + self._left(job_id, deadline, timeout)
-            while (block := until - time.monotonic()) > 0:  # until an event of this job
-                new = events.follow(r, key, after, PAGE, min(block, events.EVENT_BLOCK))
-                if new:
-                    after = new[-1]["event_id"]
-                    if any(event.get("id") == job_id for event in new):
-                        break
+                wake.wait(self._left(job_id, deadline, timeout))
 
     def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
         """Up to `count` outcome events after event id `after` ("0": the oldest kept),

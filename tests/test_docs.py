@@ -44,7 +44,7 @@ def test_readme_tables_quote_the_defaults(marker: str, source: dict) -> None:
      "WORKER_START_FAILURES", "DATA_DIR_ENV", "STATE_DIR_NAME", "KEEPER_POLL_INTERVAL",
      "EMBEDDED_START_TIMEOUT", "DEDUP_WINDOW", "TRACEBACK_BYTES", "EVENT_TRACEBACK_BYTES",
      "DASHBOARD_HOST", "DASHBOARD_PORT", "DASHBOARD_TOKEN_ENV", "DASHBOARD_PAGE",
-     "DASHBOARD_EVENTS", "DASHBOARD_REFRESH"],
+     "DASHBOARD_EVENTS", "DASHBOARD_REFRESH", "RESULT_RECHECK"],
 )
 def test_readme_quotes_the_constants(name: str) -> None:
     value = getattr(defaults, name)

@@ -1,0 +1,117 @@
+"""What wakes a result() waiter (Queue.result, AsyncQueue.result): the job's end channel
+`<base>:done:<id>`, which the library SPUBLISHes only when the supervisor that ends the job
+stores results, or the queue's outcome events, read on from their end and filtered by the
+job's id. The waiter chooses again before each look at the job (records.publishes_ends over
+the live supervisors of the registry): supervisors come and go during a wait (a rolling
+deploy, a second supervisor). Each wait lasts defaults.RESULT_RECHECK at most, so an end that
+woke nothing (run by a supervisor without store_results that started after the choice, or
+on a queue with events off) is seen at the next look, never polled for more often."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .store import events
+from .store.keys import QueueKeys
+
+#: the most events one XREAD of a waiter reads (those of other jobs are skipped)
+READ = 1000
+
+
+class ResultWake:
+    """The wake-up of a synchronous waiter (a context manager: closes its subscription)."""
+
+    def __init__(self, r: Any, keys: QueueKeys, job_id: str) -> None:
+        self.r, self.keys, self.job_id = r, keys, job_id
+        self._pubsub: Any = None  # subscribed to the job's channel: waits on it
+        self._after: str | None = None  # else the events are read on after this id
+
+    def choose(self, by_channel: bool) -> None:
+        """Wait on the job's channel (by_channel) or on the outcome events from now on.
+        Called before each look at the job: an end after the look wakes the next wait."""
+        if by_channel and self._pubsub is None:
+            self._pubsub = self.r.pubsub(ignore_subscribe_messages=True)
+            self._pubsub.ssubscribe(self.keys.done(self.job_id))  # the library SPUBLISHes it
+            self._after = None
+        elif not by_channel and self._after is None:
+            self._after = events.stream_end(self.r, self.keys.events).last_id
+            self.close()
+
+    def wait(self, seconds: float) -> None:
+        """Until something of the job's end arrives, or `seconds` pass (RESULT_RECHECK at
+        most: OperateArgs._left)."""
+        if self._pubsub is not None:
+            # a cluster's pub/sub reads the shard's node (redis-py's ClusterPubSub)
+            get = getattr(self._pubsub, "get_sharded_message", self._pubsub.get_message)
+            get(timeout=seconds)
+            return
+        until = time.monotonic() + seconds
+        while (block := until - time.monotonic()) > 0:  # until an event of this job
+            key = self.keys.events
+            new = events.follow(self.r, key, self._after, READ, min(block, events.EVENT_BLOCK))
+            if new:
+                self._after = new[-1]["event_id"]
+                if any(event.get("id") == self.job_id for event in new):
+                    return
+
+    def close(self) -> None:
+        if self._pubsub is not None:
+            self._pubsub.close()
+            self._pubsub = None
+
+    def __enter__(self) -> ResultWake:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncResultWake:
+    """ResultWake of an asyncio waiter (an async context manager)."""
+
+    def __init__(self, r: Any, keys: QueueKeys, job_id: str) -> None:
+        self.r, self.keys, self.job_id = r, keys, job_id
+        self._pubsub: Any = None
+        self._after: str | None = None
+
+    async def choose(self, by_channel: bool) -> None:
+        """ResultWake.choose."""
+        if by_channel and self._pubsub is None:
+            self._pubsub = self.r.pubsub(ignore_subscribe_messages=True)
+            await self._pubsub.ssubscribe(self.keys.done(self.job_id))
+            self._after = None
+        elif not by_channel and self._after is None:
+            key = self.keys.events
+            newest = await self.r.xrevrange(key, "+", "-", count=1)
+            self._after = events.parse_entries(newest, key)[0]["event_id"] if newest else "0-0"
+            await self.aclose()
+
+    async def wait(self, seconds: float) -> None:
+        """ResultWake.wait."""
+        if self._pubsub is not None:
+            # a cluster's pub/sub reads the shard's node (redis-py's asyncio ClusterPubSub)
+            get = getattr(self._pubsub, "get_sharded_message", self._pubsub.get_message)
+            await get(timeout=seconds)
+            return
+        key, until = self.keys.events, time.monotonic() + seconds
+        while (block := until - time.monotonic()) > 0:  # until an event of this job
+            wait = max(1, int(min(block, events.EVENT_BLOCK) * 1000))
+            reply = await self.r.xread({key: self._after}, count=READ, block=wait)
+            new = events.parse_entries(reply[0][1], key) if reply else []
+            if new:
+                self._after = new[-1]["event_id"]
+                if any(event.get("id") == self.job_id for event in new):
+                    return
+
+    async def aclose(self) -> None:
+        if self._pubsub is not None:
+            await self._pubsub.aclose()
+            self._pubsub = None
+
+    async def __aenter__(self) -> AsyncResultWake:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+

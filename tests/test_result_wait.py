@@ -1,0 +1,134 @@
+"""result() learns of its job's end within a bounded time whatever runs the job, with real
+supervisors and workers, sync and async: also when the end wakes nothing (README "Inspecting
+and operating (API)", result()). A waiter on the job's channel, which only supervisors that
+store results publish, sees an end run by a supervisor without store_results started during
+the wait (a rolling deploy), then moves to the outcome events; a waiter on a queue with
+neither results nor events sees the end at its next look."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from runtime_helpers import Runtime, queue_spec, runtime, wait_for
+
+from queasy_py import Client, defaults
+from queasy_py.aio import AsyncClient
+from queasy_py.store.keys import QueueKeys
+
+RETURNS = "tests.runtime_handlers.returns"
+#: the longest a waiter may take to see an end that woke nothing, with room for a loaded machine
+SEEN_WITHIN = defaults.RESULT_RECHECK + 2.0
+#: result()'s own timeout: what a waiter that missed the end would wait out
+TIMEOUT = 60.0
+
+
+@pytest.fixture
+def rt(
+    request: Any, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
+) -> Iterator[Runtime]:
+    with runtime(request, redis_url, prefix, r, tmp_path) as rt:
+        yield rt
+
+
+class Waiting:
+    """result(job_id) of queue r, waited for in a thread by a Queue ('sync') or an
+    AsyncQueue ('async') of a client of its own."""
+
+    def __init__(self, rt: Runtime, job_id: str, how: str) -> None:
+        self.got: dict[str, Any] = {}
+        self.thread = threading.Thread(target=self._run, args=(rt, job_id, how), daemon=True)
+        self.thread.start()
+
+    def _run(self, rt: Runtime, job_id: str, how: str) -> None:
+        try:
+            if how == "sync":
+                with Client(rt.url, workers=0, prefix=rt.prefix) as client:
+                    self.got["value"] = client.queue("r").result(job_id, timeout=TIMEOUT)
+            else:
+                self.got["value"] = asyncio.run(self._wait_async(rt, job_id))
+        except Exception as exc:  # the test reports it
+            self.got["error"] = exc
+        self.got["at"] = time.time()
+
+    @staticmethod
+    async def _wait_async(rt: Runtime, job_id: str) -> Any:
+        async with AsyncClient(rt.url, prefix=rt.prefix) as client:
+            return await client.queue("r").result(job_id, timeout=TIMEOUT)
+
+    def value(self, within: float) -> Any:
+        """What result() returned, once it did (within `within` seconds from now)."""
+        self.thread.join(within)
+        assert not self.thread.is_alive(), f"result() did not see the end within {within}s"
+        assert "error" not in self.got, self.got["error"]
+        return self.got["value"]
+
+
+def on_channel(rt: Runtime, job_id: str) -> bool:
+    """Whether a waiter listens on the end channel of job `job_id` of queue r."""
+    channel = QueueKeys(rt.prefix, "r", "r").done(job_id)
+    return bool(rt.r.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1])
+
+
+def reading_events(rt: Runtime) -> bool:
+    """Whether a client waits in XREAD BLOCK (the session's server: this test's waiter)."""
+    return any(c.get("cmd") == "xread" and "b" in c.get("flags", "") for c in rt.r.client_list())
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_waiter_on_the_channel_sees_ends_run_by_a_supervisor_storing_no_results(
+    rt: Runtime, how: str
+) -> None:
+    storing = rt.start({"r": queue_spec(RETURNS, store_results=True)})
+    q = rt.queue("r")
+    wait_for(lambda: q.client.supervisors(), what="the storing supervisor's registry entry")
+    for job_id in ("early", "late"):
+        q.dispatch({"tag": job_id, "value": job_id}, id=job_id, delay=3600)
+    early, late = Waiting(rt, "early", how), Waiting(rt, "late", how)
+    wait_for(
+        lambda: on_channel(rt, "early") and on_channel(rt, "late"),
+        what="both waiters on their job's channel (every supervisor of r stores results)",
+    )
+    assert storing.stop() == 0
+    rt.start({"r": queue_spec(RETURNS)})  # a rolling deploy: results off now
+    wait_for(lambda: q.client.supervisors(), what="the new supervisor's registry entry")
+    q.dispatch({"tag": "early", "value": "early"}, id="early")  # now: it runs at once
+    (ended,) = rt.wait_records(1, "end", tag="early")
+    assert early.value(within=SEEN_WITHIN + 5.0) is None  # nothing PUBLISHed its end
+    delay = early.got["at"] - ended["t"]
+    assert delay < SEEN_WITHIN, f"the waiter saw the end {delay:.3f}s after it"
+    # the other waiter left the channel for the outcome events at its look: woken at once
+    wait_for(
+        lambda: not on_channel(rt, "late"),
+        timeout=SEEN_WITHIN,
+        what="the waiter of 'late' moving to the outcome events",
+    )
+    q.dispatch({"tag": "late", "value": "late"}, id="late")
+    (finished,) = (e for e in rt.wait_events("r", 2) if e["id"] == "late")
+    assert late.value(within=SEEN_WITHIN) is None
+    delay = late.got["at"] - int(finished["ended_at"]) / 1000
+    assert delay < 1.0, f"the waiter woke {delay:.3f}s after the finish"
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_waiter_sees_an_end_on_a_queue_with_neither_results_nor_events(
+    rt: Runtime, how: str
+) -> None:
+    rt.start({"r": queue_spec(RETURNS, events_maxlen=0)})
+    q = rt.queue("r")
+    q.dispatch({"tag": "e", "gate": "e", "value": 1}, id="e")
+    rt.wait_records(1, "start", tag="e")
+    waiting = Waiting(rt, "e", how)
+    wait_for(lambda: reading_events(rt), what="the waiter blocked on the outcome events")
+    rt.open_gate("e")
+    (ended,) = rt.wait_records(1, "end", tag="e")
+    assert waiting.value(within=SEEN_WITHIN + 5.0) is None
+    delay = waiting.got["at"] - ended["t"]
+    assert delay < SEEN_WITHIN, f"the waiter saw the end {delay:.3f}s after it"
+    assert rt.events("r") == []  # no event was written: the waiter's look saw the end
