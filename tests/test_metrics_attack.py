@@ -125,3 +125,24 @@ def test_a_huge_request_head_is_answered_431_and_closed(rt: Runtime) -> None:
     assert reply.startswith(b"HTTP/1.1 431 "), reply[:100]
     assert value(scrape(port), "queasy_workers") == 1
     assert sup.stop() == 0
+
+
+def test_a_request_target_urlsplit_refuses_is_answered_400_not_a_traceback(
+    rt: Runtime,
+) -> None:
+    """`GET http://[::1 HTTP/1.1` (an unclosed IPv6 bracket: urlsplit raises ValueError) is
+    bad input like any malformed head: answered 400, with no traceback in the supervisor's
+    log (any local client could fill it), and the next scrape answers."""
+    sup = rt.start({"q": queue_spec(ACT)}, workers=1, metrics_port=0)
+    port = metrics_port(sup.log)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET http://[::1/metrics HTTP/1.1\r\n\r\n")
+        reply = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(4096):
+                reply += chunk
+    assert reply.startswith(b"HTTP/1.1 400 "), reply[:100]
+    assert value(scrape(port), "queasy_workers") == 1
+    assert "Traceback" not in sup.log()
+    assert sup.stop() == 0
+

@@ -152,7 +152,10 @@ def parse(head: bytes) -> dict[str, Any] | None:
     if len(parts) != 3 or not parts[2].startswith("HTTP/"):
         return None
     method, target, _ = parts
-    url = urlsplit(target)
+    try:
+        url = urlsplit(target)
+    except ValueError:  # an unclosed '[' of an IPv6 host, say
+        return None
     environ = {"REQUEST_METHOD": method, "PATH_INFO": url.path, "QUERY_STRING": url.query}
     for line in lines[1:]:
         name, colon, field = line.partition(":")
