@@ -5,6 +5,7 @@ bounded number of threads and open connections, and a real scrape still answers 
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 import redis
-from runtime_helpers import ACT, Runtime, queue_spec
+from runtime_helpers import ACT, Runtime, queue_spec, wait_for
 from test_metrics import metrics_port, scrape, value
 
 from queasy_py import defaults
@@ -146,3 +147,20 @@ def test_a_request_target_urlsplit_refuses_is_answered_400_not_a_traceback(
     assert "Traceback" not in sup.log()
     assert sup.stop() == 0
 
+
+def test_metrics_host_any_ipv6_address_also_answers_ipv4_scrapes(rt: Runtime) -> None:
+    """metrics_host '::' (every address) serves IPv4 clients too, as prometheus_client's
+    server did and as the dashboard's '::' does (IPV6_V6ONLY off): a scrape of 127.0.0.1
+    and one of ::1 both answer."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    sup = rt.start({"q": queue_spec(ACT)}, workers=1, metrics_port=0, metrics_host="::")
+    port = int(wait_for(
+        lambda: re.search(r"metrics on http://\[::\]:(\d+)/metrics", sup.log()),
+        what="the metrics line",
+    )[1])
+    with socket.create_connection(("::1", port), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert sock.recv(16).startswith(b"HTTP/1.1 200")
+    assert value(scrape(port), "queasy_workers") == 1  # 127.0.0.1
+    assert sup.stop() == 0

@@ -33,10 +33,14 @@ Reply = tuple[str, list[tuple[str, str]], bytes]
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (OSError when it cannot be had)."""
+    """A listening socket on host:port (OSError when it cannot be had). An IPv6 address
+    serves IPv4 too where the system allows it ('::': every address of both, as
+    prometheus_client's server and the dashboard do): socket.create_server alone would set
+    IPV6_V6ONLY."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, _, _, _, address = infos[0]
-    return socket.create_server(address[:2], family=family, backlog=128)
+    dual = family == socket.AF_INET6 and socket.has_dualstack_ipv6()
+    return socket.create_server(address[:2], family=family, backlog=128, dualstack_ipv6=dual)
 
 
 class ScrapeServer:
