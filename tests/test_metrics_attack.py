@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,3 +165,31 @@ def test_metrics_host_any_ipv6_address_also_answers_ipv4_scrapes(rt: Runtime) ->
         assert sock.recv(16).startswith(b"HTTP/1.1 200")
     assert value(scrape(port), "queasy_workers") == 1  # 127.0.0.1
     assert sup.stop() == 0
+
+
+def test_scrapes_in_flight_while_the_supervisor_stops_log_no_error(rt: Runtime) -> None:
+    """Clients scraping without pause while the supervisor stops: it exits 0 at once, and
+    the connections its close() ends are ended quietly (no 'Exception in callback',
+    'Task was destroyed but it is pending', no traceback at ERROR in its log)."""
+    sup = rt.start({"q": queue_spec(ACT)}, workers=1, metrics_port=0)
+    port = metrics_port(sup.log)
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+                    sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+                    sock.recv(10)
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1.0)
+        assert sup.stop() == 0
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert "Traceback" not in sup.log()

@@ -85,12 +85,13 @@ class ScrapeServer:
             loop.run_forever()
         finally:
             server.close()
-            for writer in list(self.open):
-                writer.transport.abort()
-            tasks = asyncio.all_tasks(loop)
-            for task in tasks:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            # until none is left: a connection accepted meanwhile starts one more
+            while tasks := [task for task in asyncio.all_tasks(loop) if not task.done()]:
+                for writer in list(self.open):
+                    writer.transport.abort()
+                for task in tasks:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -103,7 +104,8 @@ class ScrapeServer:
         timeout = defaults.METRICS_CLIENT_TIMEOUT
         try:
             try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+                async with asyncio.timeout(timeout):  # no inner task left to log at close
+                    head = await reader.readuntil(b"\r\n\r\n")
             except asyncio.LimitOverrunError:
                 reply: Reply = ("431 Request Header Fields Too Large", [], b"")
             else:
@@ -118,9 +120,12 @@ class ScrapeServer:
             self.reading.pop(writer, None)
             writer.write(encode(reply))
             writer.close()  # once the reply is sent, which the client has `timeout` to read
-            await asyncio.wait_for(writer.wait_closed(), timeout)
+            async with asyncio.timeout(timeout):
+                await writer.wait_closed()
         except (asyncio.IncompleteReadError, OSError):  # TimeoutError and ConnectionError too
             writer.transport.abort()  # gone, idle, too slow or refused: nothing to answer
+        except asyncio.CancelledError:  # close(): ended quietly (3.11's start_server logs a
+            writer.transport.abort()  # cancelled connection task as an unhandled error)
         finally:
             self.reading.pop(writer, None)
             self.open.discard(writer)
