@@ -89,6 +89,8 @@ class ScrapeServer:
             while tasks := [task for task in asyncio.all_tasks(loop) if not task.done()]:
                 for writer in list(self.open):
                     writer.transport.abort()
+                for _ in range(2):  # each task steps into _serve's try (a task cancelled
+                    loop.run_until_complete(asyncio.sleep(0))  # before it ran logs as one)
                 for task in tasks:
                     task.cancel()
                 loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
