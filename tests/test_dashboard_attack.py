@@ -55,3 +55,24 @@ def test_a_huge_request_head_is_answered_400(
         assert reply.startswith(b"HTTP/1.1 400 "), reply[:100]
         status, _, _ = dash.request("GET", "/api/status")
         assert status == 200
+
+
+def test_a_request_body_dribbled_after_its_reply_is_closed_at_the_client_timeout(
+    redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """A request answered before its body was read (a 404 here; a 403 or a read-only
+    refusal alike) whose client then sends a byte of that body and goes idle: uvicorn's
+    keep-alive timer stops at the byte and nothing starts it again, so the connection was
+    held for ever. It is closed DASHBOARD_CLIENT_TIMEOUT after the reply."""
+    timeout = defaults.DASHBOARD_CLIENT_TIMEOUT
+    with dashboard(redis_url, prefix, tmp_path) as dash, \
+            idle_connections(dash.port, 1) as (sock,):
+        sock.sendall(b"POST /nope HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n")
+        sock.settimeout(10)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 404 ")
+        sock.sendall(b"a")
+        start = time.monotonic()
+        assert closed_by_server(sock, timeout + 3.0), "held after its reply"
+        assert time.monotonic() - start < timeout + 3.0
+        status, _, body = dash.request("GET", "/api/status")
+        assert status == 200, body

@@ -5,7 +5,9 @@ bounded number of threads and open connections, and a real scrape still answers 
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import redis
-from runtime_helpers import ACT, Runtime, queue_spec
+from runtime_helpers import ACT, Runtime, queue_spec, wait_for
 from test_metrics import metrics_port, scrape, value
 
 from queasy_py import defaults
@@ -125,3 +127,69 @@ def test_a_huge_request_head_is_answered_431_and_closed(rt: Runtime) -> None:
     assert reply.startswith(b"HTTP/1.1 431 "), reply[:100]
     assert value(scrape(port), "queasy_workers") == 1
     assert sup.stop() == 0
+
+
+def test_a_request_target_urlsplit_refuses_is_answered_400_not_a_traceback(
+    rt: Runtime,
+) -> None:
+    """`GET http://[::1 HTTP/1.1` (an unclosed IPv6 bracket: urlsplit raises ValueError) is
+    bad input like any malformed head: answered 400, with no traceback in the supervisor's
+    log (any local client could fill it), and the next scrape answers."""
+    sup = rt.start({"q": queue_spec(ACT)}, workers=1, metrics_port=0)
+    port = metrics_port(sup.log)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET http://[::1/metrics HTTP/1.1\r\n\r\n")
+        reply = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(4096):
+                reply += chunk
+    assert reply.startswith(b"HTTP/1.1 400 "), reply[:100]
+    assert value(scrape(port), "queasy_workers") == 1
+    assert "Traceback" not in sup.log()
+    assert sup.stop() == 0
+
+
+def test_metrics_host_any_ipv6_address_also_answers_ipv4_scrapes(rt: Runtime) -> None:
+    """metrics_host '::' (every address) serves IPv4 clients too, as prometheus_client's
+    server did and as the dashboard's '::' does (IPV6_V6ONLY off): a scrape of 127.0.0.1
+    and one of ::1 both answer."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    sup = rt.start({"q": queue_spec(ACT)}, workers=1, metrics_port=0, metrics_host="::")
+    port = int(wait_for(
+        lambda: re.search(r"metrics on http://\[::\]:(\d+)/metrics", sup.log()),
+        what="the metrics line",
+    )[1])
+    with socket.create_connection(("::1", port), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert sock.recv(16).startswith(b"HTTP/1.1 200")
+    assert value(scrape(port), "queasy_workers") == 1  # 127.0.0.1
+    assert sup.stop() == 0
+
+
+def test_scrapes_in_flight_while_the_supervisor_stops_log_no_error(rt: Runtime) -> None:
+    """Clients scraping without pause while the supervisor stops: it exits 0 at once, and
+    the connections its close() ends are ended quietly (no 'Exception in callback',
+    'Task was destroyed but it is pending', no traceback at ERROR in its log)."""
+    sup = rt.start({"q": queue_spec(ACT)}, workers=1, metrics_port=0)
+    port = metrics_port(sup.log)
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+                    sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+                    sock.recv(10)
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1.0)
+        assert sup.stop() == 0
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert "Traceback" not in sup.log()

@@ -33,10 +33,14 @@ Reply = tuple[str, list[tuple[str, str]], bytes]
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (OSError when it cannot be had)."""
+    """A listening socket on host:port (OSError when it cannot be had). An IPv6 address
+    serves IPv4 too where the system allows it ('::': every address of both, as
+    prometheus_client's server and the dashboard do): socket.create_server alone would set
+    IPV6_V6ONLY."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, _, _, _, address = infos[0]
-    return socket.create_server(address[:2], family=family, backlog=128)
+    dual = family == socket.AF_INET6 and socket.has_dualstack_ipv6()
+    return socket.create_server(address[:2], family=family, backlog=128, dualstack_ipv6=dual)
 
 
 class ScrapeServer:
@@ -81,12 +85,15 @@ class ScrapeServer:
             loop.run_forever()
         finally:
             server.close()
-            for writer in list(self.open):
-                writer.transport.abort()
-            tasks = asyncio.all_tasks(loop)
-            for task in tasks:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            # until none is left: a connection accepted meanwhile starts one more
+            while tasks := [task for task in asyncio.all_tasks(loop) if not task.done()]:
+                for writer in list(self.open):
+                    writer.transport.abort()
+                for _ in range(2):  # each task steps into _serve's try (a task cancelled
+                    loop.run_until_complete(asyncio.sleep(0))  # before it ran logs as one)
+                for task in tasks:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -99,7 +106,8 @@ class ScrapeServer:
         timeout = defaults.METRICS_CLIENT_TIMEOUT
         try:
             try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+                async with asyncio.timeout(timeout):  # no inner task left to log at close
+                    head = await reader.readuntil(b"\r\n\r\n")
             except asyncio.LimitOverrunError:
                 reply: Reply = ("431 Request Header Fields Too Large", [], b"")
             else:
@@ -114,9 +122,12 @@ class ScrapeServer:
             self.reading.pop(writer, None)
             writer.write(encode(reply))
             writer.close()  # once the reply is sent, which the client has `timeout` to read
-            await asyncio.wait_for(writer.wait_closed(), timeout)
+            async with asyncio.timeout(timeout):
+                await writer.wait_closed()
         except (asyncio.IncompleteReadError, OSError):  # TimeoutError and ConnectionError too
             writer.transport.abort()  # gone, idle, too slow or refused: nothing to answer
+        except asyncio.CancelledError:  # close(): ended quietly (3.11's start_server logs a
+            writer.transport.abort()  # cancelled connection task as an unhandled error)
         finally:
             self.reading.pop(writer, None)
             self.open.discard(writer)
@@ -152,7 +163,10 @@ def parse(head: bytes) -> dict[str, Any] | None:
     if len(parts) != 3 or not parts[2].startswith("HTTP/"):
         return None
     method, target, _ = parts
-    url = urlsplit(target)
+    try:
+        url = urlsplit(target)
+    except ValueError:  # an unclosed '[' of an IPv6 host, say
+        return None
     environ = {"REQUEST_METHOD": method, "PATH_INFO": url.path, "QUERY_STRING": url.query}
     for line in lines[1:]:
         name, colon, field = line.partition(":")

@@ -109,7 +109,9 @@ def timed_protocol() -> type:
 
         def _request_due(self) -> None:
             self.request_timer = None
-            waiting = self.conn.our_state is h11.IDLE  # no reply started: the request is not in
+            # no reply started (the request is not in) or one sent before the request's body
+            # was read (a 404, a refusal): the client still owes a body it is not sending
+            waiting = self.conn.our_state in (h11.IDLE, h11.DONE)
             if waiting and self.conn.their_state is not h11.DONE:
                 self.transport.close()
 
