@@ -92,7 +92,8 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:push:<client>      channel a job pushed to <client> (already leased to it), one per message:
                                "id\ntoken\nrun_at\nretry_count\nstall_count\ntimeout_count\n
                                trace\ndata" (trace '' when none, or longer than
-                               MAX_TRACE: written around the library; 4.3.0)
+                               MAX_TRACE or not of 0-9 a-f -: written around the
+                               library; 4.3.0)
                                (ids hold no whitespace; data is last and may hold anything)
   B:guard:1, B:guard:2 never written: the migration guard reads them (see `entry`)
 
@@ -976,6 +977,16 @@ local function live_parked(B, now)
   return out
 end
 
+-- The trace a push message carries: the record's when it is a traceparent's characters
+-- (0-9 a-f -) and at most MAX_TRACE bytes, else '' (one written around the library: a newline
+-- in it would shift the message's data, which comes last; 4.3.0).
+local function pushed_trace(trace)
+  if #trace > MAX_TRACE or find(trace, '[^0-9a-f%-]') then
+    return ''
+  end
+  return trace
+end
+
 -- Push the waiting job `id` to the parked client with the most slots, if one is subscribed
 -- to its exact push channel (PUBSUB SHARDNUMSUB: the subscribers on this primary; a
 -- client that does not listen is unparked). Returns true when pushed (leased to that
@@ -998,7 +1009,7 @@ local function push(B, now, id, parked)
       local job = read_job(B .. ':job:' .. id)
       call('SPUBLISH', channel, table.concat({job.id, token, int(job.run_at),
         int(job.retry_count), int(job.stall_count), int(job.timeout_count),
-        #job.trace <= MAX_TRACE and job.trace or '', job.data}, '\n'))
+        pushed_trace(job.trace), job.data}, '\n'))
       lease(B, id)
       call('ZREM', B .. ':waiting', id)
       call('HSET', B .. ':lease:' .. client, id, lease_line(token, int(job.run_at),

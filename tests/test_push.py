@@ -277,3 +277,20 @@ def test_a_bump_keeps_a_parked_client_fresh(lua: Lua, listen) -> None:
     lua.bump("c1", now=NOW + EXPIRY // 2)
     lua.dispatch(("a", '"x"', NOW), now=NOW + EXPIRY - 1)
     assert lua.get_job("a", now=NOW + EXPIRY - 1)["state"] == "active"
+
+
+def test_a_trace_written_around_the_library_cannot_shift_a_pushed_jobs_data(
+    lua: Lua, listen
+) -> None:
+    """A push message is newline-separated with the data last: a trace with a newline,
+    written into a waiting record by a raw HSET, made the rest of the trace the start of the
+    data (the job ran with other data, or data that is not JSON). A trace that is not a
+    traceparent's characters (0-9 a-f -) is pushed as none, as a too-long one is."""
+    ear = listen("c1")
+    lua.add("a", data='{"n": 1}', run_at=SOON)
+    lua.r.hset(f"{lua.B}:job:a", "trace", "00-ab\n{}")  # a raw HSET: no check
+    lua.dequeue("c1", limit=2, park=True)
+    assert lua.add("a", data='{"n": 2}', run_at="") == Dispatched.UPDATED
+    [(channel, data)] = ear.messages()[1:]  # after the wake of the delayed dispatch
+    job = pushed(data)
+    assert channel == "push:c1" and (job.trace, job.data) == ("", '{"n": 2}')
