@@ -137,8 +137,9 @@ class Operate:
         for name in self._purged(state):
             bound = None
             while True:
-                removed, left, dropped = self._call("queasy_purge", ["", name, PAGE, "1"])
-                total += dropped
+                # (a library before 4.3.0, loaded back by hand, replies without `dropped`)
+                removed, left, *dropped = self._call("queasy_purge", ["", name, PAGE, "1"])
+                total += dropped[0] if dropped else removed
                 bound = removed + left if bound is None else bound - removed
                 if removed < PAGE or bound <= 0:
                     break

@@ -318,3 +318,21 @@ def test_4_2_1_calls_keep_their_replies_under_4_3_and_its_state_carries_on(
     assert r.fcall("queasy_library", 0) == "queasy_py 4.2.1"
     assert [lua.finish("c1", job, now=NOW + 4) for job in (b, c, d)] == [0, 0, 0]
     assert lua.counts(now=NOW + 4)["active"] == 0
+
+
+def test_purge_of_a_4_3_client_works_when_4_2_1_is_loaded_back(
+    own_server: EmbeddedServer, r421: redis.Redis
+) -> None:
+    """4.2.1 loaded back by hand (a downgrade) under a running 4.3.0 process: 4.2.1's
+    queasy_purge ignores the `counted` argument and replies {removed, left}; purge() then
+    counts what it removed, as 4.2.1 did, instead of failing to unpack the reply."""
+    from queasy_py import Client
+
+    with Client(own_server.url, workers=0, prefix="down") as client:
+        q = client.queue("q")
+        client.ready()  # 4.3.0 loaded over 4.2.1
+        q.dispatch_many([{"data": {}} for _ in range(3)])
+        r421.function_load((FIXTURES / "queasy-4.2.1.lua").read_text(), replace=True)
+        assert r421.fcall("queasy_library", 0) == "queasy_py 4.2.1"
+        assert q.purge("waiting") == 3
+        assert q.counts()["waiting"] == 0
