@@ -125,8 +125,9 @@ SUPERVISOR: dict[str, Any] = {
 }
 
 #: upper bounds (seconds) of the buckets of the wait-time and run-time histograms of /metrics
+#: (kept on two lines: the README quotes them as written)
 METRICS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-                   300.0, 900.0, 3600.0)
+                   300.0, 900.0, 3600.0)  # fmt: skip
 #: seconds a /metrics scrape may spend reading queue counts: no read starts after them (a
 #: frozen server makes each read wait out its socket timeout; the gauges of the queues left
 #: are absent from that scrape, which stays within Prometheus' scrape_timeout, 10 s)
@@ -144,6 +145,7 @@ METRICS_HEAD_BYTES = 8192
 
 def default_workers() -> int:
     return os.cpu_count() or 1
+
 
 #: `queasy dashboard`: where it listens (a loopback address; any other needs a token), the
 #: environment variable of its token, the jobs on one page, the outcome events it reads per

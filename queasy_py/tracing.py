@@ -73,8 +73,11 @@ def traced(handle: Any, is_async: bool, trace: str) -> Any:
             f"queasy.job {job.queue}",
             context=parent,
             kind=api.SpanKind.CONSUMER,
-            attributes={"queasy.queue": job.queue, "queasy.job_id": job.id,
-                        "queasy.attempt": attempt},
+            attributes={
+                "queasy.queue": job.queue,
+                "queasy.job_id": job.id,
+                "queasy.attempt": attempt,
+            },
             record_exception=False,
             set_status_on_exception=False,
         )

@@ -114,4 +114,3 @@ class AsyncResultWake:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-

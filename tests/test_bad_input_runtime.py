@@ -181,8 +181,15 @@ def test_a_config_queue_name_with_spaces_or_braces_exits_config(tmp_path: Path, 
         ),
     ],
     ids=[
-        "raises_on_import", "no_handle", "missing", "not_a_path",
-        "generator", "async_generator", "wrapped_generator", "class", "wrong_signature",
+        "raises_on_import",
+        "no_handle",
+        "missing",
+        "not_a_path",
+        "generator",
+        "async_generator",
+        "wrapped_generator",
+        "class",
+        "wrong_signature",
     ],
 )
 def test_a_bad_handler_module_exits_handler_before_any_job_is_taken(

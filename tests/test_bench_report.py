@@ -40,4 +40,3 @@ def test_a_partial_run_writes_results_md_only_when_told() -> None:
     assert run.report_path(None, "", ["process"]) is None
     assert run.report_path(None, "", every, 14) is None  # another worker count
     assert run.report_path("/tmp/x.md", "queasy", ["process"]) == "/tmp/x.md"
-

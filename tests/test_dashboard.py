@@ -142,6 +142,7 @@ def dashboard(url: str, prefix: str, tmp_path: Path, *flags: str, **env: str) ->
             stdin=subprocess.DEVNULL,
         )
     try:
+
         def listening() -> Any:
             assert proc.poll() is None, f"the dashboard exited: {log_path.read_text()}"
             return re.search(r"queasy dashboard on (http://\S+/)", log_path.read_text())
@@ -306,9 +307,10 @@ def test_a_token_is_required_of_every_request(
         assert status == 401 and "www-authenticate" not in headers
         assert dash.request("GET", "/", headers={"Authorization": f"Bearer {TOKEN}"})[0] == 200
         basic = base64.b64encode(f"admin:{TOKEN}".encode()).decode()
-        assert dash.request("GET", "/api/status", headers={"Authorization": f"Basic {basic}"})[
-            0
-        ] == 200
+        assert (
+            dash.request("GET", "/api/status", headers={"Authorization": f"Basic {basic}"})[0]
+            == 200
+        )
         status, headers, _ = dash.request("GET", f"/queues/q?state=waiting&token={TOKEN}")
         assert status == 303 and headers["location"] == "/queues/q?state=waiting"
         cookie = headers["set-cookie"].split(";")[0]
@@ -363,9 +365,9 @@ def test_actions_need_post_a_csrf_token_and_their_own_origin(
         for headers, body in refused:
             status, _, text = dash.request("POST", path, body=body, headers=headers)
             assert status == 403 and "CSRF" in text, (headers, body)
-        assert dash.request("GET", f"{path}?csrf={token}&id=j0", headers={"Cookie": cookie})[
-            0
-        ] == 405
+        assert (
+            dash.request("GET", f"{path}?csrf={token}&id=j0", headers={"Cookie": cookie})[0] == 405
+        )
         assert q.get_job("j0").state == "waiting"
 
         origin = f"http://127.0.0.1:{dash.port}"

@@ -18,9 +18,11 @@ def test_idle_and_dribbling_connections_are_closed_and_a_page_still_answers(
     redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     timeout = defaults.DASHBOARD_CLIENT_TIMEOUT
-    with dashboard(redis_url, prefix, tmp_path) as dash, \
-            idle_connections(dash.port, 50) as idle, \
-            idle_connections(dash.port, 1) as (slow,):
+    with (
+        dashboard(redis_url, prefix, tmp_path) as dash,
+        idle_connections(dash.port, 50) as idle,
+        idle_connections(dash.port, 1) as (slow,),
+    ):
         start = time.monotonic()
         slow.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         while time.monotonic() - start < timeout + 2.0:  # a byte every 0.2 s, each in time
@@ -39,13 +41,10 @@ def test_idle_and_dribbling_connections_are_closed_and_a_page_still_answers(
         assert status == 200, body
 
 
-def test_a_huge_request_head_is_answered_400(
-    redis_url: str, prefix: str, tmp_path: Path
-) -> None:
+def test_a_huge_request_head_is_answered_400(redis_url: str, prefix: str, tmp_path: Path) -> None:
     """Not a defect found (uvicorn's h11 caps a head at 16 KiB): kept true since server.py
     names the h11 protocol itself, whatever else is installed."""
-    with dashboard(redis_url, prefix, tmp_path) as dash, \
-            idle_connections(dash.port, 1) as (sock,):
+    with dashboard(redis_url, prefix, tmp_path) as dash, idle_connections(dash.port, 1) as (sock,):
         with contextlib.suppress(OSError):
             sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 65536)
         reply = b""
@@ -65,8 +64,7 @@ def test_a_request_body_dribbled_after_its_reply_is_closed_at_the_client_timeout
     keep-alive timer stops at the byte and nothing starts it again, so the connection was
     held for ever. It is closed DASHBOARD_CLIENT_TIMEOUT after the reply."""
     timeout = defaults.DASHBOARD_CLIENT_TIMEOUT
-    with dashboard(redis_url, prefix, tmp_path) as dash, \
-            idle_connections(dash.port, 1) as (sock,):
+    with dashboard(redis_url, prefix, tmp_path) as dash, idle_connections(dash.port, 1) as (sock,):
         sock.sendall(b"POST /nope HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n")
         sock.settimeout(10)
         assert sock.recv(4096).startswith(b"HTTP/1.1 404 ")

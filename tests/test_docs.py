@@ -39,12 +39,32 @@ def test_readme_tables_quote_the_defaults(marker: str, source: dict) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["PREFIX", "FAIL_QUEUE_SUFFIX", "MAX_PAYLOAD_BYTES", "CONNECT_ATTEMPTS", "CONNECT_BACKOFF",
-     "RUN_CONNECT_TIMEOUT", "WORKER_UNITS", "LOOP_REDIS_TIMEOUT", "WORKER_START_TIMEOUT",
-     "WORKER_START_FAILURES", "DATA_DIR_ENV", "STATE_DIR_NAME", "KEEPER_POLL_INTERVAL",
-     "EMBEDDED_START_TIMEOUT", "DEDUP_WINDOW", "TRACEBACK_BYTES", "EVENT_TRACEBACK_BYTES",
-     "DASHBOARD_HOST", "DASHBOARD_PORT", "DASHBOARD_TOKEN_ENV", "DASHBOARD_PAGE",
-     "DASHBOARD_EVENTS", "DASHBOARD_REFRESH", "RESULT_RECHECK"],
+    [
+        "PREFIX",
+        "FAIL_QUEUE_SUFFIX",
+        "MAX_PAYLOAD_BYTES",
+        "CONNECT_ATTEMPTS",
+        "CONNECT_BACKOFF",
+        "RUN_CONNECT_TIMEOUT",
+        "WORKER_UNITS",
+        "LOOP_REDIS_TIMEOUT",
+        "WORKER_START_TIMEOUT",
+        "WORKER_START_FAILURES",
+        "DATA_DIR_ENV",
+        "STATE_DIR_NAME",
+        "KEEPER_POLL_INTERVAL",
+        "EMBEDDED_START_TIMEOUT",
+        "DEDUP_WINDOW",
+        "TRACEBACK_BYTES",
+        "EVENT_TRACEBACK_BYTES",
+        "DASHBOARD_HOST",
+        "DASHBOARD_PORT",
+        "DASHBOARD_TOKEN_ENV",
+        "DASHBOARD_PAGE",
+        "DASHBOARD_EVENTS",
+        "DASHBOARD_REFRESH",
+        "RESULT_RECHECK",
+    ],
 )
 def test_readme_quotes_the_constants(name: str) -> None:
     value = getattr(defaults, name)

@@ -37,15 +37,24 @@ def refused(call, *args, **kwargs) -> str:
 def test_the_first_check_creates_the_occurrence_for_its_fire_time(lua: Lua) -> None:
     got = schedule(lua, None, T1, spec="every 1s")
     assert (got.code, got.fire_at, got.spec, got.last_fire_at, got.state) == (
-        CREATED, T1, "every 1s", None, "waiting"
+        CREATED,
+        T1,
+        "every 1s",
+        None,
+        "waiting",
     )
     job = lua.get_job(SCHEDULE_ID)
     assert (job["state"], job["run_at"]) == ("delayed", T1)
     assert json.loads(job["data"]) == {"fire_at": T1 / 1000}
     info = schedule_info(lua)
     assert info == {
-        "spec": "every 1s", "fire_at": str(T1), "state": "delayed", "last_fire_at": "",
-        "last_outcome": "", "last_ended_at": "", "skipped": "0",
+        "spec": "every 1s",
+        "fire_at": str(T1),
+        "state": "delayed",
+        "last_fire_at": "",
+        "last_outcome": "",
+        "last_ended_at": "",
+        "skipped": "0",
     }
     assert schedule_info(lua, now=T1)["state"] == "waiting"
 
@@ -80,9 +89,7 @@ def test_the_next_occurrence_comes_only_once_the_current_one_ended(lua: Lua) -> 
 
 
 @pytest.mark.parametrize("end", ["fail", "fail_alone", "cancel"])
-def test_a_failed_or_cancelled_occurrence_is_noted_and_the_next_follows(
-    lua: Lua, end: str
-) -> None:
+def test_a_failed_or_cancelled_occurrence_is_noted_and_the_next_follows(lua: Lua, end: str) -> None:
     schedule(lua, None, T1)
     if end == "cancel":
         assert lua.cancel(SCHEDULE_ID, now=T1) == 1

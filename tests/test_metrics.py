@@ -100,9 +100,12 @@ def test_counters_histograms_and_gauges_after_known_jobs(rt: Runtime) -> None:
     runs = "queasy_job_run_seconds"
     assert value(samples, f"{runs}_count", queue="m") == 11
     assert bucket(samples, runs, "m", "+Inf") == 11
-    slept = [e["t"] - s["t"] for s, e in zip(
-        rt.records("start", tag="sleep"), rt.records("end", tag="sleep"), strict=True
-    )]
+    slept = [
+        e["t"] - s["t"]
+        for s, e in zip(
+            rt.records("start", tag="sleep"), rt.records("end", tag="sleep"), strict=True
+        )
+    ]
     assert min(slept) >= 0.6
     assert bucket(samples, runs, "m", "0.5") == 8
     assert bucket(samples, runs, "m", "2.5") == 11
@@ -130,8 +133,12 @@ def queasy_run(tmp_path: Path, url: str, prefix: str, *args: str) -> subprocess.
     return subprocess.Popen(
         [sys.executable, "-m", "queasy_py.cli", "run", str(config), *args],
         cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "QUEASY_TEST_URL": url,
-             "QUEASY_TEST_PREFIX": prefix},
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(ROOT),
+            "QUEASY_TEST_URL": url,
+            "QUEASY_TEST_PREFIX": prefix,
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -223,8 +230,14 @@ def test_a_frozen_server_does_not_hold_a_scrape_past_prometheus_timeout(
             assert took < 9.0
             assert value(samples, "queasy_workers") == 1
             assert value(samples, "queasy_redis_errors_total", source="scrape") >= 1
-            after = wait_for(lambda: (s := scrape(port)) and ("queasy_queue_jobs", frozenset(
-                {("queue", "q2"), ("state", "waiting")})) in s and s)  # all read again
+            after = wait_for(
+                lambda: (
+                    (s := scrape(port))
+                    and ("queasy_queue_jobs", frozenset({("queue", "q2"), ("state", "waiting")}))
+                    in s
+                    and s
+                )
+            )  # all read again
             assert value(after, "queasy_queue_jobs", queue="q0", state="waiting") == 0
     finally:
         own_r.close()

@@ -156,10 +156,12 @@ def test_metrics_host_any_ipv6_address_also_answers_ipv4_scrapes(rt: Runtime) ->
     if not socket.has_ipv6:
         pytest.skip("no IPv6")
     sup = rt.start({"q": queue_spec(ACT)}, workers=1, metrics_port=0, metrics_host="::")
-    port = int(wait_for(
-        lambda: re.search(r"metrics on http://\[::\]:(\d+)/metrics", sup.log()),
-        what="the metrics line",
-    )[1])
+    port = int(
+        wait_for(
+            lambda: re.search(r"metrics on http://\[::\]:(\d+)/metrics", sup.log()),
+            what="the metrics line",
+        )[1]
+    )
     with socket.create_connection(("::1", port), timeout=10) as sock:
         sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
         assert sock.recv(16).startswith(b"HTTP/1.1 200")

@@ -68,14 +68,17 @@ def test_the_jobs_span_is_a_child_of_the_span_current_at_dispatch(
     trace_id = f"{parent.context.trace_id:032x}"
     span_id = f"{parent.context.span_id:016x}"
     assert request.get_span_context().span_id == parent.context.span_id
-    got = {(s["attributes"]["queasy.job_id"], s["attributes"]["queasy.attempt"]): s
-           for s in spans(rt)}
+    got = {
+        (s["attributes"]["queasy.job_id"], s["attributes"]["queasy.attempt"]): s for s in spans(rt)
+    }
     assert set(got) == {("ok", 1), ("again", 1), ("again", 2), ("bad", 1)}
     for span in got.values():
         assert span["name"] == "queasy.job q"
         assert span["kind"] == "CONSUMER"
         assert (span["trace_id"], span["parent_id"], span["remote_parent"]) == (
-            trace_id, span_id, True
+            trace_id,
+            span_id,
+            True,
         )
         assert span["attributes"]["queasy.queue"] == "q"
     assert got[("ok", 1)]["attributes"]["queasy.outcome"] == "finished"
@@ -140,8 +143,10 @@ def test_a_traced_jobs_hard_to_print_error_keeps_its_outcome_and_a_bounded_statu
     failed = outcomes[("unprintable", "failed")]
     assert (failed["error_name"], failed["error_kind"]) == ("Unprintable", "permanent")
     assert outcomes[("huge", "retried")]["error_name"] == "ValueError"
-    got = {(s["attributes"]["queasy.job_id"], s["attributes"]["queasy.outcome"]): s
-           for s in wait_for(lambda: len(spans(rt)) == 3 and spans(rt))}
+    got = {
+        (s["attributes"]["queasy.job_id"], s["attributes"]["queasy.outcome"]): s
+        for s in wait_for(lambda: len(spans(rt)) == 3 and spans(rt))
+    }
     assert set(got) == {("unprintable", "failed"), ("huge", "failed"), ("huge", "finished")}
     for span in (got[("unprintable", "failed")], got[("huge", "failed")]):
         assert (span["status"], span["events"]) == ("ERROR", ["exception"])

@@ -299,8 +299,7 @@ def test_a_big_job_is_not_starved_by_small_ones_of_its_priority(rt: Runtime) -> 
     )
     # ends spread out: the worker never frees 60 units at once unless it is kept for big
     small = [
-        {"data": {"tag": "small", "units": 10, "sleep": 0.01 + 0.003 * (i % 7)}}
-        for i in range(200)
+        {"data": {"tag": "small", "units": 10, "sleep": 0.01 + 0.003 * (i % 7)}} for i in range(200)
     ]
     rt.queue("small").dispatch_many(small)
     rt.wait_records(1, "start", tag="small")  # the worker is full of small jobs

@@ -109,9 +109,7 @@ def test_a_supervisor_killed_mid_run_loses_no_occurrence_and_runs_none_twice(
     others = [rt.start(spec), rt.start(spec)]
     f0 = killed["fire_at"]
     last = f0 + 16
-    wait_for(
-        lambda: ends_by_fire(rt)[last] == 1, timeout=40, what=f"the run of {last} to end"
-    )
+    wait_for(lambda: ends_by_fire(rt)[last] == 1, timeout=40, what=f"the run of {last} to end")
     starts = [s for s in runs(rt) if s["fire_at"] <= last]
     fires = [s["fire_at"] for s in starts]
     assert sorted(set(fires)) == grid(f0, 4.0, last)  # no fire time lost

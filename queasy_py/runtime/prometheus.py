@@ -90,9 +90,7 @@ class QueasyCollector(Collector):
     def _workers(self) -> Iterator[Metric]:
         procs = list(self.workers.procs)
         accepting = [p for p in procs if p.accepts]
-        yield GaugeMetricFamily(
-            "queasy_workers", "Worker processes alive", value=len(procs)
-        )
+        yield GaugeMetricFamily("queasy_workers", "Worker processes alive", value=len(procs))
         yield GaugeMetricFamily(
             "queasy_capacity_units",
             "Capacity units of the workers taking jobs",
@@ -192,4 +190,3 @@ def serve(
 ) -> MetricsServer:
     """Serve /metrics on host:port (0: a free port, logged); ConfigError when it cannot."""
     return MetricsServer(QueasyCollector(tally, workers, counts, errors), host, port)
-

@@ -77,9 +77,9 @@ class ScrapeServer:
     def _run(self, started: threading.Event) -> None:
         loop = self.loop
         asyncio.set_event_loop(loop)
-        server = loop.run_until_complete(asyncio.start_server(
-            self._serve, sock=self.sock, limit=defaults.METRICS_HEAD_BYTES
-        ))
+        server = loop.run_until_complete(
+            asyncio.start_server(self._serve, sock=self.sock, limit=defaults.METRICS_HEAD_BYTES)
+        )
         started.set()
         try:
             loop.run_forever()
@@ -142,9 +142,9 @@ class ScrapeServer:
     def _answer(self, environ: dict[str, Any]) -> Reply:
         started: list[Any] = []
         try:
-            body = b"".join(self.app(environ, lambda status, headers, *_: started.extend(
-                (status, headers)
-            )))
+            body = b"".join(
+                self.app(environ, lambda status, headers, *_: started.extend((status, headers)))
+            )
             return started[0], list(started[1]), body
         except Exception as exc:  # a collector's bug: this scrape fails, the next may not
             log.warning("metrics: scrape failed: %r", exc)

@@ -108,9 +108,7 @@ async def ready_cluster(rc: AsyncClusterClient, url: str) -> str:
     _, options = parse_cluster_url(url)
     versions = []
     for node in rc.get_primaries():  # a plain connection per primary: the handshake's calls
-        r = aioredis.Redis(
-            host=node.host, port=node.port, **{**producer_options(), **options}
-        )
+        r = aioredis.Redis(host=node.host, port=node.port, **{**producer_options(), **options})
         try:
             versions.append(await run_handshake_async(r, handshake()))
         except redis.AuthenticationError as exc:  # a primary with other credentials

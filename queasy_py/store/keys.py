@@ -55,6 +55,7 @@ class QueueKeys:
     def stats(self) -> str:
         """Totals and per-minute counts of finished and failed jobs (reset by DEL)."""
         return f"{self.base}:stats"
+
     @property
     def schedule(self) -> str:
         """The queue's schedule (lua/queasy.lua B:schedule)."""

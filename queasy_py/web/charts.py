@@ -195,8 +195,8 @@ def charts_html(events: list[dict[str, Any]], now: float) -> str:
     return (
         f'<p class="summary">Last hour: <b id="hour-finished">{s["finished"]}</b> finished, '
         f'<b id="hour-failed">{s["failed"]}</b> failed, {s["retried"]} retried; wait p50 '
-        f'{seconds_text(s["wait_p50"])}, p95 {seconds_text(s["wait_p95"])}; run p50 '
-        f'{seconds_text(s["run_p50"])}, p95 {seconds_text(s["run_p95"])}</p>'
+        f"{seconds_text(s['wait_p50'])}, p95 {seconds_text(s['wait_p95'])}; run p50 "
+        f"{seconds_text(s['run_p50'])}, p95 {seconds_text(s['run_p95'])}</p>"
         f'<div class="charts"><div><h3>Jobs per minute</h3><div class="legend">{legend_t}</div>'
         f'{throughput_svg(rows)}</div><div><h3>Latency</h3><div class="legend">{legend_l}</div>'
         f"{latency_svg(rows)}</div></div>"

@@ -68,7 +68,7 @@ def layout(title: str, body: str, *, server: str, read_only: bool, refresh: floa
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{e(title)} · queasy</title>"
         '<link rel="stylesheet" href="/static/app.css"></head>'
-        f"<body{data}><header><a class=brand href=\"/\">queasy</a> {badge}"
+        f'<body{data}><header><a class=brand href="/">queasy</a> {badge}'
         f'<span class="server">{e(server)}</span></header><main>{body}</main>'
         '<script src="/static/app.js"></script></body></html>'
     )
@@ -157,8 +157,15 @@ def schedules_table(schedules: dict[str, Any], now: float) -> str:
     )
     head = "".join(
         f"<th>{h}</th>"
-        for h in ("queue", "schedule", "state", "next fire (UTC)", "last outcome",
-                  "last fire", "skipped")  # fmt: skip
+        for h in (
+            "queue",
+            "schedule",
+            "state",
+            "next fire (UTC)",
+            "last outcome",
+            "last fire",
+            "skipped",
+        )  # fmt: skip
     )
     return f'<table id="schedules"><thead><tr>{head}</tr></thead>{rows}</table>'
 

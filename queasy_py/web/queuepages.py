@@ -40,7 +40,7 @@ def job_action(j: JobInfo, read_only: bool, kind: str = "") -> str:
 
 def counts_line(name: str, counts: dict[str, int]) -> str:
     cells = "".join(
-        f'<div class=stat><span class=label>{e(label)}</span>'
+        f"<div class=stat><span class=label>{e(label)}</span>"
         f'<span class=value data-q="{e(name)}" data-k="{key}">{counts.get(key, 0)}</span></div>'
         for key, label in COLUMNS
     )
@@ -90,8 +90,17 @@ def queue_page(
     )
     head = "".join(
         f"<th>{h}</th>"
-        for h in ("job", "run at (UTC)", "dispatched", "started", "ended", "attempts",
-                  "retries/stalls/timeouts", "last error", "")  # fmt: skip
+        for h in (
+            "job",
+            "run at (UTC)",
+            "dispatched",
+            "started",
+            "ended",
+            "attempts",
+            "retries/stalls/timeouts",
+            "last error",
+            "",
+        )  # fmt: skip
     )
     rows = "".join(job_row(j, now, read_only) for j in jobs)
     table = (
@@ -146,7 +155,7 @@ def job_page(j: JobInfo, now: float, read_only: bool) -> str:
     if j.last_error:
         at = j.last_error.get("at")
         error = (
-            f'<h2>Last error</h2><p>{e(j.last_error.get("kind"))} at {when(at)}</p>'
+            f"<h2>Last error</h2><p>{e(j.last_error.get('kind'))} at {when(at)}</p>"
             f'<div id="last-error">{error_block(j.last_error, open_=True)}</div>'
         )
     data = "(not kept)" if j.data is None else _json(j.data)
@@ -174,9 +183,7 @@ def describe(action: str, queue: str, counts: dict[str, int], job_id: str, state
     return f"Purge {what} of {queue}. This cannot be undone."
 
 
-def confirm_page(
-    queue: str, action: str, text: str, csrf: str, job_id: str, state: str
-) -> str:
+def confirm_page(queue: str, action: str, text: str, csrf: str, job_id: str, state: str) -> str:
     hidden = "".join(
         f'<input type="hidden" name="{k}" value="{e(v)}">'
         for k, v in (("csrf", csrf), ("id", job_id), ("state", state))
@@ -184,7 +191,7 @@ def confirm_page(
     )
     back = job_url(queue, job_id) if job_id else queue_url(queue)
     return (
-        f"<h1>Confirm: {e(action)}</h1><p class=\"confirm\" id=\"confirm-text\">{e(text)}</p>"
+        f'<h1>Confirm: {e(action)}</h1><p class="confirm" id="confirm-text">{e(text)}</p>'
         f'<form method="post" action="{e(queue_url(queue))}/actions/{e(action)}">{hidden}'
         f'<button type="submit" id="confirm" class="danger">Yes, {e(action)}</button> '
         f'<a href="{e(back)}" id="cancel-confirm">No, go back</a></form>'

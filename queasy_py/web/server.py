@@ -60,10 +60,15 @@ def serve(
     if not is_loopback(host):
         log.warning(
             "the dashboard listens on %s: its token travels in clear over plain HTTP; put it "
-            "behind a TLS proxy (or an SSH tunnel) on an untrusted network", host
+            "behind a TLS proxy (or an SSH tunnel) on an untrusted network",
+            host,
         )
     config = uvicorn.Config(
-        app, http=timed_protocol(), log_config=None, access_log=False, server_header=False,
+        app,
+        http=timed_protocol(),
+        log_config=None,
+        access_log=False,
+        server_header=False,
         lifespan="off",
     )
     try:
