@@ -42,7 +42,8 @@ QUEASY_COMMANDS = (
     "+del +exists +get +hdel +hget +hgetall +hkeys +hlen +hmget +hscan +hset +incr +spublish "
     "+pubsub|shardnumsub +rename +renamenx +sadd +scan +scard +set +sismember +smembers "
     "+srandmember +srem +sscan +time +xadd +xrange +xread +zadd +zcard +zcount +zrange +zrem "
-    "+zremrangebyrank +zremrangebyscore +zscore"
+    "+zremrangebyrank +zremrangebyscore +zscore +pexpire +multi +exec +lpush +ltrim +lrange "
+    "+llen +lrem"
 )
 
 
@@ -221,6 +222,32 @@ def test_a_minimal_acl_user_runs_the_full_cycle(
     assert {e["object"] for e in denied} <= {"client|setinfo"}, denied
 
 
+def test_a_minimal_acl_user_dedups_delayed_jobs_and_keeps_dead_letters(
+    queasy_url: str, admin: redis.Redis, tmp_path: Path
+) -> None:
+    """The ACL line covers what the line's first test does not reach: a dedup window of a
+    delayed job (queasy_dispatch_once keeps it in a key with an expiry: PEXPIRE) and the
+    ready-made dead-letter handler (a list: LPUSH, LTRIM, LRANGE, LLEN, LREM), read and
+    requeued by the same user."""
+    with Runtime(queasy_url, PREFIX, admin, tmp_path) as rt:
+        q = rt.queue("dl")
+        later = time.time() + 3600
+        batch = [{"id": "once", "data": {}, "run_at": later}, {"id": "now", "data": {}}]
+        assert q.dispatch_batch(batch, dedup_window=60).created == 2  # a bucket: PEXPIRE
+        q.dispatch({"raise": "permanent"}, id="perm")
+        spec = queue_spec(QUIET, max_retries=0, fail_handler="queasy_py.handlers.dead_letter")
+        sup = rt.start({"dl": spec}, poll_interval=30.0)
+        from queasy_py.handlers import dead_letter
+
+        wait_for(lambda: len(dead_letter.read(q)) == 1, what="the dead letter of perm")
+        assert sup.stop() == 0
+        assert q.purge("failed") == 1
+        assert dead_letter.requeue(q) == ["perm"]
+        assert q.get_job("perm").state == "waiting"  # type: ignore[union-attr]
+    denied = [e for e in admin.acl_log() if e["username"] == "queasy"]
+    assert {e["object"] for e in denied} <= {"client|setinfo"}, denied
+
+
 def test_a_minimal_acl_user_keeps_a_schedule_and_lists_it(
     queasy_url: str, admin: redis.Redis, tmp_path: Path
 ) -> None:
@@ -248,7 +275,7 @@ def test_the_acl_user_cannot_touch_other_keys_or_commands(
         with pytest.raises(redis.exceptions.NoPermissionError):
             conn.get("other:key")
         with pytest.raises(redis.exceptions.NoPermissionError):
-            conn.lpush(f"{PREFIX}:x", 1)  # LPUSH is not among its commands, even on its keys
+            conn.rpush(f"{PREFIX}:x", 1)  # RPUSH is not among its commands, even on its keys
         with pytest.raises(redis.exceptions.NoPermissionError):
             conn.flushall()
     finally:
