@@ -166,10 +166,11 @@ def test_a_password_in_the_url_authenticates(locked_server: EmbeddedServer) -> N
 def test_a_minimal_acl_user_runs_the_full_cycle(
     queasy_url: str, admin: redis.Redis, tmp_path: Path
 ) -> None:
+    admin.function_flush()  # (an earlier test of the module may have loaded it)
     with Runtime(queasy_url, PREFIX, admin, tmp_path) as rt:
-        q = rt.queue("q")  # this producer loads the library: FUNCTION LOAD as the ACL user
+        q = rt.queue("q")
+        q.dispatch({}, id="ok")  # this producer loads the library: FUNCTION LOAD as the ACL user
         assert admin.function_list(library="queasy")
-        q.dispatch({}, id="ok")
         q.dispatch({"raise": "permanent"}, id="perm")
         q.dispatch({"raise": "retriable", "times": 1}, id="again")
         q.dispatch({}, id="later", delay=100)
