@@ -229,12 +229,15 @@ class Runtime:
         cwd: Path | None = None,
         sys_path: list[str] | None = None,
         clock_skew: float = 0.0,
+        root: Path = ROOT,
         **settings: Any,
     ) -> Supervisor:
         """Start a supervisor listening on `queues` ({name: queue_spec(...)}). With `cwd` it
         runs there, started as a script (like a console script: the working directory is not
         on its sys.path); `sys_path` entries go first on its sys.path once it is running;
-        `clock_skew` seconds are added to the supervisor's clock (not its workers')."""
+        `clock_skew` seconds are added to the supervisor's clock (not its workers'); `root`:
+        the checkout whose queasy_py and tests/ it runs (another version's: see
+        tests/test_rolling_upgrade.py)."""
         config = {
             "url": self.url,
             "prefix": self.prefix,
@@ -247,11 +250,11 @@ class Runtime:
         main = (
             ["-m", "tests.supervisor_main"]
             if cwd is None
-            else [str(ROOT / "tests/supervisor_main.py")]
+            else [str(root / "tests/supervisor_main.py")]
         )
         env = {
             **os.environ,
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": str(root),
             "QUEASY_TEST_URL": self.records_url,
             "QUEASY_TEST_PREFIX": self.prefix,
         }
@@ -259,7 +262,7 @@ class Runtime:
         log_file = log_path.open("wb")
         proc = subprocess.Popen(
             [sys.executable, *main, json.dumps(config)],
-            cwd=cwd or ROOT,
+            cwd=cwd or root,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log_file,

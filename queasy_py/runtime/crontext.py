@@ -16,6 +16,7 @@ written (one schedule then has two texts, as before).
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,6 +48,15 @@ def canonical(expression: str) -> str:
     except Exception:  # noqa: BLE001 - a form the parser refuses: kept as written
         same = False
     return text if same else expression
+
+
+@functools.lru_cache(maxsize=64)
+def canonical_or_none(expression: str) -> str | None:
+    """canonical(expression), None for one cronsim refuses (a stored text is read back)."""
+    try:
+        return canonical(expression)
+    except Exception:  # noqa: BLE001 - any refusal: not a schedule this one spells
+        return None
 
 
 def _sim(expression: str) -> Any:

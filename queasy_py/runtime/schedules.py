@@ -50,6 +50,7 @@ class Schedule:
     def __init__(self, cron: str | None, every_ms: int | None, timezone: str) -> None:
         self.cron = cron
         self.every_ms = every_ms
+        self.timezone = timezone
         self.zone = zoneinfo.ZoneInfo(timezone)
         if cron is not None:
             self.text = f"cron {cron} {timezone}"
@@ -57,6 +58,18 @@ class Schedule:
             assert every_ms is not None
             seconds = f"{every_ms // 1000}.{every_ms % 1000:03d}".rstrip("0").rstrip(".")
             self.text = f"every {seconds}s"
+
+    def spelled_by(self, text: str) -> bool:
+        """Whether a stored text is this schedule: ours, or the same cron expression in our
+        timezone spelled another way (queasy_py before 4.3.0 stored it as written)."""
+        if text == self.text:
+            return True
+        if self.cron is None or not text.startswith("cron "):
+            return False
+        from .crontext import canonical_or_none
+
+        expression, _, zone = text[5:].rpartition(" ")
+        return zone == self.timezone and canonical_or_none(expression) == self.cron
 
     def _sim(self, ms: int, reverse: bool = False) -> Any:
         from cronsim import CronSim  # lazily: `import queasy_py` stays light
@@ -168,9 +181,16 @@ class ScheduleCheck:
         self.due = 0.0  # monotonic time of the next check (0: now)
         self.inflight = False
 
+    def text(self) -> str:
+        """The text to send: the stored one where it spells this schedule another way (written
+        by a queasy_py before 4.3.0, which compares texts: sent ours, it takes ours for a
+        changed schedule and moves a late occurrence), else ours (canonical)."""
+        spec = self.seen.spec
+        return spec if spec and self.schedule.spelled_by(spec) else self.schedule.text
+
     def plan(self, now: int) -> tuple[int, int | None, int, int]:
         """(create_at, retime_at, skipped if created, skipped if moved) at server time `now`."""
-        s, seen = self.schedule, self.seen
+        s, seen, text = self.schedule, self.seen, self.text()
         if seen.fire_at is None:
             return s.next_after(now), None, 0, 0
         at = s.next_after(seen.fire_at)
@@ -181,7 +201,7 @@ class ScheduleCheck:
         retime, moved = None, 0
         if seen.state != "waiting":  # only a pending one may move (the library checks too)
             pass
-        elif seen.spec != s.text:  # the schedule changed: the pending occurrence follows it
+        elif seen.spec != text:  # the schedule changed: the pending occurrence follows it
             retime = s.next_after(max(now, seen.last_fire_at or 0))
         elif self.once and at < now - GRACE_MS:  # a second fire time passed: run once, now
             retime = s.latest(now)
@@ -190,14 +210,14 @@ class ScheduleCheck:
         if retime is not None:
             if retime == seen.fire_at:
                 retime = None
-            elif seen.spec == s.text:
+            elif seen.spec == text:
                 moved = s.count(seen.fire_at, retime)
         return create, retime, skipped, moved
 
     def command(self, now: int) -> tuple:
         create, retime, skipped, moved = self.plan(now)
         seen = "" if self.seen.fire_at is None else self.seen.fire_at
-        args = (self.schedule.text, seen, create, "" if retime is None else retime)
+        args = (self.text(), seen, create, "" if retime is None else retime)
         return ("FCALL", "queasy_schedule", 1, self.state.base, "", *args, skipped, moved)
 
     def on_reply(self, reply: list, clock: ServerClock) -> None:
@@ -215,7 +235,7 @@ class ScheduleCheck:
             return
         self.state.ready_at = min(self.state.ready_at, clock.local(self.seen.fire_at))
         name, at = self.state.name, self.iso(self.seen.fire_at)
-        if code == MOVED and before.spec != self.schedule.text:
+        if code == MOVED and not self.schedule.spelled_by(before.spec):
             text = self.schedule.text
             log.info("schedule of %s is now %r: next occurrence at %s", name, text, at)
         elif code == MOVED:
