@@ -31,6 +31,11 @@ CONNECT_BACKOFF = 0.2
 #: with a clear error, whatever redis-py's own default (none before redis-py 8: forever)
 CONNECT_TIMEOUT = 5.0
 SOCKET_TIMEOUT = 5.0
+#: the most connections one producer client opens at once (a call in flight, a result()
+#: waiting, each holds one): the server's own default maxclients. redis-py 6+ caps a pool at
+#: 100 and refuses the 101st concurrent call at once ('Too many connections': threads of a
+#: web server, a gather of coroutines); its cluster clients allow 2**31
+MAX_CONNECTIONS = 10_000
 #: the longest result() waits on what wakes it (the job's channel, the queue's outcome events)
 #: before it looks at the job and the supervisors' registry again: the latest it sees an end
 #: that woke nothing (run by a supervisor without store_results that started during the wait,

@@ -174,3 +174,34 @@ def test_async_dispatch_batch_is_the_sync_ones_twin(redis_url: str, prefix: str)
     )  # fmt: skip
     assert type(first) is type(sync) and plain.updated == 1 and c.data == 3
     assert live(counts) == {"waiting": 3, "delayed": 0, "blocked": 0, "active": 0}
+
+
+def test_more_concurrent_calls_than_redis_pys_default_pool_all_succeed(
+    redis_url: str, prefix: str
+) -> None:
+    """150 coroutines on one AsyncClient at once (a web app's gather): each call gets a
+    connection, as on a cluster URL. redis-py 6+ caps a pool at 100 connections and refuses
+    the 101st at once (MaxConnectionsError: 'Too many connections', a ConnectionFailed
+    'cannot connect to Redis' when it came during ready()): 50 calls failed."""
+
+    async def scenario() -> tuple[list, list, dict]:
+        async with AsyncClient(redis_url, prefix=prefix) as client:
+            q = client.queue("q")
+            later = await q.dispatch(1, delay=3600)
+            waits = await asyncio.gather(
+                *[q.result(later, timeout=0.5) for _ in range(150)], return_exceptions=True
+            )
+        fresh = AsyncClient(redis_url, prefix=prefix)  # not ready: 150 first calls at once
+        try:
+            ids = await asyncio.gather(
+                *[fresh.queue("q").dispatch(n) for n in range(150)], return_exceptions=True
+            )
+            counts = await fresh.queue("q").counts()
+        finally:
+            await fresh.close()
+        return waits, ids, counts
+
+    waits, ids, counts = run(scenario())
+    assert [type(e).__name__ for e in waits] == ["ResultTimeout"] * 150
+    assert [e for e in ids if isinstance(e, BaseException)] == []
+    assert live(counts) == {"waiting": 150, "delayed": 1, "blocked": 0, "active": 0}

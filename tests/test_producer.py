@@ -371,3 +371,28 @@ def test_every_dispatch_path_lists_its_queue(client: Client) -> None:
     client.queue("empty").dispatch_batch([])  # nothing dispatched: not listed
     list(dispatch_encoded_stream(client.queue("none"), []))
     assert client.queues() == ["batch", "once", "sink", "stream"]
+
+
+def test_more_threads_than_redis_pys_default_pool_all_get_a_connection(q: Queue) -> None:
+    """A threaded web server with 120 threads in result() on one Client: each gets its
+    connection. redis-py 6+ caps a pool at 100 and refuses the 101st call at once
+    (redis.MaxConnectionsError 'Too many connections', not even a QueasyError)."""
+    import threading
+
+    later = q.dispatch(1, delay=3600)
+    start = threading.Barrier(120)
+    outcomes: list[str] = []
+
+    def wait() -> None:
+        start.wait()
+        try:
+            q.result(later, timeout=0.5)
+        except Exception as exc:
+            outcomes.append(type(exc).__name__)
+
+    threads = [threading.Thread(target=wait) for _ in range(120)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outcomes == ["ResultTimeout"] * 120

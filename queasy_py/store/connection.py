@@ -144,6 +144,7 @@ def producer_options() -> dict[str, Any]:
         "socket_connect_timeout": defaults.CONNECT_TIMEOUT,
         "socket_timeout": defaults.SOCKET_TIMEOUT,
         "socket_keepalive": True,
+        "max_connections": defaults.MAX_CONNECTIONS,
     }
 
 
