@@ -46,6 +46,7 @@ def test_readme_tables_quote_the_defaults(marker: str, source: dict) -> None:
         "CONNECT_ATTEMPTS",
         "CONNECT_BACKOFF",
         "RUN_CONNECT_TIMEOUT",
+        "MAX_CONNECTIONS",
         "WORKER_UNITS",
         "LOOP_REDIS_TIMEOUT",
         "WORKER_START_TIMEOUT",
