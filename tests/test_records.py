@@ -516,3 +516,24 @@ def test_the_api_refuses_a_cursor_it_did_not_make_as_invalid_input(q: Queue) -> 
     q.dispatch("x", id="a")
     with pytest.raises(InvalidInput, match="cursor"):
         q.jobs("active", cursor="not-a-cursor")
+
+
+def test_events_after_the_largest_event_id_is_an_empty_page(q: Queue) -> None:
+    """The largest stream id ('2**64-1' - '2**64-1') passes the after check, but the exclusive
+    XRANGE start after it is refused by the server: events() raised a raw redis ResponseError
+    ('invalid start ID for the interval') instead of answering the page after it: none.
+    The async twin reads with the same range."""
+    import asyncio
+
+    from queasy_py.aio import AsyncClient
+
+    last = f"{2**64 - 1}-{2**64 - 1}"
+    q.dispatch({}, id="a")
+    q.cancel("a")  # one event in the stream
+    assert q.events(after=last) == [] and len(q.events()) == 1
+
+    async def read() -> list:
+        async with AsyncClient(q.client.url, prefix=q.client.prefix) as client:
+            return await client.queue(q.name).events(after=last)
+
+    assert asyncio.run(read()) == []

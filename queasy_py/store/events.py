@@ -207,6 +207,8 @@ def parse_entries(entries: list | None, key: str) -> list[dict[str, Any]]:
 #: a stream entry id: ms, or ms-seq (each a 64-bit unsigned int, checked by entry_id)
 _ENTRY_ID = re.compile(r"(\d{1,20})(?:-(\d{1,20}))?")
 _MAX_PART = 2**64 - 1
+#: the largest entry id: no entry can come after it
+_LAST_ID = f"{_MAX_PART}-{_MAX_PART}"
 
 
 def entry_id(value: object, name: str = "after") -> str:
@@ -229,7 +231,11 @@ def range_args(key: str, after: str, count: int) -> tuple[str, str, int]:
         raise InvalidInput(f"count must be an int 1..{MAX_COUNT}, not {count!r}")
     if after == "-":
         return "-", "+", count
-    return ("-" if entry_id(after) in ("0", "0-0") else f"({after}"), "+", count
+    if entry_id(after) in ("0", "0-0"):
+        return "-", "+", count
+    if after == _LAST_ID:  # nothing can follow it ('(' + it is an error): an empty range
+        return "+", "-", count
+    return f"({after}", "+", count
 
 
 def page(r: Any, key: str, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
