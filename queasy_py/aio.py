@@ -11,6 +11,7 @@ get_job, counts) and fail_queue; running handlers (listen/run) stays with the sy
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -30,7 +31,7 @@ from .store.cluster import is_cluster_url
 from .store.connection import from_url, mask_url, producer_options
 from .store.keys import RegistryKeys
 from .store.library import Dispatched, handshake, lua_error, run_handshake_async
-from .waits import AsyncResultWake
+from .waits import AsyncResultWake, CancelSeen
 
 log = logging.getLogger("queasy_py")
 
@@ -118,6 +119,12 @@ class AsyncClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    """Take the outcome of a wait its caller no longer awaits (no 'never retrieved' log)."""
+    if not task.cancelled():
+        task.exception()
 
 
 class AsyncQueue(QueueBase):
@@ -273,14 +280,31 @@ class AsyncQueue(QueueBase):
         looking at the job and the registry again every RESULT_RECHECK seconds."""
         validate.job_id(job_id)
         deadline = self._deadline(timeout)
+        cancel = CancelSeen()
         await self.client.ready()
+        cancel.check()
+        # the wait runs in a task of its own: a cancel of this one ends it at once, whatever
+        # the redis-py call under way does with the cancel passed on to it (CancelSeen)
+        waiter = asyncio.ensure_future(self._wait(job_id, deadline, timeout))
+        try:
+            return await asyncio.shield(waiter)
+        except asyncio.CancelledError:
+            waiter.cancel()  # it stops at its next check, closing its subscription
+            waiter.add_done_callback(_retrieved)
+            raise
+
+    async def _wait(self, job_id: str, deadline: float | None, timeout: float | None) -> Any:
+        """result()'s wait, in a task of its own."""
+        cancel = CancelSeen()
         async with AsyncResultWake(self.client.redis, self.keys, job_id) as wake:
             while True:  # the wake-up is chosen before the look: an end after it wakes it
                 await wake.choose(await self._publishes_ends())
                 done, value = records.outcome(await self.get_job(job_id), job_id, self.name)
+                cancel.check()
                 if done:
                     return value
                 await wake.wait(self._left(job_id, deadline, timeout))
+                cancel.check()
 
     async def _publishes_ends(self) -> bool:
         """Whether the ends of this queue's jobs are published on their channels now

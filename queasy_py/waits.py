@@ -9,6 +9,7 @@ on a queue with events off) is seen at the next look, never polled for more ofte
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -67,6 +68,21 @@ class ResultWake:
         self.close()
 
 
+class CancelSeen:
+    """Whether the running task was cancelled since this was made, though no CancelledError
+    came: on Python 3.11 a redis-py call may swallow a cancel that lands while it runs (3.11's
+    asyncio.wait_for returns the inner result then), and a loop of calls (result()) would go
+    on waiting. check() raises the CancelledError that was lost."""
+
+    def __init__(self) -> None:
+        self.task = asyncio.current_task()
+        self.asked = self.task.cancelling() if self.task is not None else 0
+
+    def check(self) -> None:
+        if self.task is not None and self.task.cancelling() > self.asked:
+            raise asyncio.CancelledError
+
+
 class AsyncResultWake:
     """ResultWake of an asyncio waiter (an async context manager)."""
 
@@ -74,6 +90,7 @@ class AsyncResultWake:
         self.r, self.keys, self.job_id = r, keys, job_id
         self._pubsub: Any = None
         self._after: str | None = None
+        self._cancel = CancelSeen()  # of the task that waits
 
     async def choose(self, by_channel: bool) -> None:
         """ResultWake.choose."""
@@ -98,6 +115,7 @@ class AsyncResultWake:
         while (block := until - time.monotonic()) > 0:  # until an event of this job
             wait = max(1, int(min(block, events.EVENT_BLOCK) * 1000))
             reply = await self.r.xread({key: self._after}, count=READ, block=wait)
+            self._cancel.check()
             new = events.parse_entries(reply[0][1], key) if reply else []
             if new:
                 self._after = new[-1]["event_id"]

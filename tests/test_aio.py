@@ -205,3 +205,40 @@ def test_more_concurrent_calls_than_redis_pys_default_pool_all_succeed(
     assert [type(e).__name__ for e in waits] == ["ResultTimeout"] * 150
     assert [e for e in ids if isinstance(e, BaseException)] == []
     assert live(counts) == {"waiting": 150, "delayed": 1, "blocked": 0, "active": 0}
+
+
+def test_a_cancelled_result_stops_waiting_at_once(redis_url: str, prefix: str) -> None:
+    """Cancelling an awaited result() (asyncio.wait_for, a web request gone) ends it at
+    once with CancelledError. On Python 3.11 redis-py's calls may swallow a cancel that
+    lands while they run (asyncio.wait_for of 3.11 returns the inner result instead): the
+    waiter went on waiting, here until its timeout (ResultTimeout after 3 s), with
+    timeout=None until the job ended. The connections it held go back to the pool."""
+
+    async def scenario() -> list[str]:
+        async with AsyncClient(redis_url, prefix=prefix) as client:
+            q = client.queue("q")
+            later = await q.dispatch(1, delay=3600)
+            outcomes = []
+            for pause in (0, 0, 0.0002, 0.0005, 0.001, 0.002, 0.01):
+                task = asyncio.create_task(q.result(later, timeout=3))
+                await asyncio.sleep(pause)
+                task.cancel()
+                started = asyncio.get_running_loop().time()
+                try:
+                    await task
+                    outcomes.append("returned")
+                except asyncio.CancelledError:
+                    late = asyncio.get_running_loop().time() - started > 1.0
+                    outcomes.append("late" if late else "cancelled")
+                except Exception as exc:
+                    outcomes.append(type(exc).__name__)
+            pool = client.redis.connection_pool
+            for _ in range(300):  # a cancelled wait gives its connection back (its next check)
+                if not pool._in_use_connections:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(pool._in_use_connections) == 0
+            assert (await q.get_job(later)).state == "delayed"  # the connection is in step
+            return outcomes
+
+    assert run(scenario()) == ["cancelled"] * 7
