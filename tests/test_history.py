@@ -103,6 +103,24 @@ def test_read_gives_a_range_in_chunks_with_fields_decoded(client: Client, r: red
     assert sum(len(c) for c in history.read(stream, chunk=5)) == 5
 
 
+def test_read_after_the_largest_entry_id_is_empty_even_with_an_entry_there(
+    client: Client, r: redis.Redis
+) -> None:
+    """Nothing can follow the largest stream id: XRANGE refuses a range that starts after it
+    (a raw ResponseError before). A raw XADD may write that very id (a producer with raw
+    Redis access): a read that reaches it ends there."""
+    lua = Lua(r, client.prefix, "q")
+    ended(lua, 2)
+    history = History(client)
+    stream = history.stream("q")
+    last = "18446744073709551615-18446744073709551615"
+    assert list(history.read(stream, after=last)) == []
+    r.xadd(stream.key, {"event": "finished x 1 - - 1 1 0 0 0 c"}, id=last)
+    assert [len(chunk) for chunk in history.read(stream, chunk=3)] == [3]
+    assert [len(chunk) for chunk in history.read(stream, chunk=1)] == [1, 1, 1]
+    assert list(history.read(stream, after=last)) == []
+
+
 @pytest.mark.parametrize(
     "call, named",
     [

@@ -90,16 +90,15 @@ def entries(
 ) -> Iterator[list[tuple[str, dict[str, str]]]]:
     """The entries with ids in (after, until], `chunk` at a time, as the schema's fields
     (decoded, UTF-8: fields_of)."""
-    start = f"({after}"
     queue = queue_of(key)
-    while True:
-        rows = r.xrange(key, start, until, count=chunk)
+    while after != _LAST_ID:  # nothing follows it ('(' + it is an error)
+        rows = r.xrange(key, f"({after}", until, count=chunk)
         if not rows:
             return
         yield [(_text(entry_id), fields_of(raw, queue)) for entry_id, raw in rows]
         if len(rows) < chunk:
             return
-        start = f"({_text(rows[-1][0])}"
+        after = _text(rows[-1][0])
 
 
 def stream_keys(r: redis.Redis, prefix: str) -> list[tuple[str, str, str]]:
