@@ -201,6 +201,26 @@ def test_a_value_json_cannot_hold_is_refused_naming_the_column(
             BatchJobs(plan, schema)(pa.RecordBatch.from_pydict(bad))
 
 
+def test_a_decimal_is_fixed_point_text_at_every_scale(
+    spark: SparkSession, redis_url: str, prefix: str, client: Client
+) -> None:
+    """README: a decimal is a string, exact, at its column's scale (`"12.300"`); a scale over
+    6 made 0 '0E-7' and 1e-7 '1.0E-7' (Python's str of a Decimal), as values and map keys."""
+    df = spark.sql(
+        "select 'a' as k, cast(0 as decimal(20, 7)) as zero, "
+        "cast(0.0000001 as decimal(20, 8)) as tiny, cast(-12.3 as decimal(38, 18)) as neg, "
+        "map(cast(0 as decimal(20, 9)), 'x') as by_dec"
+    )
+    sink(df, redis_url, prefix, "dec", id_column="k").save()
+    assert client.queue("dec").get_job("a").data == {
+        "k": "a",
+        "zero": "0.0000000",
+        "tiny": "0.00000010",
+        "neg": "-12.300000000000000000",
+        "by_dec": {"0.000000000": "x"},
+    }
+
+
 def test_the_sinks_encoded_triples_are_dispatch_batchs_arguments(
     spark: SparkSession, redis_url: str
 ) -> None:

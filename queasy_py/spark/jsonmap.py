@@ -69,7 +69,8 @@ def _date(value: date) -> str:
 
 
 def _decimal(value: Decimal) -> str:
-    return str(value)
+    # fixed point at the column's scale: str() writes 0 at scale 7 as '0E-7'
+    return format(value, "f")
 
 
 def _binary(value: bytes) -> str:
@@ -77,7 +78,9 @@ def _binary(value: bytes) -> str:
 
 
 def _key(value: Any) -> str:
-    return value if isinstance(value, str) else str(value)
+    if isinstance(value, str):
+        return value
+    return _decimal(value) if isinstance(value, Decimal) else str(value)
 
 
 def _or_none(convert: Convert) -> Convert:
