@@ -221,6 +221,24 @@ def test_a_decimal_is_fixed_point_text_at_every_scale(
     }
 
 
+def test_a_timestamp_before_year_1000_has_four_digits_of_year(
+    spark: SparkSession, redis_url: str, prefix: str, client: Client
+) -> None:
+    """ISO 8601 has four digits of year: strftime('%Y') wrote year 999 as '999' (a column of
+    0001-01-01 stand-ins for 'none' is common)."""
+    df = spark.sql(
+        "select 'a' as k, timestamp'0999-01-02 03:04:05.5' as ts, "
+        "timestamp_ntz'0001-01-01 00:00:00' as ntz, array(timestamp'0050-06-07 08:09:10') as tss"
+    )
+    sink(df, redis_url, prefix, "old", id_column="k").save()
+    assert client.queue("old").get_job("a").data == {
+        "k": "a",
+        "ts": "0999-01-02T03:04:05.500000Z",
+        "ntz": "0001-01-01T00:00:00.000000",
+        "tss": ["0050-06-07T08:09:10.000000Z"],
+    }
+
+
 def test_the_sinks_encoded_triples_are_dispatch_batchs_arguments(
     spark: SparkSession, redis_url: str
 ) -> None:

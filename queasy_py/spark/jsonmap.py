@@ -57,11 +57,12 @@ def _finite(column: str) -> Convert:
 def _timestamp(value: datetime) -> str:
     if value.tzinfo is None:  # Arrow gives the session's zone; be safe
         value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return _timestamp_ntz(value.astimezone(UTC).replace(tzinfo=None)) + "Z"
 
 
 def _timestamp_ntz(value: datetime) -> str:
-    return value.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    # isoformat, not strftime: %Y writes year 999 as '999', not '0999'
+    return value.isoformat(timespec="microseconds")
 
 
 def _date(value: date) -> str:
