@@ -239,6 +239,37 @@ def test_a_timestamp_before_year_1000_has_four_digits_of_year(
     }
 
 
+def test_a_timestamp_out_of_years_1_to_9999_in_utc_is_refused_naming_the_column(
+    spark: SparkSession, redis_url: str
+) -> None:
+    """Spark holds timestamps past the UTC years 1-9999 (timestamp'0001-01-01 00:00:00' in a
+    session at Asia/Tokyo, '9999-12-31 23:59:59' at America/Los_Angeles) that no Python
+    datetime holds: each task failed on pyarrow's bare OverflowError, naming nothing."""
+    import pyarrow as pa
+    from pyspark.sql.types import _parse_datatype_string
+
+    from queasy_py.spark.batchjobs import BatchJobs
+    from queasy_py.spark.sink import SinkPlan
+
+    before_year_1 = -62_135_596_800_000_000 - 3_600_000_000  # µs: 0000-12-31T23:00Z
+    after_9999 = 253_402_300_800_000_000 + 3_600_000_000  # 10000-01-01T01:00Z
+    stamp = pa.timestamp("us", tz="UTC")
+    for schema, column, values in (
+        ("k string, ts timestamp", "ts", pa.array([0, before_year_1], stamp)),
+        ("k string, ntz timestamp_ntz", "ntz", pa.array([after_9999, 0], pa.timestamp("us"))),
+        (
+            "k string, s struct<t: timestamp>",
+            "s",
+            pa.StructArray.from_arrays([pa.array([0, after_9999], stamp)], ["t"]),
+        ),
+    ):
+        schema = _parse_datatype_string(schema)
+        plan = SinkPlan.build({"queue": "q", "url": redis_url, "id_column": "k"}, schema)
+        batch = pa.RecordBatch.from_arrays([pa.array(["a", "b"]), values], names=schema.names)
+        with pytest.raises(InvalidInput, match=f"column '{column}' holds a date or timestamp"):
+            BatchJobs(plan, schema).triples(batch, 1 << 20)
+
+
 def test_the_sinks_encoded_triples_are_dispatch_batchs_arguments(
     spark: SparkSession, redis_url: str
 ) -> None:

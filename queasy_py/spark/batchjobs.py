@@ -50,7 +50,14 @@ class BatchJobs:
         self.convert = {name: jsonmap.column_converter(self.types[name], name) for name in names}
 
     def values(self, batch: pa.RecordBatch, name: str) -> list[Any]:
-        values = batch.column(name).to_pylist()
+        try:
+            values = batch.column(name).to_pylist()
+        except (OverflowError, ValueError) as exc:  # a Spark time Python's datetime cannot hold
+            raise InvalidInput(
+                f"column {name!r} holds a date or timestamp outside the years 1-9999 in UTC "
+                f"({exc}), which queasy cannot write as ISO 8601: filter it or cast the column "
+                "to string or long first"
+            ) from None
         conv = self.convert[name]
         return values if conv is None else [conv(v) for v in values]
 
