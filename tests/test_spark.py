@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import redis
-from lua_calls import KEEP, Lua, live
+from lua_calls import KEEP, NOW, SCHEDULE_ID, Lua, live, schedule
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from runtime_helpers import ROOT, Runtime, queue_spec, wait_for
@@ -268,6 +268,26 @@ def test_a_timestamp_out_of_years_1_to_9999_in_utc_is_refused_naming_the_column(
         batch = pa.RecordBatch.from_arrays([pa.array(["a", "b"]), values], names=schema.names)
         with pytest.raises(InvalidInput, match=f"column '{column}' holds a date or timestamp"):
             BatchJobs(plan, schema).triples(batch, 1 << 20)
+
+
+def test_the_sink_refuses_the_occurrence_id_of_a_scheduled_queue_before_any_chunk(
+    spark: SparkSession, redis_url: str, prefix: str, r: redis.Redis
+) -> None:
+    """The id `schedule` is reserved in a queue with a schedule (library 4.3.0): dispatch_batch
+    asks before it sends a batch of several chunks, so nothing of it is written; the sink's
+    Arrow batch of 1,200 rows (3 chunks) was sent whole, and the library refused only the
+    chunk holding the id: 1,000 jobs written by a write that failed."""
+    lua = Lua(r, prefix, "sched")
+    with Client(redis_url, workers=0, prefix=prefix) as c:
+        c.queue("sched")  # the library loaded
+    assert schedule(lua, None, NOW + 3_600_000).code == 2
+    df = spark.sql(
+        f"select if(id = 1100, '{SCHEDULE_ID}', concat('j', id)) as k, id as n from range(1200)"
+    ).coalesce(1)
+    for options in ({}, {"dedup_window": "0"}):
+        with pytest.raises(Exception, match=f"id '{SCHEDULE_ID}' is reserved"):
+            sink(df, redis_url, prefix, "sched", id_column="k", **options).save()
+        assert sum(lua.counts().values()) == 1  # the occurrence only
 
 
 def test_the_sinks_encoded_triples_are_dispatch_batchs_arguments(
