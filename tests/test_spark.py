@@ -787,6 +787,35 @@ def test_a_report_of_no_archive_is_one_line_not_a_traceback(
     assert "no-archive" in line and "PATH_NOT_FOUND" in line and "\n" not in line
 
 
+def test_a_report_of_an_archive_of_no_events_says_0_events(
+    spark: SparkSession, redis_url: str, prefix: str, tmp_path: Path, capsys: Any
+) -> None:
+    """`archive` before any event writes an archive of no files; `report` of it was exit 2,
+    'cannot read the archive ...: [UNABLE_TO_INFER_SCHEMA]', as if there were none."""
+    path, out = str(tmp_path / "archive"), tmp_path / "report.html"
+    base = ["--path", path, "--redis", redis_url, "--prefix", prefix]
+    assert main(["history", "archive", *base, "--queue", "nothing"]) == exitcodes.OK
+    capsys.readouterr()
+    assert main(["history", "report", "--path", path, "--out", str(out)]) == exitcodes.OK
+    assert capsys.readouterr().out.startswith(f"0 events in {path}\n")
+    assert "<p>0 events in" in out.read_text()
+
+
+def test_a_report_keeps_queue_names_that_look_like_numbers(
+    spark: SparkSession, redis_url: str, prefix: str, client: Client, tmp_path: Path
+) -> None:
+    """The archive is partitioned by queue: read with an inferred schema, queues '007' and
+    '1e3' came back as the numbers 7 and 1000 (and summary() failed on them: len())."""
+    for name in ("007", "1e3"):
+        client.queue(name).dispatch({"n": 1}, id="x")
+        client.queue(name).cancel("x")
+    path = str(tmp_path / "archive")
+    assert archive(spark, path, url=redis_url, prefix=prefix, queues=["007", "1e3"]).events == 2
+    report = compute(spark, path)
+    assert [q.queue for q in report.queues] == ["007", "1e3"]
+    assert "\n007 " in summary(report)
+
+
 def hand_percentiles(values: list[float]) -> list[float]:
     """p50, p95, p99, linear between the nearest ranks (numpy's default)."""
     out = []
