@@ -365,6 +365,14 @@ def test_the_sink_names_the_row_whose_id_or_data_is_refused(
         with pytest.raises(InvalidInput) as caught:
             jobs_of.triples(batch, max_bytes)
         assert row_error(caught.value, jobs_of, batch).startswith(message)
+    # a run_at out of 1970..9999 (here before 1970) named no row
+    schema = _parse_datatype_string("k string, due long")
+    options = {"queue": "q", "url": redis_url, "id_column": "k", "run_at_column": "due"}
+    jobs_of = BatchJobs(SinkPlan.build(options, schema), schema)
+    batch = pa.RecordBatch.from_pydict({"k": ["a", "b"], "due": [0, -1]})
+    with pytest.raises(InvalidInput) as caught:
+        jobs_of.triples(batch, 1 << 20)
+    assert row_error(caught.value, jobs_of, batch).startswith("the row with id 'b': run_at must")
 
 
 @pytest.mark.parametrize(

@@ -110,9 +110,16 @@ class BatchJobs:
             ids = new_job_ids(len(data))
         if plan.run_at_column:
             now = time.time()
-            run_ats = [
-                "" if r is None else validate.run_at_ms(r, None, now) for r in self.run_ats(batch)
-            ]
+            given = self.run_ats(batch)
+            try:
+                run_ats = ["" if r is None else validate.run_at_ms(r, None, now) for r in given]
+            except InvalidInput:  # which row (as dispatch_batch names it)
+                for index, run_at in enumerate(given):
+                    try:
+                        validate.run_at_ms(run_at, None, now)
+                    except InvalidInput as exc:
+                        raise InvalidInput(f"jobs[{index}]: {exc}") from None
+                raise
         else:
             run_ats = [""] * len(data)
         return [v for triple in zip(ids, encoded, run_ats, strict=True) for v in triple]
