@@ -39,7 +39,9 @@ def dispatch_encoded(
         raise InvalidInput(f"triples must be id, data, run_at groups, got {len(triples)}")
     window = None if dedup_window is None else queue._window_ms(dedup_window)
     flags = queue._flags(update_data, update_run_at, reset_counts)
-    return queue._send_batch(queue._chunks(flags, triples), triples[0::3], window)
+    chunks, ids = queue._chunks(flags, triples), triples[0::3]
+    queue._check_reserved(ids, chunks)  # as dispatch_batch: no chunk written, or every one
+    return queue._send_batch(chunks, ids, window)
 
 
 def dispatch_encoded_stream(
@@ -72,7 +74,8 @@ def dispatch_encoded_stream(
         for triples in batches:
             if len(triples) % 3:
                 raise InvalidInput(f"triples must be id, data, run_at groups, got {len(triples)}")
-            chunks = queue._chunks(flags, triples)
+            chunks, ids = queue._chunks(flags, triples), triples[0::3]
+            queue._check_reserved(ids, chunks)  # as dispatch_batch: before any chunk is sent
             if chunks:
                 queue._register()  # Client.queues: once, on another connection of the pool
             if window is not None:
@@ -83,7 +86,7 @@ def dispatch_encoded_stream(
             )
             if sent is not None:
                 yield _replies(conn, *sent)
-            sent = (len(chunks), triples[0::3])
+            sent = (len(chunks), ids)
         if sent is not None:
             yield _replies(conn, *sent)
         in_sync = True

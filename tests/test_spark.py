@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import redis
-from lua_calls import KEEP, Lua, live
+from lua_calls import KEEP, NOW, SCHEDULE_ID, Lua, live, schedule
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from runtime_helpers import ROOT, Runtime, queue_spec, wait_for
@@ -201,6 +201,95 @@ def test_a_value_json_cannot_hold_is_refused_naming_the_column(
             BatchJobs(plan, schema)(pa.RecordBatch.from_pydict(bad))
 
 
+def test_a_decimal_is_fixed_point_text_at_every_scale(
+    spark: SparkSession, redis_url: str, prefix: str, client: Client
+) -> None:
+    """README: a decimal is a string, exact, at its column's scale (`"12.300"`); a scale over
+    6 made 0 '0E-7' and 1e-7 '1.0E-7' (Python's str of a Decimal), as values and map keys."""
+    df = spark.sql(
+        "select 'a' as k, cast(0 as decimal(20, 7)) as zero, "
+        "cast(0.0000001 as decimal(20, 8)) as tiny, cast(-12.3 as decimal(38, 18)) as neg, "
+        "map(cast(0 as decimal(20, 9)), 'x') as by_dec"
+    )
+    sink(df, redis_url, prefix, "dec", id_column="k").save()
+    assert client.queue("dec").get_job("a").data == {
+        "k": "a",
+        "zero": "0.0000000",
+        "tiny": "0.00000010",
+        "neg": "-12.300000000000000000",
+        "by_dec": {"0.000000000": "x"},
+    }
+
+
+def test_a_timestamp_before_year_1000_has_four_digits_of_year(
+    spark: SparkSession, redis_url: str, prefix: str, client: Client
+) -> None:
+    """ISO 8601 has four digits of year: strftime('%Y') wrote year 999 as '999' (a column of
+    0001-01-01 stand-ins for 'none' is common)."""
+    df = spark.sql(
+        "select 'a' as k, timestamp'0999-01-02 03:04:05.5' as ts, "
+        "timestamp_ntz'0001-01-01 00:00:00' as ntz, array(timestamp'0050-06-07 08:09:10') as tss"
+    )
+    sink(df, redis_url, prefix, "old", id_column="k").save()
+    assert client.queue("old").get_job("a").data == {
+        "k": "a",
+        "ts": "0999-01-02T03:04:05.500000Z",
+        "ntz": "0001-01-01T00:00:00.000000",
+        "tss": ["0050-06-07T08:09:10.000000Z"],
+    }
+
+
+def test_a_timestamp_out_of_years_1_to_9999_in_utc_is_refused_naming_the_column(
+    spark: SparkSession, redis_url: str
+) -> None:
+    """Spark holds timestamps past the UTC years 1-9999 (timestamp'0001-01-01 00:00:00' in a
+    session at Asia/Tokyo, '9999-12-31 23:59:59' at America/Los_Angeles) that no Python
+    datetime holds: each task failed on pyarrow's bare OverflowError, naming nothing."""
+    import pyarrow as pa
+    from pyspark.sql.types import _parse_datatype_string
+
+    from queasy_py.spark.batchjobs import BatchJobs
+    from queasy_py.spark.sink import SinkPlan
+
+    before_year_1 = -62_135_596_800_000_000 - 3_600_000_000  # µs: 0000-12-31T23:00Z
+    after_9999 = 253_402_300_800_000_000 + 3_600_000_000  # 10000-01-01T01:00Z
+    stamp = pa.timestamp("us", tz="UTC")
+    for schema, column, values in (
+        ("k string, ts timestamp", "ts", pa.array([0, before_year_1], stamp)),
+        ("k string, ntz timestamp_ntz", "ntz", pa.array([after_9999, 0], pa.timestamp("us"))),
+        (
+            "k string, s struct<t: timestamp>",
+            "s",
+            pa.StructArray.from_arrays([pa.array([0, after_9999], stamp)], ["t"]),
+        ),
+    ):
+        schema = _parse_datatype_string(schema)
+        plan = SinkPlan.build({"queue": "q", "url": redis_url, "id_column": "k"}, schema)
+        batch = pa.RecordBatch.from_arrays([pa.array(["a", "b"]), values], names=schema.names)
+        with pytest.raises(InvalidInput, match=f"column '{column}' holds a date or timestamp"):
+            BatchJobs(plan, schema).triples(batch, 1 << 20)
+
+
+def test_the_sink_refuses_the_occurrence_id_of_a_scheduled_queue_before_any_chunk(
+    spark: SparkSession, redis_url: str, prefix: str, r: redis.Redis
+) -> None:
+    """The id `schedule` is reserved in a queue with a schedule (library 4.3.0): dispatch_batch
+    asks before it sends a batch of several chunks, so nothing of it is written; the sink's
+    Arrow batch of 1,200 rows (3 chunks) was sent whole, and the library refused only the
+    chunk holding the id: 1,000 jobs written by a write that failed."""
+    lua = Lua(r, prefix, "sched")
+    with Client(redis_url, workers=0, prefix=prefix) as c:
+        c.queue("sched")  # the library loaded
+    assert schedule(lua, None, NOW + 3_600_000).code == 2
+    df = spark.sql(
+        f"select if(id = 1100, '{SCHEDULE_ID}', concat('j', id)) as k, id as n from range(1200)"
+    ).coalesce(1)
+    for options in ({}, {"dedup_window": "0"}):
+        with pytest.raises(Exception, match=f"id '{SCHEDULE_ID}' is reserved"):
+            sink(df, redis_url, prefix, "sched", id_column="k", **options).save()
+        assert sum(lua.counts().values()) == 1  # the occurrence only
+
+
 def test_the_sinks_encoded_triples_are_dispatch_batchs_arguments(
     spark: SparkSession, redis_url: str
 ) -> None:
@@ -276,6 +365,14 @@ def test_the_sink_names_the_row_whose_id_or_data_is_refused(
         with pytest.raises(InvalidInput) as caught:
             jobs_of.triples(batch, max_bytes)
         assert row_error(caught.value, jobs_of, batch).startswith(message)
+    # a run_at out of 1970..9999 (here before 1970) named no row
+    schema = _parse_datatype_string("k string, due long")
+    options = {"queue": "q", "url": redis_url, "id_column": "k", "run_at_column": "due"}
+    jobs_of = BatchJobs(SinkPlan.build(options, schema), schema)
+    batch = pa.RecordBatch.from_pydict({"k": ["a", "b"], "due": [0, -1]})
+    with pytest.raises(InvalidInput) as caught:
+        jobs_of.triples(batch, 1 << 20)
+    assert row_error(caught.value, jobs_of, batch).startswith("the row with id 'b': run_at must")
 
 
 @pytest.mark.parametrize(
@@ -696,6 +793,35 @@ def test_a_report_of_no_archive_is_one_line_not_a_traceback(
     assert main(["history", "report", "--path", missing]) == exitcodes.CONFIG
     (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert "no-archive" in line and "PATH_NOT_FOUND" in line and "\n" not in line
+
+
+def test_a_report_of_an_archive_of_no_events_says_0_events(
+    spark: SparkSession, redis_url: str, prefix: str, tmp_path: Path, capsys: Any
+) -> None:
+    """`archive` before any event writes an archive of no files; `report` of it was exit 2,
+    'cannot read the archive ...: [UNABLE_TO_INFER_SCHEMA]', as if there were none."""
+    path, out = str(tmp_path / "archive"), tmp_path / "report.html"
+    base = ["--path", path, "--redis", redis_url, "--prefix", prefix]
+    assert main(["history", "archive", *base, "--queue", "nothing"]) == exitcodes.OK
+    capsys.readouterr()
+    assert main(["history", "report", "--path", path, "--out", str(out)]) == exitcodes.OK
+    assert capsys.readouterr().out.startswith(f"0 events in {path}\n")
+    assert "<p>0 events in" in out.read_text()
+
+
+def test_a_report_keeps_queue_names_that_look_like_numbers(
+    spark: SparkSession, redis_url: str, prefix: str, client: Client, tmp_path: Path
+) -> None:
+    """The archive is partitioned by queue: read with an inferred schema, queues '007' and
+    '1e3' came back as the numbers 7 and 1000 (and summary() failed on them: len())."""
+    for name in ("007", "1e3"):
+        client.queue(name).dispatch({"n": 1}, id="x")
+        client.queue(name).cancel("x")
+    path = str(tmp_path / "archive")
+    assert archive(spark, path, url=redis_url, prefix=prefix, queues=["007", "1e3"]).events == 2
+    report = compute(spark, path)
+    assert [q.queue for q in report.queues] == ["007", "1e3"]
+    assert "\n007 " in summary(report)
 
 
 def hand_percentiles(values: list[float]) -> list[float]:

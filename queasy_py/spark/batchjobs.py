@@ -50,7 +50,14 @@ class BatchJobs:
         self.convert = {name: jsonmap.column_converter(self.types[name], name) for name in names}
 
     def values(self, batch: pa.RecordBatch, name: str) -> list[Any]:
-        values = batch.column(name).to_pylist()
+        try:
+            values = batch.column(name).to_pylist()
+        except (OverflowError, ValueError) as exc:  # a Spark time Python's datetime cannot hold
+            raise InvalidInput(
+                f"column {name!r} holds a date or timestamp outside the years 1-9999 in UTC "
+                f"({exc}), which queasy cannot write as ISO 8601: filter it or cast the column "
+                "to string or long first"
+            ) from None
         conv = self.convert[name]
         return values if conv is None else [conv(v) for v in values]
 
@@ -103,9 +110,16 @@ class BatchJobs:
             ids = new_job_ids(len(data))
         if plan.run_at_column:
             now = time.time()
-            run_ats = [
-                "" if r is None else validate.run_at_ms(r, None, now) for r in self.run_ats(batch)
-            ]
+            given = self.run_ats(batch)
+            try:
+                run_ats = ["" if r is None else validate.run_at_ms(r, None, now) for r in given]
+            except InvalidInput:  # which row (as dispatch_batch names it)
+                for index, run_at in enumerate(given):
+                    try:
+                        validate.run_at_ms(run_at, None, now)
+                    except InvalidInput as exc:
+                        raise InvalidInput(f"jobs[{index}]: {exc}") from None
+                raise
         else:
             run_ats = [""] * len(data)
         return [v for triple in zip(ids, encoded, run_ats, strict=True) for v in triple]

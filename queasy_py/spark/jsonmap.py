@@ -57,11 +57,12 @@ def _finite(column: str) -> Convert:
 def _timestamp(value: datetime) -> str:
     if value.tzinfo is None:  # Arrow gives the session's zone; be safe
         value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return _timestamp_ntz(value.astimezone(UTC).replace(tzinfo=None)) + "Z"
 
 
 def _timestamp_ntz(value: datetime) -> str:
-    return value.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    # isoformat, not strftime: %Y writes year 999 as '999', not '0999'
+    return value.isoformat(timespec="microseconds")
 
 
 def _date(value: date) -> str:
@@ -69,7 +70,8 @@ def _date(value: date) -> str:
 
 
 def _decimal(value: Decimal) -> str:
-    return str(value)
+    # fixed point at the column's scale: str() writes 0 at scale 7 as '0E-7'
+    return format(value, "f")
 
 
 def _binary(value: bytes) -> str:
@@ -77,7 +79,9 @@ def _binary(value: bytes) -> str:
 
 
 def _key(value: Any) -> str:
-    return value if isinstance(value, str) else str(value)
+    if isinstance(value, str):
+        return value
+    return _decimal(value) if isinstance(value, Decimal) else str(value)
 
 
 def _or_none(convert: Convert) -> Convert:

@@ -23,6 +23,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from .eventrows import SCHEMA
+
 OUTCOMES = ("finished", "failed", "retried", "timed_out", "stalled", "released", "cancelled")
 QUANTILES = (0.5, 0.95, 0.99)
 BUCKETS = (("second", 1), ("minute", 60), ("hour", 3600), ("day", 86400))
@@ -57,8 +59,10 @@ class Report:
 
 
 def load(spark: SparkSession, path: str) -> DataFrame:
-    """The archive's committed events (Spark reads `<path>/_spark_metadata`)."""
-    return spark.read.parquet(path)
+    """The archive's committed events (Spark reads `<path>/_spark_metadata`), read with the
+    source's schema: inferred, an archive of no events had none (an error) and the partition
+    column `queue` of queues named '007' was the integer 7."""
+    return spark.read.schema(SCHEMA).parquet(path)
 
 
 def compute(spark: SparkSession, path: str, top: int = 10) -> Report:
