@@ -9,7 +9,6 @@ on a queue with events off) is seen at the next look, never polled for more ofte
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -75,11 +74,15 @@ class CancelSeen:
     on waiting. check() raises the CancelledError that was lost."""
 
     def __init__(self) -> None:
+        import asyncio  # here: queue.py imports this module, and asyncio costs ~30 ms
+
         self.task = asyncio.current_task()
         self.asked = self.task.cancelling() if self.task is not None else 0
 
     def check(self) -> None:
         if self.task is not None and self.task.cancelling() > self.asked:
+            import asyncio
+
             raise asyncio.CancelledError
 
 

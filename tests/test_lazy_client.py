@@ -4,8 +4,11 @@ imports while Redis is down; and AsyncQueue has Queue's fail_queue. Against real
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +17,8 @@ import redis
 from queasy_py import Client, ConfigError, ConnectionFailed, InvalidInput, Queue
 from queasy_py.aio import AsyncClient
 from queasy_py.store.embedded import EmbeddedServer, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_a_client_is_made_while_redis_is_down_and_its_first_call_connects(tmp_path) -> None:
@@ -120,3 +125,18 @@ def test_async_fail_queue_refuses_a_queue_already_used_with_another_tag(
     with pytest.raises(InvalidInput, match="cannot also be the fail queue of 'x'"):
         _ = aclient.queue("x").fail_queue
     asyncio.run(aclient.close())
+
+
+def test_a_client_and_its_queues_import_neither_redis_py_nor_asyncio() -> None:
+    """`import queasy_py` stays light, and so does making a Client and its queues on a plain
+    URL: redis-py (0.13-0.2 s, with asyncio) waits for the first call, and asyncio (about 30
+    ms) for the asyncio API. waits.py, which queue.py imports for result(), imported asyncio
+    at its top."""
+    code = (
+        "import sys\n"
+        "from queasy_py import Client\n"
+        "q = Client('redis://127.0.0.1:1', workers=0).queue('q')\n"
+        "heavy = sorted(m for m in ('asyncio', 'redis') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
