@@ -346,3 +346,12 @@ def test_a_timezone_that_names_the_hosts_zone_is_refused() -> None:
         spec(schedule="0 9 * * *", timezone="localtime")
     assert "queue 'q'" in str(info.value) and "'localtime'" in str(info.value), info.value
     assert "host" in str(info.value)
+
+
+@pytest.mark.parametrize("cron", ["0 9 15W * *", "0 9 W * *", "0 9 1W,15 * *"])
+def test_a_nearest_weekday_other_than_lw_is_refused_naming_the_field(cron: str) -> None:
+    """cronsim reads `W` only as `LW` (README: `L`, `LW`, `#`): `15W` is a bad day-of-month,
+    said at listen(), not a schedule that silently fires on other days."""
+    with pytest.raises(InvalidInput, match="Bad day-of-month"):
+        spec(schedule=cron)
+    assert build("q", spec(schedule="0 9 LW * *")) is not None
