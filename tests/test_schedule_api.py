@@ -335,3 +335,23 @@ def test_a_schedule_text_over_the_librarys_200_bytes_is_refused_by_listen(
     client.queue("q").counts()  # the library loaded: it refuses that text
     with pytest.raises(redis.ResponseError, match="spec must be"):
         schedule(Lua(r, prefix, "q"), None, 2**41, spec=f"cron {expression} UTC")
+
+
+def test_a_timezone_that_names_the_hosts_zone_is_refused() -> None:
+    """`localtime` passes zoneinfo (/usr/share/zoneinfo/localtime links to /etc/localtime)
+    but names each host's own zone: supervisors on hosts in different zones stored one text
+    (`cron 0 9 * * * localtime`) and computed two grids of fire times for it, each creating
+    the next occurrence from the other's fire time on its own grid (two runs a day)."""
+    with pytest.raises(InvalidInput) as info:
+        spec(schedule="0 9 * * *", timezone="localtime")
+    assert "queue 'q'" in str(info.value) and "'localtime'" in str(info.value), info.value
+    assert "host" in str(info.value)
+
+
+@pytest.mark.parametrize("cron", ["0 9 15W * *", "0 9 W * *", "0 9 1W,15 * *"])
+def test_a_nearest_weekday_other_than_lw_is_refused_naming_the_field(cron: str) -> None:
+    """cronsim reads `W` only as `LW` (README: `L`, `LW`, `#`): `15W` is a bad day-of-month,
+    said at listen(), not a schedule that silently fires on other days."""
+    with pytest.raises(InvalidInput, match="Bad day-of-month"):
+        spec(schedule=cron)
+    assert build("q", spec(schedule="0 9 LW * *")) is not None

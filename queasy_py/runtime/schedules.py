@@ -123,6 +123,12 @@ def build(queue: str, spec: ListenOptions) -> Schedule | None:
     cron, every = spec.schedule, spec.schedule_every
     if cron is None and every is None:
         return None
+    if spec.timezone == "localtime":  # zoneinfo finds it (a link to /etc/localtime): it is
+        # each host's own zone, so supervisors on two hosts would compute two grids
+        raise InvalidInput(
+            f"queue {queue!r}: timezone 'localtime' is the host's zone, which may differ "
+            "between supervisors: give an IANA name (such as 'Europe/Paris')"
+        )
     try:
         zoneinfo.ZoneInfo(spec.timezone)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a folder of
