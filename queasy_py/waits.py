@@ -36,7 +36,7 @@ class ResultWake:
             self._pubsub.ssubscribe(self.keys.done(self.job_id))  # the library SPUBLISHes it
             self._after = None
         elif not by_channel and self._after is None:
-            self._after = events.stream_end(self.r, self.keys.events).last_id
+            self._after = events.last_id(self.r, self.keys.events)
             self.close()
 
     def wait(self, seconds: float) -> None:
@@ -99,9 +99,8 @@ class AsyncResultWake:
             await self._pubsub.ssubscribe(self.keys.done(self.job_id))
             self._after = None
         elif not by_channel and self._after is None:
-            key = self.keys.events
-            newest = await self.r.xrevrange(key, "+", "-", count=1)
-            self._after = events.parse_entries(newest, key)[0]["event_id"] if newest else "0-0"
+            newest = await self.r.xrevrange(self.keys.events, "+", "-", count=1)
+            self._after = events.newest_id(newest)
             await self.aclose()
 
     async def wait(self, seconds: float) -> None:

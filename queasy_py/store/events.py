@@ -254,6 +254,18 @@ def recent(r: Any, key: str, since_ms: int = 0, count: int = 100) -> list[dict[s
     return parse_entries(r.xrevrange(key, "+", f"{since_ms}-0", count=count), key)[::-1]
 
 
+def newest_id(reply: list | None) -> str:
+    """The id of XREVRANGE key + - COUNT 1's entry, "0-0" when the stream is empty (or
+    missing): where a reader of only what comes next starts (XREAD). XREVRANGE, not XINFO
+    STREAM: the README's ACL line grants the one, not the other."""
+    return _text(reply[0][0]) if reply else "0-0"
+
+
+def last_id(r: Any, key: str) -> str:
+    """newest_id of the stream `key`, read with `r` (synchronous)."""
+    return newest_id(r.xrevrange(key, "+", "-", count=1))
+
+
 def follow(
     r: Any, key: str, after: str = "$", count: int = 100, block: float = 5.0
 ) -> list[dict[str, Any]]:
