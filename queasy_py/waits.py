@@ -115,7 +115,7 @@ class AsyncResultWake:
             wait = max(1, int(min(block, events.EVENT_BLOCK) * 1000))
             reply = await self.r.xread({key: self._after}, count=READ, block=wait)
             self._cancel.check()
-            new = events.parse_entries(reply[0][1], key) if reply else []
+            new = events.read_entries(reply, key)
             if new:
                 self._after = new[-1]["event_id"]
                 if any(event.get("id") == self.job_id for event in new):

@@ -273,4 +273,15 @@ def follow(
     (XREAD BLOCK on a connection of `r`: give it a socket timeout above `block`)."""
     range_args(key, "0", count)  # checks count
     reply = r.xread({key: after}, count=count, block=max(1, int(block * 1000)))
-    return parse_entries(reply[0][1], key) if reply else []
+    return read_entries(reply, key)
+
+
+def read_entries(reply: Any, key: str) -> list[dict[str, Any]]:
+    """parse_entries of an XREAD reply on the one stream `key`: RESP2's [[key, entries]], or
+    a map {key: [entries]} on a `?protocol=3` connection (redis-py's RESP3 form)."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        (rows,) = reply.values()
+        return parse_entries(rows[0] if rows and isinstance(rows[0], list) else rows, key)
+    return parse_entries(reply[0][1], key)
