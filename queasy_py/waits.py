@@ -50,7 +50,7 @@ class ResultWake:
         until = time.monotonic() + seconds
         while (block := until - time.monotonic()) > 0:  # until an event of this job
             key = self.keys.events
-            new = events.follow(self.r, key, self._after, READ, min(block, events.EVENT_BLOCK))
+            new = events.follow(self.r, key, self._after, READ, events.read_block(self.r, block))
             if new:
                 self._after = new[-1]["event_id"]
                 if any(event.get("id") == self.job_id for event in new):
@@ -112,7 +112,7 @@ class AsyncResultWake:
             return
         key, until = self.keys.events, time.monotonic() + seconds
         while (block := until - time.monotonic()) > 0:  # until an event of this job
-            wait = max(1, int(min(block, events.EVENT_BLOCK) * 1000))
+            wait = max(1, int(events.read_block(self.r, block) * 1000))
             reply = await self.r.xread({key: self._after}, count=READ, block=wait)
             self._cancel.check()
             new = events.read_entries(reply, key)

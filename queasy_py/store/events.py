@@ -266,6 +266,17 @@ def last_id(r: Any, key: str) -> str:
     return newest_id(r.xrevrange(key, "+", "-", count=1))
 
 
+def read_block(r: Any, seconds: float) -> float:
+    """How long one XREAD BLOCK of `r` may wait: `seconds`, EVENT_BLOCK at most, and half the
+    socket timeout of its connections (a URL's `?socket_timeout=` wins over SOCKET_TIMEOUT: a
+    block above it fails with redis-py's bare TimeoutError)."""
+    kwargs = getattr(r, "get_connection_kwargs", dict)()
+    timeout = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
+    if isinstance(timeout, int | float) and timeout > 0:
+        return min(seconds, EVENT_BLOCK, timeout / 2)
+    return min(seconds, EVENT_BLOCK)
+
+
 def follow(
     r: Any, key: str, after: str = "$", count: int = 100, block: float = 5.0
 ) -> list[dict[str, Any]]:
