@@ -35,7 +35,7 @@ class ResultWake:
             self._pubsub.ssubscribe(self.keys.done(self.job_id))  # the library SPUBLISHes it
             self._after = None
         elif not by_channel and self._after is None:
-            self._after = events.stream_end(self.r, self.keys.events).last_id
+            self._after = events.last_id(self.r, self.keys.events)
             self.close()
 
     def wait(self, seconds: float) -> None:
@@ -49,7 +49,7 @@ class ResultWake:
         until = time.monotonic() + seconds
         while (block := until - time.monotonic()) > 0:  # until an event of this job
             key = self.keys.events
-            new = events.follow(self.r, key, self._after, READ, min(block, events.EVENT_BLOCK))
+            new = events.follow(self.r, key, self._after, READ, events.read_block(self.r, block))
             if new:
                 self._after = new[-1]["event_id"]
                 if any(event.get("id") == self.job_id for event in new):
@@ -102,9 +102,8 @@ class AsyncResultWake:
             await self._pubsub.ssubscribe(self.keys.done(self.job_id))
             self._after = None
         elif not by_channel and self._after is None:
-            key = self.keys.events
-            newest = await self.r.xrevrange(key, "+", "-", count=1)
-            self._after = events.parse_entries(newest, key)[0]["event_id"] if newest else "0-0"
+            newest = await self.r.xrevrange(self.keys.events, "+", "-", count=1)
+            self._after = events.newest_id(newest)
             await self.aclose()
 
     async def wait(self, seconds: float) -> None:
@@ -116,10 +115,10 @@ class AsyncResultWake:
             return
         key, until = self.keys.events, time.monotonic() + seconds
         while (block := until - time.monotonic()) > 0:  # until an event of this job
-            wait = max(1, int(min(block, events.EVENT_BLOCK) * 1000))
+            wait = max(1, int(events.read_block(self.r, block) * 1000))
             reply = await self.r.xread({key: self._after}, count=READ, block=wait)
             self._cancel.check()
-            new = events.parse_entries(reply[0][1], key) if reply else []
+            new = events.read_entries(reply, key)
             if new:
                 self._after = new[-1]["event_id"]
                 if any(event.get("id") == self.job_id for event in new):

@@ -20,6 +20,7 @@ from runtime_helpers import Runtime, queue_spec, runtime, wait_for
 
 from queasy_py import Client, defaults
 from queasy_py.aio import AsyncClient
+from queasy_py.errors import JobFailed, ResultTimeout
 from queasy_py.store.keys import QueueKeys
 
 RETURNS = "tests.runtime_handlers.returns"
@@ -132,3 +133,60 @@ def test_a_waiter_sees_an_end_on_a_queue_with_neither_results_nor_events(
     delay = waiting.got["at"] - ended["t"]
     assert delay < SEEN_WITHIN, f"the waiter saw the end {delay:.3f}s after it"
     assert rt.events("r") == []  # no event was written: the waiter's look saw the end
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_waiter_on_a_resp3_url_is_woken_by_the_outcome_event(
+    redis_url: str, prefix: str, how: str
+) -> None:
+    """A `?protocol=3` URL (redis-py takes it): XREAD replies a map there, not RESP2's list of
+    [key, entries]; the waiter on the outcome events took reply[0][1] and failed with a bare
+    KeyError 0 when the job's event came. Here the job is cancelled while it waits."""
+    url = redis_url + ("&" if "?" in redis_url else "?") + "protocol=3"
+    with Client(redis_url, workers=0, prefix=prefix) as plain:
+        plain.queue("r").dispatch({}, id="c", delay=3600)
+        threading.Timer(0.5, plain.queue("r").cancel, ["c"]).start()
+
+        def wait() -> Any:
+            if how == "sync":
+                with Client(url, workers=0, prefix=prefix) as client:
+                    return client.queue("r").result("c", timeout=TIMEOUT)
+
+            async def wait_async() -> Any:
+                async with AsyncClient(url, prefix=prefix) as client:
+                    return await client.queue("r").result("c", timeout=TIMEOUT)
+
+            return asyncio.run(wait_async())
+
+        started = time.monotonic()
+        with pytest.raises(JobFailed, match="cancelled"):
+            wait()
+        assert time.monotonic() - started < SEEN_WITHIN
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_waiter_on_the_events_keeps_under_the_urls_socket_timeout(
+    redis_url: str, prefix: str, how: str
+) -> None:
+    """A URL's `?socket_timeout=` wins over SOCKET_TIMEOUT (README); one below EVENT_BLOCK
+    (2 s) made the waiter's XREAD BLOCK outlast it: result() failed after 0.5 s with redis-py's
+    bare TimeoutError ('Timeout reading from socket') instead of waiting out its own timeout."""
+    url = redis_url + ("&" if "?" in redis_url else "?") + "socket_timeout=0.5"
+    with Client(redis_url, workers=0, prefix=prefix) as plain:
+        plain.queue("r").dispatch({}, id="later", delay=3600)
+
+    def wait() -> Any:
+        if how == "sync":
+            with Client(url, workers=0, prefix=prefix) as client:
+                return client.queue("r").result("later", timeout=1.5)
+
+        async def wait_async() -> Any:
+            async with AsyncClient(url, prefix=prefix) as client:
+                return await client.queue("r").result("later", timeout=1.5)
+
+        return asyncio.run(wait_async())
+
+    started = time.monotonic()
+    with pytest.raises(ResultTimeout):
+        wait()
+    assert time.monotonic() - started >= 1.5

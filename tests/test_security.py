@@ -22,10 +22,12 @@ import psutil
 import pytest
 import redis
 from runtime_helpers import ACT, ROOT, Runtime, queue_spec, wait_for
+from test_cli import QUEASY, command_env
 
 from queasy_py import Client, ConfigError, QueasyError
 from queasy_py.aio import AsyncClient
 from queasy_py.cli import exitcodes
+from queasy_py.errors import ResultTimeout
 from queasy_py.store.connection import mask_url
 from queasy_py.store.embedded import EmbeddedServer, free_port
 
@@ -41,9 +43,9 @@ QUEASY_COMMANDS = (
     "+ping +fcall +fcall_ro +function|load +ssubscribe "
     "+del +exists +get +hdel +hget +hgetall +hkeys +hlen +hmget +hscan +hset +incr +spublish "
     "+pubsub|shardnumsub +rename +renamenx +sadd +scan +scard +set +sismember +smembers "
-    "+srandmember +srem +sscan +time +xadd +xrange +xread +zadd +zcard +zcount +zrange +zrem "
-    "+zremrangebyrank +zremrangebyscore +zscore +pexpire +multi +exec +lpush +ltrim +lrange "
-    "+llen +lrem"
+    "+srandmember +srem +sscan +time +xadd +xrange +xread +xrevrange +zadd +zcard +zcount "
+    "+zrange +zrem +zremrangebyrank +zremrangebyscore +zscore +pexpire +multi +exec +lpush "
+    "+ltrim +lrange +llen +lrem"
 )
 
 
@@ -263,6 +265,34 @@ def test_a_minimal_acl_user_keeps_a_schedule_and_lists_it(
         assert (info.queue, info.spec, info.last_outcome) == ("tick", "every 0.5s", "finished")
         assert sup.stop() == 0
         assert "NOPERM" not in sup.log() and "Traceback" not in sup.log()
+    denied = [e for e in admin.acl_log() if e["username"] == "queasy"]
+    assert {e["object"] for e in denied} <= {"client|setinfo"}, denied
+
+
+def test_a_minimal_acl_user_waits_on_outcome_events_and_reads_them(
+    queasy_url: str, admin: redis.Redis, locked_server: EmbeddedServer
+) -> None:
+    """result() with no supervisor storing results waits on the queue's outcome events
+    (sync and async), and `queasy events` reads the newest of them: both find where the
+    stream ends with what the ACL line grants (they sent XINFO STREAM and XREVRANGE: a raw
+    NoPermissionError)."""
+    with Client(queasy_url, workers=0, prefix=PREFIX) as client:
+        q = client.queue("w")
+        q.dispatch({}, id="a")
+        q.dispatch({}, id="b")
+        assert q.cancel("b")  # an outcome event to list
+        with pytest.raises(ResultTimeout):
+            q.result("a", timeout=0.2)
+
+    async def wait() -> None:
+        async with AsyncClient(queasy_url, prefix=PREFIX) as aclient:
+            with pytest.raises(ResultTimeout):
+                await aclient.queue("w").result("a", timeout=0.2)
+
+    asyncio.run(wait())
+    cli = [QUEASY, "events", "w", "--redis", queasy_url, "--prefix", PREFIX]
+    done = subprocess.run(cli, env=command_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.split()[-2:] == ["cancelled", "b"], done
     denied = [e for e in admin.acl_log() if e["username"] == "queasy"]
     assert {e["object"] for e in denied} <= {"client|setinfo"}, denied
 

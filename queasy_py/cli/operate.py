@@ -324,9 +324,9 @@ def cmd_events(args: argparse.Namespace, client: Client) -> int:
         if not past and not args.json:
             show.out(f"no events of {queue.name}")
         return exitcodes.OK
-    after = past[-1]["event_id"] if past else events.stream_end(r, key).last_id
+    after = past[-1]["event_id"] if past else events.last_id(r, key)
     while True:  # until Ctrl-C: main() exits INTERRUPTED (130)
-        for event in events.follow(r, key, after, PAGE, events.EVENT_BLOCK):
+        for event in events.follow(r, key, after, PAGE, events.read_block(r, events.EVENT_BLOCK)):
             _event(args, event)
             after = event["event_id"]
 

@@ -254,6 +254,29 @@ def recent(r: Any, key: str, since_ms: int = 0, count: int = 100) -> list[dict[s
     return parse_entries(r.xrevrange(key, "+", f"{since_ms}-0", count=count), key)[::-1]
 
 
+def newest_id(reply: list | None) -> str:
+    """The id of XREVRANGE key + - COUNT 1's entry, "0-0" when the stream is empty (or
+    missing): where a reader of only what comes next starts (XREAD). XREVRANGE, not XINFO
+    STREAM: the README's ACL line grants the one, not the other."""
+    return _text(reply[0][0]) if reply else "0-0"
+
+
+def last_id(r: Any, key: str) -> str:
+    """newest_id of the stream `key`, read with `r` (synchronous)."""
+    return newest_id(r.xrevrange(key, "+", "-", count=1))
+
+
+def read_block(r: Any, seconds: float) -> float:
+    """How long one XREAD BLOCK of `r` may wait: `seconds`, EVENT_BLOCK at most, and half the
+    socket timeout of its connections (a URL's `?socket_timeout=` wins over SOCKET_TIMEOUT: a
+    block above it fails with redis-py's bare TimeoutError)."""
+    kwargs = getattr(r, "get_connection_kwargs", dict)()
+    timeout = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
+    if isinstance(timeout, int | float) and timeout > 0:
+        return min(seconds, EVENT_BLOCK, timeout / 2)
+    return min(seconds, EVENT_BLOCK)
+
+
 def follow(
     r: Any, key: str, after: str = "$", count: int = 100, block: float = 5.0
 ) -> list[dict[str, Any]]:
@@ -261,4 +284,15 @@ def follow(
     (XREAD BLOCK on a connection of `r`: give it a socket timeout above `block`)."""
     range_args(key, "0", count)  # checks count
     reply = r.xread({key: after}, count=count, block=max(1, int(block * 1000)))
-    return parse_entries(reply[0][1], key) if reply else []
+    return read_entries(reply, key)
+
+
+def read_entries(reply: Any, key: str) -> list[dict[str, Any]]:
+    """parse_entries of an XREAD reply on the one stream `key`: RESP2's [[key, entries]], or
+    a map {key: [entries]} on a `?protocol=3` connection (redis-py's RESP3 form)."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        (rows,) = reply.values()
+        return parse_entries(rows[0] if rows and isinstance(rows[0], list) else rows, key)
+    return parse_entries(reply[0][1], key)
