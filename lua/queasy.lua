@@ -263,6 +263,21 @@ local function check_json(arg, name, n)
   end
 end
 
+-- Whether `v` may be a job's trace: a string of at most MAX_TRACE bytes of 0-9 a-f and '-' (a
+-- W3C traceparent's characters; no newline, which would shift a push message's data).
+local function trace_like(v)
+  return type(v) == 'string' and #v <= MAX_TRACE and not string.find(v, '[^0-9a-f%-]')
+end
+
+-- A dispatch's trace argument, checked (trace_like), as it is.
+local function check_trace(arg)
+  if not trace_like(arg) then
+    invalid('trace must be a W3C traceparent (0-9 a-f and -, at most ' .. MAX_TRACE
+      .. ' bytes), got ' .. shown(arg))
+  end
+  return arg
+end
+
 -- Free text (an error message, a traceback, a host name): a string of at most MAX_TEXT bytes.
 local function text(arg, name, n)
   if type(arg) ~= 'string' or #arg > MAX_TEXT then
@@ -981,10 +996,7 @@ end
 -- (0-9 a-f -) and at most MAX_TRACE bytes, else '' (one written around the library: a newline
 -- in it would shift the message's data, which comes last; 4.3.0).
 local function pushed_trace(trace)
-  if #trace > MAX_TRACE or find(trace, '[^0-9a-f%-]') then
-    return ''
-  end
-  return trace
+  return trace_like(trace) and trace or ''
 end
 
 -- Push the waiting job `id` to the parked client with the most slots, if one is subscribed
@@ -1246,11 +1258,7 @@ local function dispatch(keys, args)
   local B = keys[1]
   local now = clock(args[1])
   local update_data, mode, reset = dispatch_flags(args)
-  local trace = args[5]
-  if type(trace) ~= 'string' or #trace > MAX_TRACE or string.find(trace, '[^0-9a-f%-]') then
-    invalid('trace must be a W3C traceparent (0-9 a-f and -, at most ' .. MAX_TRACE
-      .. ' bytes), got ' .. shown(trace))
-  end
+  local trace = check_trace(args[5])
   local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch')
   check_reserved(B, args, 6)
   local now_s = int(now)
@@ -1416,11 +1424,7 @@ local function dispatch_letter(keys, args)
   if #args ~= 5 then
     invalid('queasy_dispatch_letter takes 5 arguments, got ' .. #args)
   end
-  local trace = args[2]
-  if #trace > MAX_TRACE or string.find(trace, '[^0-9a-f%-]') then
-    invalid('trace must be a W3C traceparent (0-9 a-f and -, at most ' .. MAX_TRACE
-      .. ' bytes), got ' .. shown(trace))
-  end
+  local trace = check_trace(args[2])
   check_id(args[3], 'id')
   strict_json(function()
     check_json(args[4], 'data')

@@ -215,11 +215,8 @@ def entry_id(value: object, name: str = "after") -> str:
     naming `name` (redis-py's ResponseError said only 'Invalid stream ID')."""
     match = _ENTRY_ID.fullmatch(value) if isinstance(value, str) else None
     if match is None or any(int(part or 0) > _MAX_PART for part in match.groups()):
-        raise InvalidInput(
-            f"{name} must be an event id ('0', or the event_id of an event read), not {value!r}"[
-                :200
-            ]
-        )
+        wanted = f"{name} must be an event id ('0', or the event_id of an event read)"
+        raise InvalidInput(f"{wanted}, not {value!r}"[:200])
     return value  # type: ignore[return-value]
 
 
