@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import defaults, records, validate
-from .errors import InvalidInput, ResultTimeout
+from .errors import ClientClosed, InvalidInput, QueasyError, ResultTimeout
 from .job import END_STATES, JobInfo
 from .store import events
 from .store.lazyredis import redis
@@ -28,6 +28,7 @@ class OperateArgs:
     """The checks of the operator calls' arguments (Queue and AsyncQueue)."""
 
     name: str
+    client: Any
 
     def _jobs_args(self, state: str, cursor: str, limit: int, with_data: bool) -> list:
         if state not in LISTED:
@@ -71,6 +72,15 @@ class OperateArgs:
     def _timed_out(self, job_id: str, timeout: float | None) -> ResultTimeout:
         return ResultTimeout(f"job {job_id} of {self.name} did not end within {timeout}s")
 
+    def _check_open(self, job_id: str, closes: int, exc: BaseException | None = None) -> None:
+        """ClientClosed when the client was closed since result() began (`closes`: its
+        Client.closes then): its connections were closed under the wait (`exc`: what that
+        made the wait raise), or would be opened again by the next look."""
+        if self.client.closes != closes:
+            raise ClientClosed(
+                f"the client was closed while result() waited for job {job_id} of {self.name}"
+            ) from exc
+
     def _left(self, job_id: str, deadline: float | None, timeout: Any) -> float:
         """Seconds to wait before looking at the job (and the registry) again: RESULT_RECHECK
         at most; ResultTimeout when none is left."""
@@ -94,6 +104,7 @@ class Operate:
     _deadline: Any
     _timed_out: Any
     _left: Any
+    _check_open: Any
 
     def reset_totals(self) -> None:
         """Start the finished and failed totals (and their per-minute counts) from 0."""
@@ -154,14 +165,21 @@ class Operate:
         looks at the job and the registry again every RESULT_RECHECK seconds, choosing again,
         so an end that woke nothing is seen then (README "Results")."""
         validate.job_id(job_id)
-        deadline = self._deadline(timeout)
+        deadline, closes = self._deadline(timeout), self.client.closes
         with ResultWake(self.client.redis, self.keys, job_id) as wake:
-            while True:  # the wake-up is chosen before the look: an end after it wakes it
-                wake.choose(records.publishes_ends(self.client.supervisors(), self.name))
-                done, value = records.outcome(self.get_job(job_id), job_id, self.name)
-                if done:
-                    return value
-                wake.wait(self._left(job_id, deadline, timeout))
+            try:
+                while True:  # the wake-up is chosen before the look: an end after it wakes it
+                    self._check_open(job_id, closes)
+                    wake.choose(records.publishes_ends(self.client.supervisors(), self.name))
+                    done, value = records.outcome(self.get_job(job_id), job_id, self.name)
+                    if done:
+                        return value
+                    wake.wait(self._left(job_id, deadline, timeout))
+            except QueasyError:
+                raise
+            except Exception as exc:  # a connection closed under it by close(): ClientClosed
+                self._check_open(job_id, closes, exc)
+                raise
 
     def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
         """Up to `count` outcome events after event id `after` ("0": the oldest kept),

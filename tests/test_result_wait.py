@@ -20,7 +20,7 @@ from runtime_helpers import Runtime, queue_spec, runtime, wait_for
 
 from queasy_py import Client, defaults
 from queasy_py.aio import AsyncClient
-from queasy_py.errors import JobFailed, ResultTimeout
+from queasy_py.errors import ClientClosed, JobFailed, ResultTimeout
 from queasy_py.store.keys import QueueKeys
 
 RETURNS = "tests.runtime_handlers.returns"
@@ -190,3 +190,61 @@ def test_a_waiter_on_the_events_keeps_under_the_urls_socket_timeout(
     with pytest.raises(ResultTimeout):
         wait()
     assert time.monotonic() - started >= 1.5
+
+
+def waiting_on(rt: Runtime, mode: str, job_id: str) -> bool:
+    """Whether a waiter waits for job `job_id` of queue r by `mode` (channel or events)."""
+    return on_channel(rt, job_id) if mode == "channel" else reading_events(rt)
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["channel", "events"])
+def test_closing_the_client_ends_a_waiter_with_client_closed(
+    rt: Runtime, mode: str, how: str
+) -> None:
+    """close() while another thread (or task) waits in result() for a job that never ends:
+    the waiter raised what its connection, closed under it, made redis-py raise (a bare
+    ConnectionError 'Bad file descriptor', on the channel even a TypeError from its select).
+    It ends with ClientClosed (a ConnectionFailed, so a QueasyError) naming the job."""
+    if mode == "channel":  # every supervisor of r stores results: the waiter takes the channel
+        rt.start({"r": queue_spec(RETURNS, store_results=True)})
+        wait_for(lambda: rt.queue("r").client.supervisors(), what="the supervisor's entry")
+    rt.queue("r").dispatch({}, id="never", delay=3600)
+    got: dict[str, Any] = {}
+
+    def wait_sync() -> None:
+        client = Client(rt.url, workers=0, prefix=rt.prefix)
+        closing = threading.Thread(target=close_when_waiting, args=(client.close,))
+        closing.start()
+        try:
+            got["value"] = client.queue("r").result("never", timeout=TIMEOUT)
+        except Exception as exc:
+            got["error"] = exc
+        closing.join()
+
+    def close_when_waiting(close: Any) -> None:
+        wait_for(lambda: waiting_on(rt, mode, "never"), what=f"the waiter on the {mode}")
+        close()
+
+    async def wait_async() -> None:
+        client = AsyncClient(rt.url, prefix=rt.prefix)
+        waiter = asyncio.ensure_future(client.queue("r").result("never", timeout=TIMEOUT))
+        await asyncio.to_thread(wait_for, lambda: waiting_on(rt, mode, "never"))
+        await client.close()
+        try:
+            got["value"] = await asyncio.wait_for(waiter, SEEN_WITHIN)
+        except Exception as exc:
+            got["error"] = exc
+
+    started = time.monotonic()
+    thread = threading.Thread(
+        target=wait_sync if how == "sync" else lambda: asyncio.run(wait_async()), daemon=True
+    )
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "result() went on waiting after close()"
+    assert "value" not in got, got
+    error = got["error"]
+    assert isinstance(error, ClientClosed), f"{type(error).__name__}: {error}"
+    assert "closed while result() waited for job never of r" in str(error)
+    assert time.monotonic() - started < 15
