@@ -20,6 +20,7 @@ import redis
 import redis.asyncio as aioredis
 
 from . import defaults, records, validate
+from .defaults import SCHEDULE_ID
 from .errors import ConnectionFailed, InvalidInput, QueasyError
 from .job import JobInfo, ScheduleInfo
 from .operate import PAGE
@@ -254,14 +255,36 @@ class AsyncQueue(QueueBase):
     async def requeue_failed(self, ids: Iterable[str] | None = None) -> int:
         total = 0
         if ids is not None:
-            for chunk in self._requeue_chunks(ids):
+            chunks = self._requeue_chunks(ids)
+            if any(SCHEDULE_ID in chunk for chunk in chunks):
+                self._refuse_schedule(chunks, await self.schedule_info() is not None)
+            for chunk in chunks:
                 total += (await self._fcall("queasy_requeue", ["", "", PAGE, *chunk]))[0]
             return total
+        if await self.client.redis.zscore(self.keys.failed, SCHEDULE_ID) is not None:
+            if await self.schedule_info():
+                return await self._requeue_but_schedule()
         cutoff = ""
         while True:
             done, cutoff, seen = await self._fcall("queasy_requeue", ["", cutoff, PAGE])
             total += done
             if seen < PAGE:
+                return total
+
+    async def _requeue_but_schedule(self) -> int:
+        """Queue._requeue_but_schedule."""
+        log.warning("%s: skipped", self._schedule_reason())
+        r, total = self.client.redis, 0
+        seconds, micros = await r.time()
+        cutoff = seconds * 1000 + micros // 1000
+        while True:
+            page = await r.zrange(
+                self.keys.failed, "-inf", cutoff, byscore=True, offset=0, num=PAGE + 1
+            )
+            ids = self._others(page, PAGE)
+            if ids:
+                total += (await self._fcall("queasy_requeue", ["", "", PAGE, *ids]))[0]
+            if len(ids) < PAGE:
                 return total
 
     async def purge(self, state: str) -> int:

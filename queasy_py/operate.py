@@ -5,17 +5,21 @@ bounded: listing pages, requeue and purge loop over FCALLs of at most PAGE jobs.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from . import defaults, records, validate
+from .defaults import SCHEDULE_ID
 from .errors import ClientClosed, InvalidInput, QueasyError, ResultTimeout
 from .job import END_STATES, JobInfo
-from .store import events
+from .store import events, fields
 from .store.lazyredis import redis
 from .store.library import fcall, lua_error
 from .waits import ResultWake
+
+log = logging.getLogger("queasy_py")
 
 #: jobs per call of queasy_jobs (the most), queasy_requeue and queasy_purge
 PAGE = 1000
@@ -56,6 +60,25 @@ class OperateArgs:
             raise InvalidInput("ids must be a list of job ids, not a str")
         checked = [validate.job_id(i) for i in ids]
         return [checked[i : i + PAGE] for i in range(0, len(checked), PAGE)]
+
+    def _refuse_schedule(self, chunks: list[list[str]], scheduled: bool) -> None:
+        """InvalidInput, before anything is written, when the ids hold the occurrence of
+        the queue's schedule (`scheduled`): the schedule makes its next occurrence itself,
+        and a requeued one is a run of the periodic job more (queasy_requeue would block
+        it behind the occurrence running, then run it)."""
+        if scheduled and any(SCHEDULE_ID in chunk for chunk in chunks):
+            raise InvalidInput(self._schedule_reason() + ": not requeued (no job was)")
+
+    def _schedule_reason(self) -> str:
+        return (
+            f"job {SCHEDULE_ID!r} of {self.name} is an occurrence of the queue's schedule, "
+            "which makes the next one itself: requeued, it would run the periodic job once more"
+        )
+
+    @staticmethod
+    def _others(ids: list, limit: int) -> list[str]:
+        """Up to `limit` of these failed ids (a ZRANGE of B:failed) but the schedule's."""
+        return [i for i in map(fields.text, ids) if i != SCHEDULE_ID][:limit]
 
     @staticmethod
     def _deadline(timeout: float | None) -> float | None:
@@ -105,6 +128,10 @@ class Operate:
     _timed_out: Any
     _left: Any
     _check_open: Any
+    _refuse_schedule: Any
+    _schedule_reason: Any
+    _others: Any
+    schedule_info: Any
 
     def reset_totals(self) -> None:
         """Start the finished and failed totals (and their per-minute counts) from 0."""
@@ -130,14 +157,35 @@ class Operate:
         go; returns how many were requeued."""
         total = 0
         if ids is not None:
-            for chunk in self._requeue_chunks(ids):
+            chunks = self._requeue_chunks(ids)
+            if any(SCHEDULE_ID in chunk for chunk in chunks):
+                self._refuse_schedule(chunks, self.schedule_info() is not None)
+            for chunk in chunks:
                 total += self._call("queasy_requeue", ["", "", PAGE, *chunk])[0]
             return total
+        r = self.client.redis
+        if r.zscore(self.keys.failed, SCHEDULE_ID) is not None and self.schedule_info():
+            return self._requeue_but_schedule()
         cutoff = ""
         while True:
             done, cutoff, seen = self._call("queasy_requeue", ["", cutoff, PAGE])
             total += done
             if seen < PAGE:
+                return total
+
+    def _requeue_but_schedule(self) -> int:
+        """requeue_failed() of every failed job but the occurrence of the queue's schedule
+        (logged: _schedule_reason), by id, those that had failed when it was called."""
+        log.warning("%s: skipped", self._schedule_reason())
+        r, total = self.client.redis, 0
+        seconds, micros = r.time()
+        cutoff = seconds * 1000 + micros // 1000
+        while True:
+            page = r.zrange(self.keys.failed, "-inf", cutoff, byscore=True, offset=0, num=PAGE + 1)
+            ids = self._others(page, PAGE)
+            if ids:
+                total += self._call("queasy_requeue", ["", "", PAGE, *ids])[0]
+            if len(ids) < PAGE:
                 return total
 
     def purge(self, state: str) -> int:
