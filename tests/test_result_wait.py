@@ -248,3 +248,70 @@ def test_closing_the_client_ends_a_waiter_with_client_closed(
     assert isinstance(error, ClientClosed), f"{type(error).__name__}: {error}"
     assert "closed while result() waited for job never of r" in str(error)
     assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_an_end_while_the_subscription_is_on_its_way_is_seen_at_once(
+    rt: Runtime, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window between a waiter's SSUBSCRIBE and the server taking it: the job ends
+    there, its message published to no one. Forced here: the SSUBSCRIBE is held back on
+    its way to the (real) server until the waiter first reads its pub/sub connection, after
+    its first look at the job; then the job ends, and only then is the SSUBSCRIBE sent. The
+    waiter is not left for RESULT_RECHECK: the subscription's confirmation ends its first
+    wait (redis-py returns after one reply, a confirmation too), and it looks again."""
+    import redis.asyncio.client as aioclient
+
+    rt.start({"r": queue_spec(RETURNS, store_results=True)})
+    q = rt.queue("r")
+    wait_for(lambda: q.client.supervisors(), what="the supervisor's registry entry")
+    q.dispatch({"tag": "j", "gate": "j", "value": 7}, id="j")
+    rt.wait_records(1, "start", tag="j")
+    held: list[tuple[Any, tuple]] = []
+    seen: list[str] = []  # the job's state when the held SSUBSCRIBE went
+
+    def end_the_job() -> None:
+        seen.append(q.get_job("j").state)
+        rt.open_gate("j")
+        wait_for(lambda: q.get_job("j").state == "finished", what="the job's end")
+
+    PubSub = redis.client.PubSub if how == "sync" else aioclient.PubSub
+    send, read = PubSub.execute_command, PubSub.parse_response
+
+    def held_send(self: Any, *args: Any) -> Any:
+        if args[0] == "SSUBSCRIBE":
+            return held.append((self, args))
+        return send(self, *args)
+
+    def late_read(self: Any, *args: Any, **kwargs: Any) -> Any:
+        while held:
+            end_the_job()
+            pubsub, command = held.pop()
+            send(pubsub, *command)
+        return read(self, *args, **kwargs)
+
+    async def held_send_async(self: Any, *args: Any) -> Any:
+        if args[0] == "SSUBSCRIBE":
+            return held.append((self, args))
+        return await send(self, *args)
+
+    async def late_read_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+        while held:
+            end_the_job()
+            pubsub, command = held.pop()
+            await send(pubsub, *command)
+        return await read(self, *args, **kwargs)
+
+    sync = how == "sync"
+    monkeypatch.setattr(PubSub, "execute_command", held_send if sync else held_send_async)
+    monkeypatch.setattr(PubSub, "parse_response", late_read if sync else late_read_async)
+    started = time.monotonic()
+    if sync:
+        with Client(rt.url, workers=0, prefix=rt.prefix) as client:
+            value = client.queue("r").result("j", timeout=TIMEOUT)
+    else:
+        value = asyncio.run(Waiting._wait_async(rt, "j"))
+    took = time.monotonic() - started
+    assert value == 7
+    assert seen == ["active"], "the SSUBSCRIBE was not held while the job ran"
+    assert took < defaults.RESULT_RECHECK / 2, f"result() took {took:.3f}s"
