@@ -20,7 +20,8 @@ import redis
 import redis.asyncio as aioredis
 
 from . import defaults, records, validate
-from .errors import ConnectionFailed, InvalidInput
+from .defaults import SCHEDULE_ID
+from .errors import ConnectionFailed, InvalidInput, QueasyError
 from .job import JobInfo, ScheduleInfo
 from .operate import PAGE
 from .queue import BatchResult, QueueBase
@@ -71,6 +72,7 @@ class AsyncClient:
         log.log(logging.DEBUG if target.explicit else logging.INFO, "using %s", target.describe())
         self.library_version: str | None = None
         self._queues: dict[str, AsyncQueue] = {}
+        self.closes = 0  # Client.closes
 
     async def ready(self) -> AsyncClient:
         """Connect and load the function library (done by the first call if not before)."""
@@ -104,6 +106,7 @@ class AsyncClient:
         return queue
 
     async def close(self) -> None:
+        self.closes += 1  # Client.closes
         await self.redis.aclose()
         if self.server is not None:
             self.server.close()  # stops it if no other process uses it: a short wait
@@ -252,14 +255,36 @@ class AsyncQueue(QueueBase):
     async def requeue_failed(self, ids: Iterable[str] | None = None) -> int:
         total = 0
         if ids is not None:
-            for chunk in self._requeue_chunks(ids):
+            chunks = self._requeue_chunks(ids)
+            if any(SCHEDULE_ID in chunk for chunk in chunks):
+                self._refuse_schedule(chunks, await self.schedule_info() is not None)
+            for chunk in chunks:
                 total += (await self._fcall("queasy_requeue", ["", "", PAGE, *chunk]))[0]
             return total
+        if await self.client.redis.zscore(self.keys.failed, SCHEDULE_ID) is not None:
+            if await self.schedule_info():
+                return await self._requeue_but_schedule()
         cutoff = ""
         while True:
             done, cutoff, seen = await self._fcall("queasy_requeue", ["", cutoff, PAGE])
             total += done
             if seen < PAGE:
+                return total
+
+    async def _requeue_but_schedule(self) -> int:
+        """Queue._requeue_but_schedule."""
+        log.warning("%s: skipped", self._schedule_reason())
+        r, total = self.client.redis, 0
+        seconds, micros = await r.time()
+        cutoff = seconds * 1000 + micros // 1000
+        while True:
+            page = await r.zrange(
+                self.keys.failed, "-inf", cutoff, byscore=True, offset=0, num=PAGE + 1
+            )
+            ids = self._others(page, PAGE)
+            if ids:
+                total += (await self._fcall("queasy_requeue", ["", "", PAGE, *ids]))[0]
+            if len(ids) < PAGE:
                 return total
 
     async def purge(self, state: str) -> int:
@@ -285,7 +310,7 @@ class AsyncQueue(QueueBase):
         cancel.check()
         # the wait runs in a task of its own: a cancel of this one ends it at once, whatever
         # the redis-py call under way does with the cancel passed on to it (CancelSeen)
-        waiter = asyncio.ensure_future(self._wait(job_id, deadline, timeout))
+        waiter = asyncio.ensure_future(self._wait(job_id, deadline, timeout, self.client.closes))
         try:
             return await asyncio.shield(waiter)
         except asyncio.CancelledError:
@@ -293,18 +318,28 @@ class AsyncQueue(QueueBase):
             waiter.add_done_callback(_retrieved)
             raise
 
-    async def _wait(self, job_id: str, deadline: float | None, timeout: float | None) -> Any:
-        """result()'s wait, in a task of its own."""
+    async def _wait(
+        self, job_id: str, deadline: float | None, timeout: float | None, closes: int
+    ) -> Any:
+        """result()'s wait, in a task of its own (`closes`: the client's closes at its start:
+        Queue.result)."""
         cancel = CancelSeen()
         async with AsyncResultWake(self.client.redis, self.keys, job_id) as wake:
-            while True:  # the wake-up is chosen before the look: an end after it wakes it
-                await wake.choose(await self._publishes_ends())
-                done, value = records.outcome(await self.get_job(job_id), job_id, self.name)
-                cancel.check()
-                if done:
-                    return value
-                await wake.wait(self._left(job_id, deadline, timeout))
-                cancel.check()
+            try:
+                while True:  # the wake-up is chosen before the look: an end after it wakes it
+                    self._check_open(job_id, closes)
+                    await wake.choose(await self._publishes_ends())
+                    done, value = records.outcome(await self.get_job(job_id), job_id, self.name)
+                    cancel.check()
+                    if done:
+                        return value
+                    await wake.wait(self._left(job_id, deadline, timeout))
+                    cancel.check()
+            except QueasyError:
+                raise
+            except Exception as exc:  # a connection closed under it by close(): ClientClosed
+                self._check_open(job_id, closes, exc)
+                raise
 
     async def _publishes_ends(self) -> bool:
         """Whether the ends of this queue's jobs are published on their channels now

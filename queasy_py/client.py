@@ -81,6 +81,8 @@ class Client:
         # one (redis:// or unix:// without options: nothing of it can be refused later), so
         # that run() starts its workers before redis-py is imported (store/lazyredis.py)
         self._redis: Any = None
+        #: how many times close() was called: a result() that saw it change ends (ClientClosed)
+        self.closes = 0
         try:  # a bad URL is a ConfigError now; the connection is made by the first call
             if self.cluster:
                 from .store.cluster import parse_cluster_url
@@ -263,6 +265,7 @@ class Client:
         supervisor.request_stop()
 
     def close(self) -> None:
+        self.closes += 1  # first: a waiter whose connection this closes knows why
         redis_client = getattr(self, "_redis", None)  # None: the URL was refused
         if redis_client is not None:
             redis_client.close()

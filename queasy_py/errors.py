@@ -19,6 +19,11 @@ class ConnectionFailed(QueasyError):
     """The Redis server could not be reached (the URL is named, its password masked)."""
 
 
+class ClientClosed(ConnectionFailed):
+    """The client was closed (close()) while a call of it waited: result() in another
+    thread or task ends with this, not with the error of its connection closed under it."""
+
+
 class AuthenticationFailed(ConnectionFailed):
     """The Redis server refused the credentials of the URL."""
 

@@ -5,17 +5,21 @@ bounded: listing pages, requeue and purge loop over FCALLs of at most PAGE jobs.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from . import defaults, records, validate
-from .errors import InvalidInput, ResultTimeout
+from .defaults import SCHEDULE_ID
+from .errors import ClientClosed, InvalidInput, QueasyError, ResultTimeout
 from .job import END_STATES, JobInfo
-from .store import events
+from .store import events, fields
 from .store.lazyredis import redis
 from .store.library import fcall, lua_error
 from .waits import ResultWake
+
+log = logging.getLogger("queasy_py")
 
 #: jobs per call of queasy_jobs (the most), queasy_requeue and queasy_purge
 PAGE = 1000
@@ -28,6 +32,7 @@ class OperateArgs:
     """The checks of the operator calls' arguments (Queue and AsyncQueue)."""
 
     name: str
+    client: Any
 
     def _jobs_args(self, state: str, cursor: str, limit: int, with_data: bool) -> list:
         if state not in LISTED:
@@ -56,6 +61,25 @@ class OperateArgs:
         checked = [validate.job_id(i) for i in ids]
         return [checked[i : i + PAGE] for i in range(0, len(checked), PAGE)]
 
+    def _refuse_schedule(self, chunks: list[list[str]], scheduled: bool) -> None:
+        """InvalidInput, before anything is written, when the ids hold the occurrence of
+        the queue's schedule (`scheduled`): the schedule makes its next occurrence itself,
+        and a requeued one is a run of the periodic job more (queasy_requeue would block
+        it behind the occurrence running, then run it)."""
+        if scheduled and any(SCHEDULE_ID in chunk for chunk in chunks):
+            raise InvalidInput(self._schedule_reason() + ": not requeued (no job was)")
+
+    def _schedule_reason(self) -> str:
+        return (
+            f"job {SCHEDULE_ID!r} of {self.name} is an occurrence of the queue's schedule, "
+            "which makes the next one itself: requeued, it would run the periodic job once more"
+        )
+
+    @staticmethod
+    def _others(ids: list, limit: int) -> list[str]:
+        """Up to `limit` of these failed ids (a ZRANGE of B:failed) but the schedule's."""
+        return [i for i in map(fields.text, ids) if i != SCHEDULE_ID][:limit]
+
     @staticmethod
     def _deadline(timeout: float | None) -> float | None:
         if timeout is None:
@@ -70,6 +94,15 @@ class OperateArgs:
 
     def _timed_out(self, job_id: str, timeout: float | None) -> ResultTimeout:
         return ResultTimeout(f"job {job_id} of {self.name} did not end within {timeout}s")
+
+    def _check_open(self, job_id: str, closes: int, exc: BaseException | None = None) -> None:
+        """ClientClosed when the client was closed since result() began (`closes`: its
+        Client.closes then): its connections were closed under the wait (`exc`: what that
+        made the wait raise), or would be opened again by the next look."""
+        if self.client.closes != closes:
+            raise ClientClosed(
+                f"the client was closed while result() waited for job {job_id} of {self.name}"
+            ) from exc
 
     def _left(self, job_id: str, deadline: float | None, timeout: Any) -> float:
         """Seconds to wait before looking at the job (and the registry) again: RESULT_RECHECK
@@ -94,6 +127,11 @@ class Operate:
     _deadline: Any
     _timed_out: Any
     _left: Any
+    _check_open: Any
+    _refuse_schedule: Any
+    _schedule_reason: Any
+    _others: Any
+    schedule_info: Any
 
     def reset_totals(self) -> None:
         """Start the finished and failed totals (and their per-minute counts) from 0."""
@@ -119,14 +157,35 @@ class Operate:
         go; returns how many were requeued."""
         total = 0
         if ids is not None:
-            for chunk in self._requeue_chunks(ids):
+            chunks = self._requeue_chunks(ids)
+            if any(SCHEDULE_ID in chunk for chunk in chunks):
+                self._refuse_schedule(chunks, self.schedule_info() is not None)
+            for chunk in chunks:
                 total += self._call("queasy_requeue", ["", "", PAGE, *chunk])[0]
             return total
+        r = self.client.redis
+        if r.zscore(self.keys.failed, SCHEDULE_ID) is not None and self.schedule_info():
+            return self._requeue_but_schedule()
         cutoff = ""
         while True:
             done, cutoff, seen = self._call("queasy_requeue", ["", cutoff, PAGE])
             total += done
             if seen < PAGE:
+                return total
+
+    def _requeue_but_schedule(self) -> int:
+        """requeue_failed() of every failed job but the occurrence of the queue's schedule
+        (logged: _schedule_reason), by id, those that had failed when it was called."""
+        log.warning("%s: skipped", self._schedule_reason())
+        r, total = self.client.redis, 0
+        seconds, micros = r.time()
+        cutoff = seconds * 1000 + micros // 1000
+        while True:
+            page = r.zrange(self.keys.failed, "-inf", cutoff, byscore=True, offset=0, num=PAGE + 1)
+            ids = self._others(page, PAGE)
+            if ids:
+                total += self._call("queasy_requeue", ["", "", PAGE, *ids])[0]
+            if len(ids) < PAGE:
                 return total
 
     def purge(self, state: str) -> int:
@@ -154,14 +213,21 @@ class Operate:
         looks at the job and the registry again every RESULT_RECHECK seconds, choosing again,
         so an end that woke nothing is seen then (README "Results")."""
         validate.job_id(job_id)
-        deadline = self._deadline(timeout)
+        deadline, closes = self._deadline(timeout), self.client.closes
         with ResultWake(self.client.redis, self.keys, job_id) as wake:
-            while True:  # the wake-up is chosen before the look: an end after it wakes it
-                wake.choose(records.publishes_ends(self.client.supervisors(), self.name))
-                done, value = records.outcome(self.get_job(job_id), job_id, self.name)
-                if done:
-                    return value
-                wake.wait(self._left(job_id, deadline, timeout))
+            try:
+                while True:  # the wake-up is chosen before the look: an end after it wakes it
+                    self._check_open(job_id, closes)
+                    wake.choose(records.publishes_ends(self.client.supervisors(), self.name))
+                    done, value = records.outcome(self.get_job(job_id), job_id, self.name)
+                    if done:
+                        return value
+                    wake.wait(self._left(job_id, deadline, timeout))
+            except QueasyError:
+                raise
+            except Exception as exc:  # a connection closed under it by close(): ClientClosed
+                self._check_open(job_id, closes, exc)
+                raise
 
     def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
         """Up to `count` outcome events after event id `after` ("0": the oldest kept),

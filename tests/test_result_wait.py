@@ -20,7 +20,7 @@ from runtime_helpers import Runtime, queue_spec, runtime, wait_for
 
 from queasy_py import Client, defaults
 from queasy_py.aio import AsyncClient
-from queasy_py.errors import JobFailed, ResultTimeout
+from queasy_py.errors import ClientClosed, JobFailed, ResultTimeout
 from queasy_py.store.keys import QueueKeys
 
 RETURNS = "tests.runtime_handlers.returns"
@@ -190,3 +190,128 @@ def test_a_waiter_on_the_events_keeps_under_the_urls_socket_timeout(
     with pytest.raises(ResultTimeout):
         wait()
     assert time.monotonic() - started >= 1.5
+
+
+def waiting_on(rt: Runtime, mode: str, job_id: str) -> bool:
+    """Whether a waiter waits for job `job_id` of queue r by `mode` (channel or events)."""
+    return on_channel(rt, job_id) if mode == "channel" else reading_events(rt)
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["channel", "events"])
+def test_closing_the_client_ends_a_waiter_with_client_closed(
+    rt: Runtime, mode: str, how: str
+) -> None:
+    """close() while another thread (or task) waits in result() for a job that never ends:
+    the waiter raised what its connection, closed under it, made redis-py raise (a bare
+    ConnectionError 'Bad file descriptor', on the channel even a TypeError from its select).
+    It ends with ClientClosed (a ConnectionFailed, so a QueasyError) naming the job."""
+    if mode == "channel":  # every supervisor of r stores results: the waiter takes the channel
+        rt.start({"r": queue_spec(RETURNS, store_results=True)})
+        wait_for(lambda: rt.queue("r").client.supervisors(), what="the supervisor's entry")
+    rt.queue("r").dispatch({}, id="never", delay=3600)
+    got: dict[str, Any] = {}
+
+    def wait_sync() -> None:
+        client = Client(rt.url, workers=0, prefix=rt.prefix)
+        closing = threading.Thread(target=close_when_waiting, args=(client.close,))
+        closing.start()
+        try:
+            got["value"] = client.queue("r").result("never", timeout=TIMEOUT)
+        except Exception as exc:
+            got["error"] = exc
+        closing.join()
+
+    def close_when_waiting(close: Any) -> None:
+        wait_for(lambda: waiting_on(rt, mode, "never"), what=f"the waiter on the {mode}")
+        close()
+
+    async def wait_async() -> None:
+        client = AsyncClient(rt.url, prefix=rt.prefix)
+        waiter = asyncio.ensure_future(client.queue("r").result("never", timeout=TIMEOUT))
+        await asyncio.to_thread(wait_for, lambda: waiting_on(rt, mode, "never"))
+        await client.close()
+        try:
+            got["value"] = await asyncio.wait_for(waiter, SEEN_WITHIN)
+        except Exception as exc:
+            got["error"] = exc
+
+    started = time.monotonic()
+    thread = threading.Thread(
+        target=wait_sync if how == "sync" else lambda: asyncio.run(wait_async()), daemon=True
+    )
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "result() went on waiting after close()"
+    assert "value" not in got, got
+    error = got["error"]
+    assert isinstance(error, ClientClosed), f"{type(error).__name__}: {error}"
+    assert "closed while result() waited for job never of r" in str(error)
+    assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_an_end_while_the_subscription_is_on_its_way_is_seen_at_once(
+    rt: Runtime, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window between a waiter's SSUBSCRIBE and the server taking it: the job ends
+    there, its message published to no one. Forced here: the SSUBSCRIBE is held back on
+    its way to the (real) server until the waiter first reads its pub/sub connection, after
+    its first look at the job; then the job ends, and only then is the SSUBSCRIBE sent. The
+    waiter is not left for RESULT_RECHECK: the subscription's confirmation ends its first
+    wait (redis-py returns after one reply, a confirmation too), and it looks again."""
+    import redis.asyncio.client as aioclient
+
+    rt.start({"r": queue_spec(RETURNS, store_results=True)})
+    q = rt.queue("r")
+    wait_for(lambda: q.client.supervisors(), what="the supervisor's registry entry")
+    q.dispatch({"tag": "j", "gate": "j", "value": 7}, id="j")
+    rt.wait_records(1, "start", tag="j")
+    held: list[tuple[Any, tuple]] = []
+    seen: list[str] = []  # the job's state when the held SSUBSCRIBE went
+
+    def end_the_job() -> None:
+        seen.append(q.get_job("j").state)
+        rt.open_gate("j")
+        wait_for(lambda: q.get_job("j").state == "finished", what="the job's end")
+
+    PubSub = redis.client.PubSub if how == "sync" else aioclient.PubSub
+    send, read = PubSub.execute_command, PubSub.parse_response
+
+    def held_send(self: Any, *args: Any) -> Any:
+        if args[0] == "SSUBSCRIBE":
+            return held.append((self, args))
+        return send(self, *args)
+
+    def late_read(self: Any, *args: Any, **kwargs: Any) -> Any:
+        while held:
+            end_the_job()
+            pubsub, command = held.pop()
+            send(pubsub, *command)
+        return read(self, *args, **kwargs)
+
+    async def held_send_async(self: Any, *args: Any) -> Any:
+        if args[0] == "SSUBSCRIBE":
+            return held.append((self, args))
+        return await send(self, *args)
+
+    async def late_read_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+        while held:
+            end_the_job()
+            pubsub, command = held.pop()
+            await send(pubsub, *command)
+        return await read(self, *args, **kwargs)
+
+    sync = how == "sync"
+    monkeypatch.setattr(PubSub, "execute_command", held_send if sync else held_send_async)
+    monkeypatch.setattr(PubSub, "parse_response", late_read if sync else late_read_async)
+    started = time.monotonic()
+    if sync:
+        with Client(rt.url, workers=0, prefix=rt.prefix) as client:
+            value = client.queue("r").result("j", timeout=TIMEOUT)
+    else:
+        value = asyncio.run(Waiting._wait_async(rt, "j"))
+    took = time.monotonic() - started
+    assert value == 7
+    assert seen == ["active"], "the SSUBSCRIBE was not held while the job ran"
+    assert took < defaults.RESULT_RECHECK / 2, f"result() took {took:.3f}s"

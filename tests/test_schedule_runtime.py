@@ -24,6 +24,8 @@ import pytest
 import redis
 from runtime_helpers import ROOT, Runtime, queue_spec, wait_for
 
+from queasy_py.errors import InvalidInput
+
 SCHEDULED = "tests.runtime_handlers.scheduled"
 SECONDS = float(os.environ.get("QUEASY_SCHEDULE_SECONDS", "20"))
 POLL = 1.0  # the supervisors' poll_interval (the default): "on time" is within one of it
@@ -284,3 +286,38 @@ def test_one_schedule_spelled_two_ways_in_a_rolling_deploy_does_not_move_a_late_
     assert late["t"] < pending.fire_at + 10
     assert not next_occurrences(second)
     assert second.stop() == 0
+
+
+# ---------------------------------------------------------------- requeue of an occurrence
+
+
+def test_requeue_failed_never_requeues_an_occurrence_of_the_schedule(rt: Runtime) -> None:
+    """A failed occurrence (id 'schedule') requeued while the next one runs became a job
+    blocked behind it (queasy_requeue: a new job of a live id waits for it), then ran: the
+    periodic job once more, beside the schedule's own occurrences. By id it is refused
+    before anything is written; with every failed job it is skipped, the others requeued."""
+    mode(rt, "fail")
+    q = rt.queue("q")
+    q.dispatch({"fire_at": 0}, id="x")  # a job of the queue that fails too (max_retries 0)
+    rt.start({"q": queue_spec(SCHEDULED, schedule_every=2, max_retries=0)}, poll_interval=POLL)
+    rt.wait_records(1, "start", mode="fail", fire_at=0)
+    wait_for(lambda: (j := q.get_job("x")) is not None and j.state == "failed", what="x failed")
+    wait_for(lambda: "schedule" in failed_ids(q), what="a failed occurrence's record")
+    mode(rt, "gate")
+    rt.wait_records(1, "start", mode="gate")  # the next occurrence runs (held at its gate)
+    assert q.get_job("schedule").state == "active"
+
+    with pytest.raises(InvalidInput, match="job 'schedule' of q is an occurrence of the"):
+        q.requeue_failed(["x", "schedule"])
+    assert q.counts()["blocked"] == 0
+    assert failed_ids(q) == {"x", "schedule"}  # nothing written: x not requeued either
+
+    assert q.requeue_failed() == 1  # x alone
+    assert q.counts()["blocked"] == 0
+    assert "schedule" in failed_ids(q)
+    rt.open_gate("q")
+
+
+def failed_ids(q: Any) -> set[str]:
+    jobs, _ = q.jobs("failed", limit=1000)
+    return {j.id for j in jobs}

@@ -857,3 +857,27 @@ def test_bad_options_are_invalid_input_on_the_driver(spark: SparkSession, redis_
     df = spark.sql("select 1 as a, 2 as b, 3 as `a,b`")
     with pytest.raises(InvalidInput, match="'a,b' is not a column name the sink can take"):
         qs.dispatch_dataframe(df, "q", data_columns=["a,b"], url=redis_url)
+
+
+def test_an_ending_offset_before_the_starting_one_is_refused_naming_both(
+    spark: SparkSession, redis_url: str, prefix: str, r: redis.Redis, client: Client
+) -> None:
+    """endingOffsets before startingOffsets (a batch read): the read took the range as a
+    stream deleted and made again, read nothing, and failed saying events were trimmed. It is
+    an invalid range, refused on the driver naming both offsets (as Spark's Kafka source)."""
+    lua = Lua(r, prefix, "t")
+    history(lua, 12)
+    ids = [entry_id for entry_id, _ in r.xrange(lua.B + ":events")]
+    start = json.dumps({"t": {"id": ids[9], "n": 10}})
+    end = json.dumps({"t": {"id": ids[3], "n": 4}})
+    read = events_reader(spark, redis_url, prefix).option("queues", "t")
+    read = read.option("failQueues", "false")
+    with pytest.raises(Exception) as info:
+        read.option("startingOffsets", start).option("endingOffsets", end).load().collect()
+    message = str(info.value)
+    assert "trimmed" not in message
+    assert "endingOffsets of 't'" in message and "before its startingOffsets" in message
+    assert ids[9] in message and ids[3] in message
+    # the same offsets the right way round read the 6 events between them
+    rows = read.option("startingOffsets", end).option("endingOffsets", start).load().collect()
+    assert sorted(row["event_id"] for row in rows) == ids[4:10]

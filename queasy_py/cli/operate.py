@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..client import Client
-from ..defaults import FAIL_QUEUE_SUFFIX
+from ..defaults import FAIL_QUEUE_SUFFIX, SCHEDULE_ID
 from ..errors import ConfigError, JobNotFound, QueasyError
 from ..handlers import dead_letter
 from ..operate import LISTED, PAGE, PURGED
@@ -272,6 +272,8 @@ def cmd_requeue(args: argparse.Namespace, client: Client) -> int:
     if args.ids is None:
         from_records, requeued = queue.requeue_failed(), set()
     else:
+        if SCHEDULE_ID in args.ids:  # refused before any id is requeued
+            queue._refuse_schedule([args.ids], queue.schedule_info() is not None)
         requeued = {job_id for job_id in dict.fromkeys(args.ids) if queue.requeue_failed([job_id])}
         from_records = len(requeued)
     letters = dead_letter.requeue(queue, args.ids)

@@ -119,6 +119,26 @@ def offsets_from_json(text: str, what: str) -> dict[str, Position]:
     return {ref: Position.from_json(ref, v) for ref, v in value.items()}
 
 
+def check_range(start: Mapping[str, Position], end: Mapping[str, Position]) -> None:
+    """InvalidInput naming both offsets when a stream's endingOffsets is before its
+    startingOffsets (a read took that for a stream made again and said events were
+    trimmed)."""
+    for ref, b in end.items():
+        a = start.get(ref)
+        if a is not None and (b.n < a.n or _order(b.id) < _order(a.id)):
+            raise InvalidInput(
+                f"the queasy-events source: endingOffsets of {ref!r} {b.to_json()} is before "
+                f"its startingOffsets {a.to_json()}: the end of a range must not be before "
+                "its start"
+            )
+
+
+def _order(text: str) -> tuple[int, int]:
+    """A checked entry id ('ms-seq', or 'ms') as a pair that sorts as the stream does."""
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
 @dataclass(frozen=True)
 class SourceConfig:
     """The checked options of one read, built on the driver and sent to every task."""
@@ -153,7 +173,9 @@ class SourceConfig:
             offsets_from_json(starting, "startingOffsets")
         ending = opts.get("endingOffsets", "latest")
         if ending != "latest":
-            offsets_from_json(ending, "endingOffsets")
+            ends = offsets_from_json(ending, "endingOffsets")
+            if starting not in ("earliest", "latest"):
+                check_range(offsets_from_json(starting, "startingOffsets"), ends)
         chunk = opts.whole("readChunk", 10_000) or 10_000
         if chunk > MAX_CHUNK:
             raise InvalidInput(

@@ -57,6 +57,11 @@ class QueueKeys:
         return f"{self.base}:stats"
 
     @property
+    def failed(self) -> str:
+        """The index of the kept failed records by failure time (lua/queasy.lua B:failed)."""
+        return f"{self.base}:failed"
+
+    @property
     def schedule(self) -> str:
         """The queue's schedule (lua/queasy.lua B:schedule)."""
         return f"{self.base}:schedule"
