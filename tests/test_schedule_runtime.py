@@ -9,6 +9,7 @@ comes from the key `<prefix>:mode:<queue>`).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ import pytest
 import redis
 from runtime_helpers import ROOT, Runtime, queue_spec, wait_for
 
+from queasy_py.aio import AsyncClient
 from queasy_py.errors import InvalidInput
 
 SCHEDULED = "tests.runtime_handlers.scheduled"
@@ -291,11 +293,15 @@ def test_one_schedule_spelled_two_ways_in_a_rolling_deploy_does_not_move_a_late_
 # ---------------------------------------------------------------- requeue of an occurrence
 
 
-def test_requeue_failed_never_requeues_an_occurrence_of_the_schedule(rt: Runtime) -> None:
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_requeue_failed_never_requeues_an_occurrence_of_the_schedule(
+    rt: Runtime, flavor: str
+) -> None:
     """A failed occurrence (id 'schedule') requeued while the next one runs became a job
     blocked behind it (queasy_requeue: a new job of a live id waits for it), then ran: the
     periodic job once more, beside the schedule's own occurrences. By id it is refused
-    before anything is written; with every failed job it is skipped, the others requeued."""
+    before anything is written; with every failed job it is skipped, the others requeued.
+    The same through AsyncQueue (`flavor`)."""
     mode(rt, "fail")
     q = rt.queue("q")
     q.dispatch({"fire_at": 0}, id="x")  # a job of the queue that fails too (max_retries 0)
@@ -307,15 +313,32 @@ def test_requeue_failed_never_requeues_an_occurrence_of_the_schedule(rt: Runtime
     rt.wait_records(1, "start", mode="gate")  # the next occurrence runs (held at its gate)
     assert q.get_job("schedule").state == "active"
 
+    requeue = q.requeue_failed if flavor == "sync" else async_requeue(rt)
     with pytest.raises(InvalidInput, match="job 'schedule' of q is an occurrence of the"):
-        q.requeue_failed(["x", "schedule"])
+        requeue(["x", "schedule"])
     assert q.counts()["blocked"] == 0
     assert failed_ids(q) == {"x", "schedule"}  # nothing written: x not requeued either
 
-    assert q.requeue_failed() == 1  # x alone
+    assert requeue() == 1  # x alone
     assert q.counts()["blocked"] == 0
     assert "schedule" in failed_ids(q)
     rt.open_gate("q")
+
+
+def async_requeue(rt: Runtime) -> Any:
+    """AsyncQueue("q").requeue_failed run to its end on a client of its own."""
+
+    def requeue(ids: list[str] | None = None) -> int:
+        async def run() -> int:
+            client = AsyncClient(rt.url, prefix=rt.prefix)
+            try:
+                return await client.queue("q").requeue_failed(ids)
+            finally:
+                await client.close()
+
+        return asyncio.run(run())
+
+    return requeue
 
 
 def failed_ids(q: Any) -> set[str]:
