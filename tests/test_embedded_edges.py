@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
-from test_embedded_shared import PYPROJECT, Project, project
+import redis
+from test_embedded_shared import PYPROJECT, Project, pid_gone, project, wait_for
+
+from queasy_py.store.shared import join
 
 __all__ = ["project"]  # the fixture, imported
 
@@ -35,3 +42,69 @@ def test_a_project_path_holding_url_characters_reaches_its_server(project: Proje
         assert '"id":"odd-1"' in listed.stdout
     finally:
         shutil.rmtree(weird)
+
+
+def keeper_of(data_dir: Path) -> int | None:
+    """The pid of the keeper process of `data_dir`, once it runs (read from /proc: fast)."""
+    want = [b"queasy_py.store.keeper", os.fsencode(data_dir)]
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if all(w in args for w in want):
+            return int(entry)
+    return None
+
+
+JOINER = """
+import sys, time
+from queasy_py.store.shared import join
+join(sys.argv[1])
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_process_killed_while_it_starts_the_server_leaves_the_next_one_a_live_server(
+    project: Project,
+) -> None:
+    """A process starting the project's server (its keeper launched, not yet ready) is killed
+    (SIGKILL, the OOM killer, a Ctrl-C'd `queasy run` of a terminal closing): the kernel let
+    go of its start.lock, so a process starting next found a live keeper but no server.json,
+    and failed ("has a keeper but no readable server.json"); the keeper, unable to say
+    `ready` to the dead one, died on a BrokenPipeError and took its server along. The keeper
+    now holds start.lock until it is ready, and goes on when no one hears it."""
+    starter = subprocess.Popen(
+        [sys.executable, "-c", JOINER, str(project.data_dir)],
+        env=project.env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    keeper = None
+    try:
+        keeper = wait_for(lambda: keeper_of(project.data_dir), 30, "the keeper to start")
+        os.kill(keeper, signal.SIGSTOP)  # mid-start: held there while its starter dies
+        project.pids.add(keeper)
+        assert not (project.data_dir / "server.json").exists(), "the keeper started too fast"
+        starter.kill()
+        starter.wait(timeout=30)
+        thaw = threading.Timer(1.0, os.kill, (keeper, signal.SIGCONT))
+        thaw.start()
+        try:
+            server = join(project.data_dir)
+        finally:
+            thaw.join()
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+            starter.wait(timeout=30)
+        if keeper is not None and not pid_gone(keeper):
+            os.kill(keeper, signal.SIGCONT)
+    project.pids.update((server.pid, server.keeper_pid))  # type: ignore[arg-type]
+    try:
+        with redis.Redis.from_url(server.url, socket_timeout=5) as conn:
+            assert conn.set("kept", "1")
+    finally:
+        assert server.close()
+    project.assert_gone({"pid": server.pid, "keeper_pid": server.keeper_pid})
+    assert "Traceback" not in (project.data_dir / "server.log").read_text()
