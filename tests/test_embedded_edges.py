@@ -4,6 +4,7 @@ killed while it starts the server. Real `queasy` subprocesses and servers; bound
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -108,3 +110,64 @@ def test_a_process_killed_while_it_starts_the_server_leaves_the_next_one_a_live_
         assert server.close()
     project.assert_gone({"pid": server.pid, "keeper_pid": server.keeper_pid})
     assert "Traceback" not in (project.data_dir / "server.log").read_text()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs (mounting needs root), unmounted after the test."""
+    if os.geteuid() != 0 or not sys.platform.startswith("linux"):
+        pytest.skip("mounting a small tmpfs needs root on Linux")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(disk)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=30)
+
+
+def fill(disk: Path) -> Path:
+    """Write a file until the disk is full; return it."""
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def test_queasy_server_on_a_full_disk_says_what_the_server_answers(
+    project: Project, small_disk: Path
+) -> None:
+    """The data directory's disk fills up: the server refuses writes, and PING too, with
+    `MISCONF Errors writing to the AOF file: No space left on device`, which every command
+    shows; `queasy server` said only "does not answer PING (busy or paused?)", sending its
+    operator after a frozen process. It says what the server answers, and when it answers
+    again (the disk freed: the server writes its append-only file again by itself)."""
+    data_dir = small_disk / ".queasy"
+    served = project.start("server", "--data-dir", str(data_dir))
+    wait_for(lambda: "serving" in project.output(served), 30, "the serving line")
+    info = json.loads((data_dir / "server.json").read_text())
+    project.pids.update((info["pid"], info["keeper_pid"]))
+    filler = fill(small_disk)
+    with redis.Redis.from_url(info["url"], socket_timeout=5) as conn:
+        with pytest.raises(redis.ResponseError):  # the write fails, or the next: MISCONF
+            for i in range(100):
+                conn.set(f"k{i}", "x" * 1024)
+    wait_for(lambda: "No space left on device" in project.output(served), 10, "the MISCONF")
+    out = project.output(served)
+    assert "ERROR the embedded server refuses commands: MISCONF" in out, out
+    assert "busy or paused" not in out
+    filler.unlink()
+    wait_for(lambda: "answers again" in project.output(served), 15, "the server to recover")
+    served.send_signal(signal.SIGTERM)
+    assert served.wait(timeout=30) == 0, project.output(served)
+    assert info["url"].split("@")[0].rsplit(":", 1)[1] not in project.output(served)

@@ -61,7 +61,7 @@ from .datadir import (
     wait_lock,
 )
 from .embedded import find_server_binary
-from .resp import ping
+from .resp import ping_answer
 
 __all__ = ["SharedServer", "join", "serve_foreground", "socket_path"]
 
@@ -344,25 +344,40 @@ def serve_foreground(data_dir: str | os.PathLike[str]) -> int:
                 server.data_dir, server.socket, server.version, server.pid,
                 server.data_dir / INFO,
             )  # fmt: skip
-            silent = False
-            while not stopping.wait(0.5):
-                if ping(server.socket, server.password):
-                    silent = False
-                elif not server.data_dir.is_dir():
-                    log.error("%s", _removed(server.data_dir))
-                    return 1
-                elif _keeper_alive(server.data_dir):  # busy or paused, not dead: its keeper
-                    if not silent:  # watches it (and exits when it dies)
-                        log.warning("the embedded server does not answer PING (busy or paused?)")
-                    silent = True
-                else:
-                    log.error("the embedded server stopped answering; see %s",
-                              server.data_dir / "server.log")  # fmt: skip
-                    return 1
+            return _watch_served(server, stopping)
         finally:
             if not server.close():
                 log.info("left the embedded server: other processes still use it")
-        return 0
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _watch_served(server: SharedServer, stopping: threading.Event) -> int:
+    """`queasy server` until `stopping`: say when its server refuses commands (MISCONF: a
+    full disk), stops answering (busy or paused) and answers again; 1 once it is dead or its
+    data directory is gone, else 0."""
+    state = "answers"
+    while not stopping.wait(0.5):
+        answer = ping_answer(server.socket, server.password)
+        if answer == "PONG":
+            if state != "answers":
+                log.info("the embedded server answers again")
+            state = "answers"
+        elif answer is not None:  # an error: it refuses every command, PING included
+            if state != answer:
+                log.error("the embedded server refuses commands: %s (see %s)",
+                          answer, server.data_dir / "server.log")  # fmt: skip
+            state = answer
+        elif not server.data_dir.is_dir():
+            log.error("%s", _removed(server.data_dir))
+            return 1
+        elif _keeper_alive(server.data_dir):  # busy or paused, not dead: its keeper
+            if state != "silent":  # watches it (and exits when it dies)
+                log.warning("the embedded server does not answer PING (busy or paused?)")
+            state = "silent"
+        else:
+            log.error("the embedded server stopped answering; see %s",
+                      server.data_dir / "server.log")  # fmt: skip
+            return 1
+    return 0
