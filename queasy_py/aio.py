@@ -51,9 +51,7 @@ class AsyncClient:
         config: PathLike | None = None,
         data_dir: PathLike | None = None,
     ) -> None:
-        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
-            raise InvalidInput(f"invalid key prefix {prefix!r}: a non-empty str without braces")
-        self.prefix = prefix
+        self.prefix = validate.key_prefix(prefix)
         self.max_payload = validate.payload_limit(max_payload)
         target = url if isinstance(url, Target) else resolve(url, config=config, data_dir=data_dir)
         self.server = target.server

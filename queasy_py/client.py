@@ -68,9 +68,7 @@ class Client:
             raise InvalidInput(f"unknown Client settings: {sorted(unknown)}")
         for key, value in {**settings, "workers": workers}.items():
             check_setting(key, value)
-        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
-            raise InvalidInput(f"invalid key prefix {prefix!r}: a non-empty str without braces")
-        self.prefix = prefix
+        self.prefix = validate.key_prefix(prefix)
         self.max_payload = validate.payload_limit(max_payload)
         self.settings: dict[str, Any] = {**defaults.SUPERVISOR, **settings, "workers": workers}
         target = url if isinstance(url, Target) else resolve(url, config=config, data_dir=data_dir)

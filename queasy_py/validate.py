@@ -20,6 +20,13 @@ MAX_DURATION = 1e9
 MAX_DEPTH = 254
 
 
+def key_prefix(value: object) -> str:
+    """A key prefix: a non-empty str without braces (they would change the keys' hash tag)."""
+    if not isinstance(value, str) or not value or "{" in value or "}" in value:
+        raise InvalidInput(f"invalid key prefix {value!r}: a non-empty str without braces")
+    return value
+
+
 def queue_name(name: object) -> str:
     if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
         raise InvalidInput(

@@ -203,6 +203,8 @@ def test_every_subcommand_takes_the_log_level_after_it() -> None:
 # ---------------------------------------------------------------- errors: exit 2, one line
 
 BAD_VALUE = '[queues.q]\nhandler = "myapp.jobs"\nsize = "big"\n'
+#: braces in the prefix: refused naming the key, before any server is started or joined
+BAD_PREFIX = 'prefix = "a{b}"\n[queues.q]\nhandler = "myapp.jobs"\n'
 
 
 @pytest.mark.parametrize(
@@ -223,6 +225,12 @@ BAD_VALUE = '[queues.q]\nhandler = "myapp.jobs"\nsize = "big"\n'
         (["run", "c.toml"], {"c.toml": "[queues.q\n"}, "malformed TOML in c.toml"),
         (["dispatch", "q", "{not json"], {}, "job data is not JSON"),
         (["dispatch", "q", "{}", "--delay", "soon"], {}, "--delay: invalid float value"),
+        (["run", "c.toml"], {"c.toml": BAD_PREFIX}, "c.toml: prefix: invalid key prefix 'a{b}'"),
+        (
+            ["dispatch", "q", "{}", "--config", "c.toml"],
+            {"c.toml": BAD_PREFIX},
+            "c.toml: prefix: invalid key prefix 'a{b}'",
+        ),
     ],
     ids=[
         "bad_level",
@@ -240,6 +248,8 @@ BAD_VALUE = '[queues.q]\nhandler = "myapp.jobs"\nsize = "big"\n'
         "malformed_toml",
         "dispatch_bad_json",
         "dispatch_bad_delay",
+        "bad_prefix_in_config",
+        "dispatch_bad_prefix_in_config",
     ],
 )
 def test_each_command_line_or_config_error_exits_2_with_one_line(

@@ -28,7 +28,7 @@ from .. import defaults
 from ..errors import ConfigError, InvalidInput
 from ..options import ListenOptions, check_setting
 from ..store.connection import check_url
-from ..validate import queue_name
+from ..validate import key_prefix, queue_name
 
 TOP_LEVEL = {"redis", "queues", "prefix"} | set(defaults.SUPERVISOR)
 
@@ -97,9 +97,10 @@ def parse(raw: dict[str, Any], source: str, table: str = "") -> Config:
             raise fail("redis", str(exc)) from None
         config.redis = raw["redis"]
     if "prefix" in raw:
-        if not isinstance(raw["prefix"], str) or not raw["prefix"]:
-            raise fail("prefix", "must be a non-empty string")
-        config.prefix = raw["prefix"]
+        try:
+            config.prefix = key_prefix(raw["prefix"])
+        except InvalidInput as exc:
+            raise fail("prefix", str(exc)) from None
     for key in defaults.SUPERVISOR:
         if key in raw:
             try:

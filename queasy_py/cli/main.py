@@ -27,6 +27,7 @@ from ..errors import (
 )
 from ..resolve import config_table, data_dir_for, find_pyproject, resolve
 from ..store.connection import mask_url
+from ..validate import key_prefix
 from . import config as config_file
 from . import dashboard, exitcodes, history, operate
 
@@ -129,6 +130,11 @@ def producer(args: argparse.Namespace) -> Client:
     """A producer-only client on the server and with the prefix `queasy run` would use."""
     config = args.config or find_pyproject()
     prefix = args.prefix or (config_table(config) if config else {}).get("prefix")
+    if not args.prefix and prefix is not None:  # before a server is started or joined
+        try:
+            key_prefix(prefix)
+        except InvalidInput as exc:
+            raise ConfigError(f"{config}: prefix: {exc}") from None
     target = resolve(args.redis, config=args.config, data_dir=args.data_dir, given="--redis")
     return Client(target, workers=0, prefix=prefix or defaults.PREFIX)
 

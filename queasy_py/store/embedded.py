@@ -111,6 +111,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _url_path(path: str) -> str:
+    """A socket path as a URL's path: redis-py unquotes it, and a `#`, `?` or `@` in it would
+    end it early (a project in `R&D #2`), so these, `%` and unprintable characters are
+    percent-encoded; the rest stays as it is, readable in the log."""
+    return "".join(c if c.isprintable() and c not in "%?#@" else quote(c) for c in path)
+
+
 _libc: ctypes.CDLL | None = None
 
 
@@ -197,7 +204,7 @@ class EmbeddedServer:
 
     def _url(self, password: str) -> str:
         if self.unix_socket is not None:
-            return f"unix://:{password}@{self.unix_socket}"
+            return f"unix://:{password}@{_url_path(self.unix_socket)}"
         return f"redis://:{password}@{_HOST}:{self.port}/0"
 
     @property

@@ -1,10 +1,12 @@
 """The keeper of a project's shared embedded server (see store/shared.py).
 
-    python -m queasy_py.store.keeper DATA_DIR SERVER_BINARY SOCKET_PATH KEEPER_LOCK_FD
+    python -m queasy_py.store.keeper DATA_DIR SERVER_BINARY SOCKET_PATH KEEPER_LOCK_FD [START_FD]
 
 Started by `shared.join()` in a session of its own, holding `keeper.lock` (the inherited fd) for
-its whole life. It runs valkey-server (durable, on the unix socket only) as its child, which
-dies with it (PR_SET_PDEATHSIG), writes `server.json`, says `ready` on stdout (or
+its whole life, and its starter's `start.lock` (START_FD) until it is ready or has failed, so a
+starter killed meanwhile leaves no keeper without a server.json to the next process. It runs
+valkey-server (durable, on the unix socket only) as its child, which dies with it
+(PR_SET_PDEATHSIG), writes `server.json`, says `ready` on stdout (or
 `error <JSON message>`), then checks every KEEPER_POLL_INTERVAL whether any process still holds
 `users.lock`. When none does, or on SIGTERM, it shuts the server down (SHUTDOWN: the
 append-only file is flushed and fsynced), removes `server.json` and exits. Its log lines go to
@@ -53,8 +55,18 @@ def _watch(server: EmbeddedServer, start: int, users: int, stop: threading.Event
     return "SIGTERM"
 
 
+def _say(*words: str) -> bool:
+    """Tell the starter (stdout, a pipe) how the start went; False if it no longer reads."""
+    try:
+        print(*words, flush=True)
+        return True
+    except BrokenPipeError:
+        return False
+
+
 def main(argv: list[str]) -> int:
-    data_dir, binary, socket, keeper_lock = pathlib.Path(argv[0]), argv[1], argv[2], int(argv[3])
+    data_dir, binary, socket = pathlib.Path(argv[0]), argv[1], argv[2]
+    keeper_lock, starting = int(argv[3]), (int(argv[4]) if len(argv) > 4 else None)
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
@@ -73,7 +85,7 @@ def main(argv: list[str]) -> int:
     try:
         server.start()
     except (QueasyError, OSError) as exc:  # OSError: the password file (a full disk)
-        print("error", json.dumps(str(exc)), flush=True)
+        _say("error", json.dumps(str(exc)))
         return 1
     info = {
         "url": server.url,
@@ -90,13 +102,16 @@ def main(argv: list[str]) -> int:
         server.stop(timeout=10.0)
         with contextlib.suppress(OSError):
             info_file.unlink(missing_ok=True)  # what was written of it
-        print("error", json.dumps(f"cannot write {info_file}: {exc}"), flush=True)
+        _say("error", json.dumps(f"cannot write {info_file}: {exc}"))
         return 1
     start, users = lock_file(data_dir / "start.lock"), lock_file(data_dir / "users.lock")
-    print("ready", flush=True)
+    if not _say("ready"):  # its starter was killed or gave up: the server serves whoever
+        log.info("the process that started the server is gone")  # joins; or stops below
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.close(devnull)
+    if starting is not None:  # start.lock: free once the starter lets go too (or is gone)
+        os.close(starting)
     why = _watch(server, start, users, stop)
     log.info("stopping valkey-server (pid %s): %s", server.pid, why)
     server.stop(timeout=10.0)

@@ -72,6 +72,15 @@ def ping(address: int | str, password: str | None = None) -> bool:
         return False
 
 
+def ping_answer(address: int | str, password: str | None = None) -> str | None:
+    """What the server answers PING with: "PONG", or an error ("MISCONF Errors writing to the
+    AOF file: ..." on a full disk, "LOADING ..."); None when it does not answer."""
+    try:
+        return command(address, "PING", password=password, timeout=0.5)[1].decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+
+
 def loading(address: int | str, password: str | None = None) -> bool:
     """Whether the server answers but is still loading its data (PING: -LOADING)."""
     try:

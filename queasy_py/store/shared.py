@@ -11,7 +11,8 @@ runs; `SharedServer.close()` stops using it. The directory (0700) holds:
   `<$XDG_RUNTIME_DIR/queasy or /tmp/queasy-UID>/<hash of the dir>.sock` (a 0700 dir);
 - `appendonlydir/`: the data (append-only file, fsync every second); `server.log`: the log of
   the server and its keeper;
-- `start.lock`: held while a process starts, joins or stops the server;
+- `start.lock`: held while a process starts, joins or stops the server (by the keeper it
+  starts too, until that is ready: a starter killed mid-start leaves it held till then);
 - `keeper.lock`: held by the keeper while it lives: free means no server, whatever the other
   files say;
 - `users.lock`: held shared by every process using the server.
@@ -60,7 +61,7 @@ from .datadir import (
     wait_lock,
 )
 from .embedded import find_server_binary
-from .resp import ping
+from .resp import ping_answer
 
 __all__ = ["SharedServer", "join", "serve_foreground", "socket_path"]
 
@@ -180,7 +181,7 @@ def join(
     try:
         while True:
             wait_lock(start, fcntl.LOCK_EX, deadline, f"the embedded server of {path} to start")
-            joined = _join_locked(path, deadline)
+            joined = _join_locked(path, start, deadline)
             if joined is not None:
                 break
             # its server died, its keeper has not noticed yet: it stops under start.lock
@@ -197,10 +198,12 @@ def join(
     return SharedServer(path, info, users, started)
 
 
-def _join_locked(path: pathlib.Path, deadline: float) -> tuple[dict[str, Any], int, bool] | None:
-    """join() under start.lock: server.json, the fd of users.lock (held shared) and whether
-    this process started the server; None when a keeper lives but nothing listens on its
-    socket any more (its server died; the keeper notices within KEEPER_POLL_INTERVAL)."""
+def _join_locked(
+    path: pathlib.Path, start: int, deadline: float
+) -> tuple[dict[str, Any], int, bool] | None:
+    """join() under start.lock (`start`): server.json, the fd of users.lock (held shared) and
+    whether this process started the server; None when a keeper lives but nothing listens on
+    its socket any more (its server died; the keeper notices within KEEPER_POLL_INTERVAL)."""
     keeper_lock = lock_file(path / "keeper.lock")
     users = lock_file(path / "users.lock")
     try:
@@ -209,7 +212,7 @@ def _join_locked(path: pathlib.Path, deadline: float) -> tuple[dict[str, Any], i
             for stale in (path / INFO, socket_path(path)):
                 stale.unlink(missing_ok=True)
             wait_lock(users, fcntl.LOCK_SH, deadline, f"{path / 'users.lock'}")
-            _start_keeper(path, keeper_lock, deadline)
+            _start_keeper(path, keeper_lock, start, deadline)
             started = True
         else:
             wait_lock(users, fcntl.LOCK_SH, deadline, f"{path / 'users.lock'}")
@@ -244,12 +247,15 @@ def _listening(path: str) -> bool:
     return True
 
 
-def _start_keeper(data_dir: pathlib.Path, keeper_lock: int, deadline: float) -> None:
+def _start_keeper(data_dir: pathlib.Path, keeper_lock: int, start: int, deadline: float) -> None:
     """Run the keeper (handing it `keeper_lock`); return once it says its server answers.
 
     A shell starts it in the background and exits at once, so the keeper is no child of this
     process: nothing to reap here, and it lives on when this process exits while others use
-    the server."""
+    the server. It also gets `start` (start.lock, held here: the same open file, so the same
+    lock), which it lets go of once it is ready or has failed: killed mid-start, this process
+    leaves start.lock held until then, and the next to join finds a server or no keeper, never
+    a keeper without a server.json."""
     package_root = str(pathlib.Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
@@ -257,6 +263,7 @@ def _start_keeper(data_dir: pathlib.Path, keeper_lock: int, deadline: float) -> 
         "/bin/sh", "-c", 'exec "$@" </dev/null &', "queasy-keeper",
         sys.executable, "-m", "queasy_py.store.keeper",
         str(data_dir), find_server_binary(), str(socket_path(data_dir)), str(keeper_lock),
+        str(start),
     ]  # fmt: skip
     with os.fdopen(open_log(data_dir / "server.log"), "ab") as log_file:
         try:
@@ -267,7 +274,7 @@ def _start_keeper(data_dir: pathlib.Path, keeper_lock: int, deadline: float) -> 
                 stderr=log_file,
                 cwd=data_dir,
                 env=env,
-                pass_fds=(keeper_lock,),
+                pass_fds=(keeper_lock, start),
                 start_new_session=True,
             )
         except OSError as exc:
@@ -279,7 +286,7 @@ def _start_keeper(data_dir: pathlib.Path, keeper_lock: int, deadline: float) -> 
         while not line.endswith(b"\n"):
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([shell.stdout], [], [], remaining)[0]:
-                # closing the pipe makes the keeper, still starting, fail to say "ready"
+                # the keeper, still starting, finds no one using its server once ready
                 raise QueasyError(f"the embedded server of {data_dir} did not start in time")
             chunk = os.read(shell.stdout.fileno(), 4096)
             if not chunk:
@@ -337,25 +344,40 @@ def serve_foreground(data_dir: str | os.PathLike[str]) -> int:
                 server.data_dir, server.socket, server.version, server.pid,
                 server.data_dir / INFO,
             )  # fmt: skip
-            silent = False
-            while not stopping.wait(0.5):
-                if ping(server.socket, server.password):
-                    silent = False
-                elif not server.data_dir.is_dir():
-                    log.error("%s", _removed(server.data_dir))
-                    return 1
-                elif _keeper_alive(server.data_dir):  # busy or paused, not dead: its keeper
-                    if not silent:  # watches it (and exits when it dies)
-                        log.warning("the embedded server does not answer PING (busy or paused?)")
-                    silent = True
-                else:
-                    log.error("the embedded server stopped answering; see %s",
-                              server.data_dir / "server.log")  # fmt: skip
-                    return 1
+            return _watch_served(server, stopping)
         finally:
             if not server.close():
                 log.info("left the embedded server: other processes still use it")
-        return 0
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _watch_served(server: SharedServer, stopping: threading.Event) -> int:
+    """`queasy server` until `stopping`: say when its server refuses commands (MISCONF: a
+    full disk), stops answering (busy or paused) and answers again; 1 once it is dead or its
+    data directory is gone, else 0."""
+    state = "answers"
+    while not stopping.wait(0.5):
+        answer = ping_answer(server.socket, server.password)
+        if answer == "PONG":
+            if state != "answers":
+                log.info("the embedded server answers again")
+            state = "answers"
+        elif answer is not None:  # an error: it refuses every command, PING included
+            if state != answer:
+                log.error("the embedded server refuses commands: %s (see %s)",
+                          answer, server.data_dir / "server.log")  # fmt: skip
+            state = answer
+        elif not server.data_dir.is_dir():
+            log.error("%s", _removed(server.data_dir))
+            return 1
+        elif _keeper_alive(server.data_dir):  # busy or paused, not dead: its keeper
+            if state != "silent":  # watches it (and exits when it dies)
+                log.warning("the embedded server does not answer PING (busy or paused?)")
+            state = "silent"
+        else:
+            log.error("the embedded server stopped answering; see %s",
+                      server.data_dir / "server.log")  # fmt: skip
+            return 1
+    return 0
