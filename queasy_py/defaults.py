@@ -60,6 +60,10 @@ STATE_DIR_NAME = ".queasy"
 KEEPER_POLL_INTERVAL = 0.1
 #: seconds a process waits for the project's embedded server to start (or to stop, at close)
 EMBEDDED_START_TIMEOUT = 30.0
+#: the keeper starts a valkey-server that died under its users (the OOM killer, a crash) again,
+#: at most this many times within KEEPER_RESTART_WINDOW seconds; one death more, it stops
+KEEPER_RESTARTS = 3
+KEEPER_RESTART_WINDOW = 60.0
 #: capacity units of one worker process
 WORKER_UNITS = 100
 #: seconds the scheduling loop waits on one Redis call at most (its own connections; a frozen

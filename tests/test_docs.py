@@ -55,6 +55,8 @@ def test_readme_tables_quote_the_defaults(marker: str, source: dict) -> None:
         "STATE_DIR_NAME",
         "KEEPER_POLL_INTERVAL",
         "EMBEDDED_START_TIMEOUT",
+        "KEEPER_RESTARTS",
+        "KEEPER_RESTART_WINDOW",
         "DEDUP_WINDOW",
         "TRACEBACK_BYTES",
         "EVENT_TRACEBACK_BYTES",

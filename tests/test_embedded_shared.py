@@ -26,6 +26,7 @@ import redis
 from lua_calls import live
 
 from queasy_py import Client, defaults
+from queasy_py.errors import QueasyError
 from queasy_py.resolve import data_dir_for, resolve
 from queasy_py.store.shared import join
 
@@ -379,12 +380,14 @@ def test_queasy_server_serves_the_project_in_the_foreground(project: Project) ->
     project.assert_gone(info)  # no other process used it: it stopped
 
 
-def test_queasy_server_outlives_a_server_paused_for_a_second_and_exits_1_on_its_death(
+def test_queasy_server_outlives_a_server_paused_for_a_second_and_one_that_died(
     project: Project,
 ) -> None:
     """`queasy server` took one PING without a reply within 0.5 s (a server busy or paused
     for a second: a slow disk, swap, a stalled VM) for its death: it exited 1 and, the only
-    user, had the keeper stop the live server. It leaves only once the keeper has gone."""
+    user, had the keeper stop the live server. A real death (the OOM killer) stopped it
+    too, and every process using the server waited until another command started one: the
+    keeper now starts it again, with its data, while processes use it."""
     served = project.start("server")
     info = wait_for(project.info, 30, "`queasy server` to start the server")
     wait_for(lambda: "serving" in project.output(served), 10, "the serving line")
@@ -398,10 +401,80 @@ def test_queasy_server_outlives_a_server_paused_for_a_second_and_exits_1_on_its_
     assert project.info() == info  # the same server, still running
     with redis.Redis.from_url(info["url"], socket_timeout=5) as conn:
         assert conn.ping()
-    os.kill(info["pid"], signal.SIGKILL)  # a real death: said, exit 1
+        conn.set("kept", "1")
+    os.kill(info["pid"], signal.SIGKILL)  # a real death: started again, the same data
+    again = wait_for(
+        lambda: (i := project.info()) is not None and i["pid"] != info["pid"] and i,
+        30,
+        "the keeper to start the server again",
+    )
+    assert again == {**info, "pid": again["pid"]}  # the same keeper, socket and URL
+    with redis.Redis.from_url(info["url"], socket_timeout=5) as conn:
+        assert wait_for(lambda: answers(conn), 10, "the server to answer") == b"1"
+    wait_for(lambda: "answers again" in project.output(served), 10, "`queasy server` to see it")
+    assert served.poll() is None, project.output(served)
+    server_log = (project.data_dir / "server.log").read_text()
+    assert "starting it again for the processes that use it" in server_log
+    served.send_signal(signal.SIGTERM)
+    assert served.wait(timeout=30) == 0, project.output(served)
+    project.assert_gone(again)
+
+
+def test_a_server_that_keeps_dying_is_given_up_after_keeper_restarts(project: Project) -> None:
+    """A server that dies again at once (a crash on its data, the OOM killer each time) is
+    not started for ever: after KEEPER_RESTARTS starts within KEEPER_RESTART_WINDOW the
+    keeper stops, and `queasy server` exits 1 saying the server stopped answering."""
+    served = project.start("server")
+    info = wait_for(project.info, 30, "`queasy server` to start the server")
+    wait_for(lambda: "serving" in project.output(served), 10, "the serving line")
+    pid = info["pid"]
+    for n in range(defaults.KEEPER_RESTARTS):
+        os.kill(pid, signal.SIGKILL)
+        pid = wait_for(
+            lambda old=pid: (i := project.info()) is not None and i["pid"] != old and i["pid"],
+            30, f"start {n + 1} again",
+        )  # fmt: skip
+    os.kill(pid, signal.SIGKILL)  # once more within the window: given up
     assert served.wait(timeout=30) == 1, project.output(served)
     assert "the embedded server stopped answering" in project.output(served)
-    project.assert_gone(info)
+    server_log = (project.data_dir / "server.log").read_text()
+    assert f"not started again: it died {defaults.KEEPER_RESTARTS + 1} times" in server_log
+    project.assert_gone({**info, "pid": pid})
+
+
+def test_a_process_using_the_server_goes_on_after_it_died(project: Project) -> None:
+    """A long-lived user of the server (a web app's Client, `queasy run`) whose server died
+    waited as in an outage until some other queasy command started a new one; the keeper
+    starts it again itself, so its next calls go through, nothing else run."""
+    first = join(project.data_dir)
+    project.pids.update((first.pid, first.keeper_pid))  # type: ignore[arg-type]
+    try:
+        with Client(first.url, workers=0) as client:
+            q = client.queue("q")
+            q.dispatch("before", id="a")
+            os.kill(first.pid, signal.SIGKILL)  # type: ignore[arg-type]
+            wait_for(lambda: dispatches(q), 30, "a dispatch after the server died")
+            assert {j.id for j in q.jobs("waiting")[0]} >= {"a", "b"}  # a: from its AOF
+    finally:
+        assert first.close()
+
+
+def answers(conn: redis.Redis) -> bytes | None:
+    """The key 'kept' once the server answers, else None."""
+    try:
+        return conn.get("kept")
+    except redis.ConnectionError:
+        return None
+
+
+def dispatches(q: Any) -> bool:
+    """Whether a dispatch goes through (while the server is down: a QueasyError, or
+    redis-py's ConnectionError once the client had connected)."""
+    try:
+        q.dispatch("after", id="b")
+    except (QueasyError, redis.ConnectionError):
+        return False
+    return True
 
 
 def test_queasy_server_with_a_config_that_cannot_be_read_exits_2_and_makes_nothing(

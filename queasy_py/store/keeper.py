@@ -9,8 +9,12 @@ valkey-server (durable, on the unix socket only) as its child, which dies with i
 (PR_SET_PDEATHSIG), writes `server.json`, says `ready` on stdout (or
 `error <JSON message>`), then checks every KEEPER_POLL_INTERVAL whether any process still holds
 `users.lock`. When none does, or on SIGTERM, it shuts the server down (SHUTDOWN: the
-append-only file is flushed and fsynced), removes `server.json` and exits. Its log lines go to
-stderr, the data dir's `server.log`. It imports no redis-py: it starts fast.
+append-only file is flushed and fsynced), removes `server.json` and exits. A server that dies
+while processes use it (the OOM killer, a crash) is started again on the same socket with the
+same password and data, under `start.lock`, so they reconnect as after any outage: at most
+KEEPER_RESTARTS times within KEEPER_RESTART_WINDOW seconds, then it stops as when none uses
+it. Its log lines go to stderr, the data dir's `server.log`. It imports no redis-py: it
+starts fast.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ def _watch(server: EmbeddedServer, start: int, users: int, stop: threading.Event
         if proc is None or proc.poll() is not None:
             code = None if proc is None else proc.returncode
             wait_lock(start, fcntl.LOCK_EX, time.monotonic() + 30.0, "start.lock")
-            return f"valkey-server exited unexpectedly (code {code}):\n{server._log_tail(0)}"
+            return f"{DIED} (code {code}):\n{server._log_tail(0)}"
         if try_lock(start, fcntl.LOCK_EX):
             if try_lock(users, fcntl.LOCK_EX):
                 return "no process uses it"
@@ -53,6 +57,32 @@ def _watch(server: EmbeddedServer, start: int, users: int, stop: threading.Event
     except QueasyError:
         pass
     return "SIGTERM"
+
+
+DIED = "valkey-server exited unexpectedly"
+
+
+def _restart(server: EmbeddedServer, users: int, why: str, restarts: list[float]) -> str | None:
+    """Start the server that died (`why`, under start.lock) again when processes still use it
+    and it died fewer than KEEPER_RESTARTS times in the last KEEPER_RESTART_WINDOW seconds
+    (`restarts`: when it was started again); None once it answers, else why it stays down."""
+    if try_lock(users, fcntl.LOCK_EX):
+        return why  # none uses it: it stops as it would have
+    now = time.monotonic()
+    restarts[:] = [t for t in restarts if now - t < defaults.KEEPER_RESTART_WINDOW]
+    if len(restarts) >= defaults.KEEPER_RESTARTS:
+        return (
+            f"{why}\nnot started again: it died {len(restarts) + 1} times within "
+            f"{defaults.KEEPER_RESTART_WINDOW:g} s"
+        )
+    log.error("%s\nstarting it again for the processes that use it", why)
+    restarts.append(now)
+    try:
+        server.start()
+    except (QueasyError, OSError) as exc:
+        return f"{why}\nand could not be started again: {exc}"
+    log.info("valkey-server started again (pid %s)", server.pid)
+    return None
 
 
 def _say(*words: str) -> bool:
@@ -112,7 +142,21 @@ def main(argv: list[str]) -> int:
     os.close(devnull)
     if starting is not None:  # start.lock: free once the starter lets go too (or is gone)
         os.close(starting)
-    why = _watch(server, start, users, stop)
+    restarts: list[float] = []
+    while True:
+        why = _watch(server, start, users, stop)  # returns holding start.lock
+        if not why.startswith(DIED):
+            break
+        down = _restart(server, users, why, restarts)
+        if down is not None:
+            why = down
+            break
+        try:  # its new pid, for whoever joins next
+            write_private(info_file, json.dumps({**info, "pid": server.pid}, indent=1) + "\n")
+        except OSError as exc:
+            why = f"{why}\nstarted again, but cannot write {info_file}: {exc}"
+            break
+        fcntl.flock(start, fcntl.LOCK_UN)
     log.info("stopping valkey-server (pid %s): %s", server.pid, why)
     server.stop(timeout=10.0)
     info_file.unlink(missing_ok=True)
@@ -120,7 +164,7 @@ def main(argv: list[str]) -> int:
     os.close(keeper_lock)  # first: a process that takes start.lock next sees no keeper
     os.close(users)
     os.close(start)
-    return 1 if why.startswith("valkey-server exited") else 0
+    return 1 if why.startswith(DIED) else 0
 
 
 if __name__ == "__main__":

@@ -184,12 +184,13 @@ def join(
             joined = _join_locked(path, start, deadline)
             if joined is not None:
                 break
-            # its server died, its keeper has not noticed yet: it stops under start.lock
+            # its server died, its keeper has not noticed yet: under start.lock, it starts it
+            # again (processes use it) or stops
             fcntl.flock(start, fcntl.LOCK_UN)
             if time.monotonic() > deadline:
                 raise QueasyError(
-                    f"the embedded server of {path} died and its keeper has not exited "
-                    f"(see {path / 'server.log'})"
+                    f"the embedded server of {path} died and its keeper has neither started "
+                    f"it again nor exited (see {path / 'server.log'})"
                 )
             time.sleep(defaults.KEEPER_POLL_INTERVAL / 2)
     finally:
@@ -374,7 +375,10 @@ def _watch_served(server: SharedServer, stopping: threading.Event) -> int:
             return 1
         elif _keeper_alive(server.data_dir):  # busy or paused, not dead: its keeper
             if state != "silent":  # watches it (and exits when it dies)
-                log.warning("the embedded server does not answer PING (busy or paused?)")
+                log.warning(
+                    "the embedded server does not answer PING (busy, paused, or being started "
+                    "again after it died?)"
+                )
             state = "silent"
         else:
             log.error("the embedded server stopped answering; see %s",
