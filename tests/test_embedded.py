@@ -342,13 +342,19 @@ def test_a_restart_whose_data_loads_longer_than_start_timeout_waits_for_it(
     data = tmp_path / "data"
     with EmbeddedServer(data_dir=data, durable=True) as first:
         r = redis.Redis.from_url(first.url)
-        # 400,000 keys in the append-only file: seconds to load, far over start_timeout below
-        r.eval("for i = 1, 400000 do redis.call('SET', 'k' .. i, i) end", 0)
+        r.eval("for i = 1, 20000 do redis.call('SET', 'k' .. i, i) end", 0)
         r.close()
+    # 20,000 keys in the append-only file, each loaded 50 µs late (valkey's key-load-delay):
+    # over 1 s of LOADING on any machine, so past start_timeout; and 1 s is long enough for
+    # the server to open its port first on a loaded machine (with 0.2 s and 400,000 keys it
+    # was not always: killed before it loaded, the test failed under other tests' load)
     t0 = time.monotonic()
-    with EmbeddedServer(data_dir=data, durable=True, start_timeout=0.2) as second:
+    slow_load = ["--key-load-delay", "50"]
+    with EmbeddedServer(
+        data_dir=data, durable=True, start_timeout=1.0, extra_args=slow_load
+    ) as second:
         took = time.monotonic() - t0
         r = redis.Redis.from_url(second.url)
-        assert r.dbsize() == 400000
+        assert r.dbsize() == 20000
         r.close()
-    assert took > 0.2, f"the load took {took:.2f}s: the test did not need the wait"
+    assert took > 1.0, f"the load took {took:.2f}s: the test did not need the wait"
