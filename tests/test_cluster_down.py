@@ -168,3 +168,52 @@ def test_a_client_still_fails_when_no_primary_answers(cluster: LocalCluster):
         assert "***@127.0.0.1" in str(err.value) and cluster.password not in str(err.value)
     finally:
         client.close()
+
+
+def test_dispatch_goes_on_when_the_registry_of_queues_is_on_the_down_primary(
+    cluster: LocalCluster, caplog: Any
+):
+    """The registry of queues (`<prefix>:queues`, one key) lives on one primary, and each
+    queue's first dispatch wrote to it first: with that primary killed, the first dispatch of
+    every queue raised, those of the live primaries too; with it frozen, each waited a
+    socket timeout and raised. The dispatch goes on unregistered (a WARNING) and the write is
+    tried again after REGISTRY_RETRY."""
+    from queasy_py import defaults
+
+    dead, frozen = cluster.ports[2], cluster.ports[1]
+    prefix = prefix_on(cluster, dead, on=True)
+    stop_node(cluster, dead, "kill")
+    client = Client(cluster.url, workers=0, prefix=prefix)
+    try:
+        live = queue_on(cluster, client, cluster.ports[0])
+        client.queue(live).dispatch({"n": 1}, id="one")
+        assert client.queue(live).get_job("one").data == {"n": 1}  # type: ignore[union-attr]
+        assert "the registry of queues" in caplog.text and prefix in caplog.text
+        assert client.queue(live).register_after > time.monotonic() + 0.5 * defaults.REGISTRY_RETRY
+    finally:
+        client.close()
+
+    async def async_dispatch() -> None:
+        aclient = AsyncClient(cluster.url, prefix=prefix)
+        try:
+            await aclient.queue(live).dispatch({"n": 2}, id="two")
+            assert (await aclient.queue(live).get_job("two")).data == {"n": 2}  # type: ignore[union-attr]
+        finally:
+            await aclient.close()
+
+    asyncio.run(async_dispatch())
+
+    # frozen: one socket timeout for the first dispatch, none for the next ones
+    prefix = prefix_on(cluster, frozen, on=True)
+    url = f"{cluster.url}?socket_timeout={TIMEOUT}&socket_connect_timeout={TIMEOUT}"
+    client = Client(url, workers=0, prefix=prefix)
+    try:
+        live = queue_on(cluster, client, cluster.ports[0])
+        client.ready()
+        stop_node(cluster, frozen, "stop")
+        _, first = timed(lambda: client.queue(live).dispatch({"n": 3}))
+        _, then = timed(lambda: [client.queue(live).dispatch({"n": i}) for i in range(10)])
+        assert first < 2 * TIMEOUT and then < TIMEOUT, (first, then)
+        assert client.queue(live).counts()["waiting"] == 11
+    finally:
+        client.close()
