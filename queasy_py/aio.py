@@ -146,9 +146,13 @@ class AsyncQueue(QueueBase):
             raise lua_error(exc) from None
 
     async def _register(self) -> None:
-        if not self.registered:
+        if self._wants_register():
             await self.client.ready()
-            await self.client.redis.sadd(RegistryKeys(self.client.prefix).queues, self.name)
+            try:
+                await self.client.redis.sadd(RegistryKeys(self.client.prefix).queues, self.name)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self._unregistered(exc)  # a cluster's registry primary down (Queue._register)
+                return
             self.registered = True
 
     async def dispatch(

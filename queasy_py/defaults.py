@@ -23,6 +23,10 @@ KEEP_CANCELLED: dict[str, Any] = KEEP_FINISHED
 #: bytes of a handler's traceback a worker keeps (its end), and of that an event keeps
 TRACEBACK_BYTES = 8192
 EVENT_TRACEBACK_BYTES = 1024
+#: seconds a queue's dispatches go on without writing its name to the registry of queues
+#: (`<prefix>:queues`, Client.queues) after that write found its Redis Cluster primary down:
+#: the next dispatch after them tries again (one server: the dispatch raises instead)
+REGISTRY_RETRY = 30.0
 #: attempts and first backoff (seconds, doubling) when connecting to Redis
 CONNECT_ATTEMPTS = 3
 CONNECT_BACKOFF = 0.2

@@ -3,6 +3,7 @@ and what operators need: jobs by state, requeue of failed jobs, purge, the outco
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -23,6 +24,8 @@ from .tracing import traceparent
 if TYPE_CHECKING:
     from .client import Client
     from .options import ListenOptions
+
+log = logging.getLogger("queasy_py")
 
 #: jobs per FCALL in dispatch_many (the chunks are pipelined in one round trip)
 DISPATCH_CHUNK = 500
@@ -80,9 +83,28 @@ class QueueBase(OperateArgs):
         self.name = validate.queue_name(name)
         self.keys = QueueKeys(client.prefix, self.name, tag or self.name)
         self.registered = False  # its name is in the registry of queues (Client.queues)
+        self.register_after = 0.0  # monotonic time before which no registry write is tried
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+    def _wants_register(self) -> bool:
+        return not self.registered and time.monotonic() >= self.register_after
+
+    def _unregistered(self, exc: Exception) -> None:
+        """The registry write of a dispatch failed to reach Redis. On a cluster the registry
+        (one key) lives on one primary, most often not this queue's: the dispatch goes on
+        without it (a WARNING), and the next one after REGISTRY_RETRY seconds tries again;
+        a down primary would otherwise stop every queue's first dispatch, and a frozen one
+        hold each dispatch for a socket timeout. On one server `exc` is raised."""
+        if not self.client.cluster:
+            raise exc
+        self.register_after = time.monotonic() + defaults.REGISTRY_RETRY
+        log.warning(
+            "queue %r: the registry of queues (%s, Client.queues) is on a Redis Cluster primary "
+            "that does not answer (%s); dispatching without it, trying again in %gs",
+            self.name, RegistryKeys(self.client.prefix).queues, exc, defaults.REGISTRY_RETRY,
+        )  # fmt: skip
 
     def _flags(self, update_data: bool, update_run_at: object, reset_counts: bool | None) -> list:
         if not isinstance(update_data, bool):
@@ -295,8 +317,12 @@ class Queue(QueueBase, Operate):
 
     def _register(self) -> None:
         """Put this queue's name in the registry (Client.queues), once per Queue object."""
-        if not self.registered:
-            self.client.redis.sadd(RegistryKeys(self.client.prefix).queues, self.name)
+        if self._wants_register():
+            try:
+                self.client.redis.sadd(RegistryKeys(self.client.prefix).queues, self.name)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self._unregistered(exc)
+                return
             self.registered = True
 
     def dispatch_batch(

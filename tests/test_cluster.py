@@ -246,48 +246,6 @@ def test_a_cluster_url_option_redis_py_does_not_take_is_a_config_error(query: st
     assert "pw-secret-9" not in str(err.value)
 
 
-def test_a_primary_that_does_not_answer_at_connect_is_connection_failed(tmp_path: Path):
-    """A primary down (killed, not yet failed over) when a client connects: the version
-    handshake cannot reach it. It was a bare redis.ConnectionError out of Client.ready() and
-    AsyncClient (no URL, not retried), and a traceback with exit 1 from `queasy dispatch` and
-    `queasy run`; it is a ConnectionFailed naming the masked URL and the node (the CLI: exit
-    CONNECT, `queasy run` retrying)."""
-    import asyncio
-
-    from cluster_servers import LocalCluster
-    from test_cli import run_queasy
-
-    from queasy_py.aio import AsyncClient
-    from queasy_py.cli import exitcodes
-
-    cluster = LocalCluster(primaries=3).start()
-    try:
-        dead = cluster.ports[2]
-        cluster.procs[2].kill()
-        cluster.procs[2].wait(timeout=10)
-        client = Client(cluster.url, workers=0)
-        with pytest.raises(ConnectionFailed, match=f"127.0.0.1:{dead}") as err:
-            client.ready(attempts=2)
-        client.close()
-        assert "***@127.0.0.1" in str(err.value) and cluster.password not in str(err.value)
-
-        async def connect() -> None:
-            aclient = AsyncClient(cluster.url)
-            try:
-                await aclient.ready()
-            finally:
-                await aclient.close()
-
-        with pytest.raises(ConnectionFailed, match=f"127.0.0.1:{dead}") as err:
-            asyncio.run(connect())
-        assert "***@127.0.0.1" in str(err.value)
-        code, out = run_queasy(tmp_path, "dispatch", "q", "{}", "--redis", cluster.url)
-        assert code == exitcodes.CONNECT and "Traceback" not in out, out
-        assert cluster.password.split("/")[1] not in out
-    finally:
-        cluster.stop()
-
-
 def test_queasy_dispatch_and_run_with_a_cluster_url(local_cluster: Any, tmp_path: Any):
     from test_cli import QUEASY, run_queasy
 

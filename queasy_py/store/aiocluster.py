@@ -9,6 +9,7 @@ primary. The URL is the sync client's (`redis+cluster://...`, parse_cluster_url)
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -25,10 +26,13 @@ from .cluster import (
     SLOT_BUSY,
     SLOT_WAIT,
     parse_cluster_url,
+    passed_over,
     refused_credentials,
 )
 from .connection import producer_options
 from .library import handshake, parse_version, run_handshake_async
+
+log = logging.getLogger("queasy_py")
 
 
 class _AsyncKeysFromCall:
@@ -107,8 +111,17 @@ async def ready_cluster(rc: AsyncClusterClient, url: str) -> str:
         ) from None
     _, options = parse_cluster_url(url)
     versions = []
-    for node in rc.get_primaries():  # a plain connection per primary: the handshake's calls
-        r = aioredis.Redis(host=node.host, port=node.port, **{**producer_options(), **options})
+    unanswered: list[str] = []  # primaries passed over, as store/cluster.load_everywhere does
+    primaries = rc.get_primaries()
+    for node in primaries:  # a plain connection per primary: the handshake's calls, each
+        # sent once (redis-py's default retries a timeout 10 times: a frozen primary held
+        # ready() for a minute)
+        r = aioredis.Redis(
+            host=node.host,
+            port=node.port,
+            **{**producer_options(), **options},
+            retry=Retry(NoBackoff(), 0),
+        )
         try:
             versions.append(await run_handshake_async(r, handshake()))
         except redis.AuthenticationError as exc:  # a primary with other credentials
@@ -116,10 +129,13 @@ async def ready_cluster(rc: AsyncClusterClient, url: str) -> str:
                 f"Redis Cluster at {mask_url(url)} refused the credentials: {exc}"
             ) from None
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            raise ConnectionFailed(  # a primary in the slot map that does not answer
-                f"cannot connect to Redis Cluster at {mask_url(url)}: a primary does not "
-                f"answer: {exc}"
-            ) from None
+            unanswered.append(f"{node.host}:{node.port} ({exc})")
+            if len(unanswered) == len(primaries):  # none answers
+                raise ConnectionFailed(
+                    f"cannot connect to Redis Cluster at {mask_url(url)}: no primary answers: {exc}"
+                ) from None
         finally:
             await r.aclose()
+    if unanswered:
+        log.warning(passed_over(unanswered))
     return max(versions, key=parse_version)

@@ -271,9 +271,37 @@ def _not_a_cluster(url: str, node: ClusterNode, options: dict[str, Any]) -> Exce
 
 
 def load_everywhere(rc: RedisCluster) -> str:
-    """The version handshake on every primary; the newest version in use."""
-    versions = [ensure_loaded(rc.get_redis_connection(node)) for node in rc.get_primaries()]
+    """The version handshake on every primary that answers; the newest version in use.
+
+    A primary that does not answer (killed or frozen, not failed over yet) is passed over
+    with a WARNING naming it: the queues of the other primaries work, and a call of its own
+    queues fails on its own (redis-py's ConnectionError or TimeoutError, after
+    SOCKET_TIMEOUT at most) until the cluster answers for its slots again. The error of the
+    last primary when none answers."""
+    versions = []
+    unanswered: list[str] = []
+    primaries = rc.get_primaries()
+    for node in primaries:
+        try:
+            versions.append(ensure_loaded(rc.get_redis_connection(node)))
+        except redis.AuthenticationError:  # a primary with other credentials
+            raise
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            unanswered.append(f"{node.host}:{node.port} ({exc})")
+            if len(unanswered) == len(primaries):  # none answers: connect_cluster retries
+                raise
+    if unanswered:
+        log.warning(passed_over(unanswered))
     return max(versions, key=parse_version)
+
+
+def passed_over(unanswered: list[str]) -> str:
+    """The WARNING for primaries that did not answer the version handshake at connect."""
+    return (
+        f"Redis Cluster primary {', '.join(unanswered)} does not answer: the queasy library "
+        "was not checked there; the calls of its queues fail until it answers again or the "
+        "cluster fails it over, the other queues work"
+    )
 
 
 class ClusterCall:
