@@ -263,9 +263,8 @@ class AsyncQueue(QueueBase):
             for chunk in chunks:
                 total += (await self._fcall("queasy_requeue", ["", "", PAGE, *chunk]))[0]
             return total
-        if await self.client.redis.zscore(self.keys.failed, SCHEDULE_ID) is not None:
-            if await self.schedule_info():
-                return await self._requeue_but_schedule()
+        if await self.schedule_info() is not None:  # Queue.requeue_failed
+            return await self._requeue_but_schedule()
         cutoff = ""
         while True:
             done, cutoff, seen = await self._fcall("queasy_requeue", ["", cutoff, PAGE])
@@ -275,8 +274,9 @@ class AsyncQueue(QueueBase):
 
     async def _requeue_but_schedule(self) -> int:
         """Queue._requeue_but_schedule."""
-        log.warning("%s: skipped", self._schedule_reason())
         r, total = self.client.redis, 0
+        if await r.zscore(self.keys.failed, SCHEDULE_ID) is not None:
+            log.warning("%s: skipped", self._schedule_reason())
         seconds, micros = await r.time()
         cutoff = seconds * 1000 + micros // 1000
         while True:

@@ -163,9 +163,8 @@ class Operate:
             for chunk in chunks:
                 total += self._call("queasy_requeue", ["", "", PAGE, *chunk])[0]
             return total
-        r = self.client.redis
-        if r.zscore(self.keys.failed, SCHEDULE_ID) is not None and self.schedule_info():
-            return self._requeue_but_schedule()
+        if self.schedule_info() is not None:  # not a look for its failed occurrence: one
+            return self._requeue_but_schedule()  # failing right after it would be requeued
         cutoff = ""
         while True:
             done, cutoff, seen = self._call("queasy_requeue", ["", cutoff, PAGE])
@@ -175,9 +174,11 @@ class Operate:
 
     def _requeue_but_schedule(self) -> int:
         """requeue_failed() of every failed job but the occurrence of the queue's schedule
-        (logged: _schedule_reason), by id, those that had failed when it was called."""
-        log.warning("%s: skipped", self._schedule_reason())
+        (logged when there is one: _schedule_reason), by id, those that had failed when it
+        was called."""
         r, total = self.client.redis, 0
+        if r.zscore(self.keys.failed, SCHEDULE_ID) is not None:
+            log.warning("%s: skipped", self._schedule_reason())
         seconds, micros = r.time()
         cutoff = seconds * 1000 + micros // 1000
         while True:

@@ -5,6 +5,7 @@ the producer API above it. Time is explicit (lua_calls.NOW); nothing sleeps."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import tomllib
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from lua_calls import COUNTS, HOST, NOW, Lua, live
+from lua_calls import COUNTS, HOST, NOW, SCHEDULE_ID, Lua, live, schedule
 from test_lua import published
 
 from queasy_py import Client, ConfigError, InvalidInput, JobInfo, Queue
@@ -537,3 +538,56 @@ def test_events_after_the_largest_event_id_is_an_empty_page(q: Queue) -> None:
             return await client.queue(q.name).events(after=last)
 
     assert asyncio.run(read()) == []
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_requeue_of_every_failed_job_skips_an_occurrence_that_fails_as_it_starts(
+    lua: Lua, redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch, flavor: str
+) -> None:
+    """requeue_failed() without ids looked for a failed occurrence of the schedule (ZSCORE),
+    found none, and took the library's walk, which requeues every failed record: an
+    occurrence that failed between that look and the walk's first FCALL was requeued (the
+    periodic job once more). Forced here: the occurrence (a real one, active) fails for real
+    just before the first queasy_requeue is sent. It stays failed; x alone is requeued."""
+    from queasy_py.aio import AsyncClient, AsyncQueue
+
+    assert lua.fail("c1", lua.take("x")) == Ack.OK
+    schedule(lua, None, NOW + 1, spec="every 1s")
+    occurrence = lua.dequeue("c1", limit=1, now=NOW + 1).jobs[0]
+    assert occurrence.id == SCHEDULE_ID
+
+    def fail_the_occurrence() -> None:
+        if occurrence is not None:
+            assert lua.fail("c1", occurrence, now=NOW + 2) == Ack.OK
+            failing.clear()
+
+    failing = [occurrence]
+    if flavor == "sync":
+        call = Queue._call
+
+        def failing_call(self: Queue, name: str, args: list) -> object:
+            if name == "queasy_requeue" and failing:
+                fail_the_occurrence()
+            return call(self, name, args)
+
+        monkeypatch.setattr(Queue, "_call", failing_call)
+        with Client(redis_url, workers=0, prefix=prefix) as client:
+            requeued = client.queue("q").requeue_failed()
+    else:
+        fcall = AsyncQueue._fcall
+
+        async def failing_fcall(self: AsyncQueue, name: str, args: list) -> object:
+            if name == "queasy_requeue" and failing:
+                fail_the_occurrence()
+            return await fcall(self, name, args)
+
+        async def run() -> int:
+            async with AsyncClient(redis_url, prefix=prefix) as client:
+                return await client.queue("q").requeue_failed()
+
+        monkeypatch.setattr(AsyncQueue, "_fcall", failing_fcall)
+        requeued = asyncio.run(run())
+    assert not failing, "the occurrence did not fail during the requeue"
+    assert requeued == 1
+    assert ended(lua, "failed") == [SCHEDULE_ID]
+    assert lua.get_job(SCHEDULE_ID)["state"] == "failed"
