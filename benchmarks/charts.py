@@ -76,7 +76,7 @@ def scaling(plt, out: Path) -> Path:
     ax.text(2.1, 28_600, "queasy_py's ceiling: one server core at ~35 µs a job", fontsize=7)
     ax.legend(loc="lower right", frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
-    ax.set_title("How it scales: the server's one core is the limit", loc="left")
+    ax.set_title("How it scales: queasy_py nears its server's one-core ceiling", loc="left")
     f.text(0.01, 0.01, fig["source"], fontsize=6, color="#555555")
     f.tight_layout(rect=(0, 0.05, 1, 1))
     path = out / "scaling-16-cores.svg"

@@ -859,6 +859,28 @@ def test_bad_options_are_invalid_input_on_the_driver(spark: SparkSession, redis_
         qs.dispatch_dataframe(df, "q", data_columns=["a,b"], url=redis_url)
 
 
+def test_an_ending_offset_of_a_millisecond_alone_ends_after_its_entries(
+    spark: SparkSession, redis_url: str, prefix: str, r: redis.Redis, client: Client
+) -> None:
+    """An endingOffsets id of a millisecond alone ('1000') ends after every entry of that
+    millisecond, as XRANGE reads it; the range check took it for '1000-0' and refused a
+    start inside that millisecond ('1000-2') as after the end."""
+    lua = Lua(r, prefix, "t")
+    history(lua, 5)
+    key = lua.B + ":events"
+    fields = [f for _, f in r.xrange(key)]
+    r.delete(key)
+    for seq, f in enumerate(fields, start=1):  # every entry in one millisecond
+        r.xadd(key, f, id=f"1000-{seq}")
+    start = json.dumps({"t": {"id": "1000-2", "n": 2}})
+    end = json.dumps({"t": {"id": "1000", "n": len(fields)}})
+    read = events_reader(spark, redis_url, prefix).option("queues", "t")
+    read = read.option("failQueues", "false").option("startingOffsets", start)
+    rows = read.option("endingOffsets", end).load().collect()
+    after = [f"1000-{seq}" for seq in range(3, len(fields) + 1)]
+    assert len(after) >= 3 and sorted(row["event_id"] for row in rows) == after
+
+
 def test_an_ending_offset_before_the_starting_one_is_refused_naming_both(
     spark: SparkSession, redis_url: str, prefix: str, r: redis.Redis, client: Client
 ) -> None:

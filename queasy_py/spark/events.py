@@ -125,7 +125,7 @@ def check_range(start: Mapping[str, Position], end: Mapping[str, Position]) -> N
     trimmed)."""
     for ref, b in end.items():
         a = start.get(ref)
-        if a is not None and (b.n < a.n or _order(b.id) < _order(a.id)):
+        if a is not None and (b.n < a.n or _order(b.id, end=True) < _order(a.id)):
             raise InvalidInput(
                 f"the queasy-events source: endingOffsets of {ref!r} {b.to_json()} is before "
                 f"its startingOffsets {a.to_json()}: the end of a range must not be before "
@@ -133,10 +133,15 @@ def check_range(start: Mapping[str, Position], end: Mapping[str, Position]) -> N
             )
 
 
-def _order(text: str) -> tuple[int, int]:
-    """A checked entry id ('ms-seq', or 'ms') as a pair that sorts as the stream does."""
+#: the largest sequence number of a stream entry id
+MAX_SEQ = 2**64 - 1
+
+
+def _order(text: str, end: bool = False) -> tuple[int, int]:
+    """A checked entry id ('ms-seq', or 'ms') as a pair that sorts as the stream does: 'ms'
+    alone is its first entry as a start and its last as an `end` (as XRANGE takes them)."""
     ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
+    return int(ms), int(seq) if seq else (MAX_SEQ if end else 0)
 
 
 @dataclass(frozen=True)
