@@ -156,7 +156,7 @@ def test_status_pays_one_socket_timeout_for_a_frozen_primary_not_one_per_queue(
     assert took < 4 * TIMEOUT + 1 * TIMEOUT + 2.5, took
 
 
-def test_status_without_the_registry_of_queues_still_shows_the_supervisors_queues(
+def test_status_says_the_queue_names_were_not_read_when_their_registry_is_down(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     """The registry of queues lives on the killed primary: the names cannot be listed, and
