@@ -7,12 +7,12 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import defaults, records, validate
+from . import defaults, validate
 from .errors import InvalidInput, QueasyError
 from .options import check_setting
 from .queue import Queue
+from .reach import Reach
 from .resolve import PathLike, Target, resolve
-from .store import fields
 from .store.connection import (
     check_url,
     is_cluster_url,
@@ -22,7 +22,6 @@ from .store.connection import (
     producer_client,
     wait_reachable,
 )
-from .store.keys import RegistryKeys, schedule_pattern, schedule_queue
 from .store.library import ensure_loaded
 
 if TYPE_CHECKING:
@@ -164,8 +163,7 @@ class Client:
     def queues(self) -> list[str]:
         """The names of the queues that exist under this prefix: dispatched to (by a
         queasy_py client) or listened on, sorted."""
-        names = self.redis.smembers(RegistryKeys(self.prefix).queues)
-        return sorted(n.decode() if isinstance(n, bytes) else n for n in names)
+        return Reach(self, partial=False).queue_names()
 
     def supervisors(self) -> list[dict[str, Any]]:
         """The live supervisors of this prefix, as each published itself with its last
@@ -173,25 +171,12 @@ class Client:
         queues that store results), workers (pids), units, free_units, jobs ([{queue, id,
         worker_pid, started_at, timed_out}]), stopping, beat_at and expires_at (epoch
         seconds; beat_at and expires_at on the server's clock). Sorted by host, then pid."""
-        seconds, micros = self.redis.time()
-        entries = self.redis.hgetall(RegistryKeys(self.prefix).supervisors).values()
-        return records.live(entries, seconds + micros / 1e6)
+        return Reach(self, partial=False).supervisors()
 
     def schedules(self) -> dict[str, ScheduleInfo]:
         """The schedule of every queue (under this client's prefix) that has one, by queue
         name: its spec, the current occurrence's fire time and state, the last outcome."""
-        out = {}
-        for key in self.redis.scan_iter(match=schedule_pattern(self.prefix), count=1000):
-            found = schedule_queue(self.prefix, fields.text(key))
-            if found is None:
-                continue
-            try:
-                info = Queue(self, found[0], found[1]).schedule_info()
-            except InvalidInput:  # not a queue's key (a job id ending in ':schedule')
-                continue
-            if info is not None:
-                out[info.queue] = info
-        return dict(sorted(out.items()))
+        return Reach(self, partial=False).schedules()
 
     def _add_listener(self, queue: Queue, spec: ListenOptions) -> None:
         if queue.name in self.listeners:

@@ -6,7 +6,6 @@ store's event reader; every call is bounded (pages of at most 1000 jobs). Each t
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +15,7 @@ from ..errors import ConfigError, JobNotFound, QueasyError
 from ..handlers import dead_letter
 from ..operate import LISTED, PAGE, PURGED
 from ..queue import Queue
+from ..reach import Reach, Unreachable
 from ..store import events
 from . import exitcodes, show
 
@@ -105,14 +105,19 @@ def served(client: Client) -> tuple[list[dict[str, Any]], set[str]]:
     return supervisors, names
 
 
-def locate(client: Client, name: str, known: set[str] | None = None) -> Queue:
+def locate(
+    client: Client, name: str, known: set[str] | None = None, reach: Reach | None = None
+) -> Queue:
     """The queue `name` with its hash tag: a fail queue (`X-fail`) shares X's. QueueNotFound
     unless the store has keys of it (jobs, records, events, totals, leases, a schedule,
-    dead letters) or knows its name (`known`, default `served()`'s)."""
+    dead letters) or knows its name (`known`, default `served()`'s). With `reach`, a
+    candidate whose primary does not answer is passed over (queasy status)."""
     owner = name[: -len(FAIL_QUEUE_SUFFIX)] if name.endswith(FAIL_QUEUE_SUFFIX) else ""
     candidates = [Queue(client, name, tag) for tag in ((owner, name) if owner else (name,))]
     for queue in candidates:
-        if client.redis.exists(*queue.keys.traces):
+        call = lambda q=queue: client.redis.exists(*q.keys.traces)  # noqa: E731
+        found = call() if reach is None else reach.read(queue.keys.base, call)
+        if found and not isinstance(found, Unreachable):
             return queue
     if name in (served(client)[1] if known is None else known):
         return candidates[0]
@@ -126,110 +131,9 @@ def locate(client: Client, name: str, known: set[str] | None = None) -> Queue:
 
 
 def cmd_status(args: argparse.Namespace, client: Client) -> int:
-    supervisors, names = served(client)
-    queues = []
-    for name in sorted(names):
-        queue = locate(client, name, names)
-        queues.append({"queue": name, **queue.counts()})
-    schedules = client.schedules()
-    now = time.time()
-    if args.json:
-        show.json_line(
-            {
-                "queues": queues,
-                "supervisors": [{**s, "uptime": _uptime(s, now)} for s in supervisors],
-                "schedules": [
-                    {**_schedule(info), "next_fire_at": info.next_fire_at}
-                    for info in schedules.values()
-                ],
-            }
-        )
-        return exitcodes.OK
-    show.out(
-        show.table(
-            (
-                "QUEUE",
-                "WAITING",
-                "DELAYED",
-                "BLOCKED",
-                "ACTIVE",
-                "DONE/1m",
-                "FAILED/1m",
-                "DONE/1h",
-                "FAILED/1h",
-                "DONE",
-                "FAILED",
-            ),
-            [
-                (
-                    q["queue"],
-                    q["waiting"],
-                    q["delayed"],
-                    q["blocked"],
-                    q["active"],
-                    q["finished_last_minute"],
-                    q["failed_last_minute"],
-                    q["finished_last_hour"],
-                    q["failed_last_hour"],
-                    q["finished"],
-                    q["failed"],
-                )
-                for q in queues
-            ],
-        )  # fmt: skip
-        if queues
-        else "no queues"
-    )
-    show.out()
-    show.out(
-        show.table(
-            ("HOST", "PID", "UPTIME", "WORKERS", "FREE/UNITS", "RUNNING", "QUEUES"),
-            [
-                (
-                    s.get("host", "?"),
-                    s.get("pid", "?"),
-                    show.span(_uptime(s, now)),
-                    len(s.get("workers") or ()),
-                    f"{s.get('free_units', 0)}/{s.get('units', 0)}",
-                    len(s.get("jobs") or ()),
-                    ", ".join(s.get("queues") or ()),
-                )
-                for s in supervisors
-            ],
-        )  # fmt: skip
-        if supervisors
-        else "no live supervisor"
-    )
-    if schedules:
-        show.out()
-        show.out(
-            show.table(
-                ("SCHEDULE", "SPEC", "NEXT FIRE", "STATE", "LAST OUTCOME", "SKIPPED"),
-                [
-                    (
-                        i.queue,
-                        i.spec,
-                        show.when(i.next_fire_at),
-                        i.state or "-",
-                        i.last_outcome or "-",
-                        i.skipped,
-                    )
-                    for i in schedules.values()
-                ],
-            )  # fmt: skip
-        )
-    return exitcodes.OK
+    from .status import status  # its own module: the tables, and a cluster's missing parts
 
-
-def _uptime(entry: dict[str, Any], now: float) -> float | None:
-    started = entry.get("started_at")
-    return max(0.0, now - started) if isinstance(started, int | float) else None
-
-
-def _schedule(info: Any) -> dict[str, Any]:
-    fields = ("queue", "spec", "fire_at", "state", "last_fire_at", "last_outcome",
-              "last_ended_at", "skipped")  # fmt: skip
-    return {name: getattr(info, name) for name in fields}
+    return status(args, client)
 
 
 def cmd_jobs(args: argparse.Namespace, client: Client) -> int:

@@ -22,6 +22,7 @@ from .. import defaults
 from ..client import Client
 from ..errors import InvalidInput, QueasyError
 from ..operate import LISTED, PURGED
+from ..reach import Reach
 from ..store.connection import mask_url
 from . import pages, queuepages
 from .charts import charts_html
@@ -208,9 +209,10 @@ def status(request: Request) -> Response:
 
 def charts(request: Request) -> Response:
     d: Dashboard = request.app.state.dashboard
-    queues = d.reader.queues()
-    now = d.reader.server_now()
-    events, _ = d.reader.hour_events(queues, now)
+    reach = Reach(d.reader.client)
+    queues = d.reader.queues(reach)
+    now = reach.server_time()
+    events, _ = d.reader.hour_events(queues, now, reach)
     return HTMLResponse(charts_html(events, now))
 
 

@@ -1,6 +1,8 @@
 """What the dashboard shows, read through the public API: the queues and their counts, the
 live supervisors, recent failures, schedules, and the outcome events of the last hour (a
-bounded read of each stream's newest events)."""
+bounded read of each stream's newest events). On a Redis Cluster with a primary down (killed
+or frozen, not failed over yet) the overview shows what the other primaries answer and names
+what it could not read (queasy_py/reach.py), as `queasy status` does."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from ..errors import InvalidInput
 from ..history import History
 from ..job import JobInfo
 from ..queue import Queue
+from ..reach import Reach, Unreachable
 
 #: failed jobs read per queue for the main page's recent failures, and how many it shows
 FAILURES_PER_QUEUE = 10
@@ -32,6 +35,8 @@ class Overview:
     schedules: dict[str, Any]
     events: list[dict[str, Any]] = field(default_factory=list)
     truncated: list[str] = field(default_factory=list)  # queues whose hour was cut short
+    #: what a cluster's primaries that did not answer hid: Reach.summary() (empty: nothing)
+    unreachable: dict[str, Any] = field(default_factory=dict)
 
 
 class Reader:
@@ -45,8 +50,8 @@ class Reader:
         self._chart_lock = threading.Lock()
         self._chart: tuple[float, list[dict[str, Any]], list[str]] | None = None
 
-    def names(self) -> list[str]:
-        return self.client.queues()
+    def names(self, reach: Reach | None = None) -> list[str]:
+        return (reach or Reach(self.client, partial=False)).queue_names()
 
     def queue(self, name: str, known: list[str] | None = None) -> Queue | None:
         """The queue `name` if it exists (client.queues()), else None (bad names too)."""
@@ -62,28 +67,38 @@ class Reader:
         except InvalidInput:
             return None
 
-    def queues(self) -> list[Queue]:
-        names = self.names()
+    def queues(self, reach: Reach | None = None) -> list[Queue]:
+        names = self.names(reach)
         out = [self.queue(name, names) for name in names]
         return [q for q in out if q is not None]
 
     def server_now(self) -> float:
-        seconds, micros = self.client.redis.time()
-        return seconds + micros / 1e6
+        """The server's clock (on a cluster, a primary's that answers)."""
+        return Reach(self.client).server_time()
 
-    def counts(self, queues: list[Queue]) -> dict[str, dict[str, int]]:
-        return {q.name: q.counts() for q in queues}
+    def counts(self, queues: list[Queue], reach: Reach) -> dict[str, dict[str, int]]:
+        """The counts of each queue whose primary answers (the others: reach.queues)."""
+        out = {}
+        for q in queues:
+            got = reach.read(q.keys.base, q.counts)
+            if isinstance(got, Unreachable):
+                reach.queues[q.name] = got.node
+            else:
+                out[q.name] = got
+        return out
 
-    def failures(self, queues: list[Queue]) -> list[JobInfo]:
+    def failures(self, queues: list[Queue], reach: Reach) -> list[JobInfo]:
         """The newest failed jobs of all queues (each with its last error and traceback)."""
         found: list[JobInfo] = []
         for q in queues:
-            found.extend(q.jobs("failed", limit=FAILURES_PER_QUEUE)[0])
+            page = reach.read(q.keys.base, lambda q=q: q.jobs("failed", limit=FAILURES_PER_QUEUE))
+            if not isinstance(page, Unreachable):
+                found.extend(page[0])
         found.sort(key=lambda j: j.ended_at or 0.0, reverse=True)
         return found[:FAILURES_SHOWN]
 
     def hour_events(
-        self, queues: list[Queue], now: float
+        self, queues: list[Queue], now: float, reach: Reach
     ) -> tuple[list[dict[str, Any]], list[str]]:
         """The outcome events of the last hour, the newest `events_per_queue` of each queue,
         and the queues that had more (their chart starts later). Read at most once per
@@ -95,7 +110,14 @@ class Reader:
             truncated = []
             for q in queues:
                 stream = self.history.stream(q.name, q.keys.tag)
-                got = self.history.recent(stream, max(0.0, now - 3600), self.events_per_queue)
+                got = reach.read(
+                    q.keys.base,
+                    lambda s=stream: self.history.recent(
+                        s, max(0.0, now - 3600), self.events_per_queue
+                    ),
+                )
+                if isinstance(got, Unreachable):
+                    continue
                 if len(got) >= self.events_per_queue:
                     truncated.append(q.name)
                 events.extend(got)
@@ -103,26 +125,30 @@ class Reader:
             return events, truncated
 
     def overview(self) -> Overview:
-        queues = self.queues()
-        now = self.server_now()
-        events, truncated = self.hour_events(queues, now)
-        return Overview(
+        reach = Reach(self.client)
+        queues = self.queues(reach)
+        now = reach.server_time()
+        events, truncated = self.hour_events(queues, now, reach)
+        view = Overview(
             now=now,
-            counts=self.counts(queues),
-            supervisors=self.client.supervisors(),
-            failures=self.failures(queues),
-            schedules=self.client.schedules(),
+            counts=self.counts(queues, reach),
+            supervisors=reach.supervisors(),
+            failures=self.failures(queues, reach),
+            schedules=reach.schedules(),
             events=events,
             truncated=truncated,
         )
+        view.unreachable = {} if reach.complete else reach.summary()
+        return view
 
     def status(self) -> dict[str, Any]:
         """What the page's script refreshes: counts per queue, supervisors, time."""
-        queues = self.queues()
-        sups = self.client.supervisors()
+        reach = Reach(self.client)
+        queues = self.queues(reach)
+        sups = reach.supervisors()
         return {
             "now": time.time(),
-            "counts": self.counts(queues),
+            "counts": self.counts(queues, reach),
             "supervisors": len(sups),
             "workers": sum(len(s.get("workers") or []) for s in sups),
             "active": sum(len(s.get("jobs") or []) for s in sups),

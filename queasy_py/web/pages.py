@@ -179,12 +179,29 @@ def main_page(view: Overview) -> str:
             "(more than the read bound in the hour).</p>"
         )
     return (
-        f"<h1>Queues</h1>{queues_table(view.counts)}"
+        f"{unreachable_note(view.unreachable)}<h1>Queues</h1>{queues_table(view.counts)}"
         f'<h2>Last hour</h2><div id="charts">{charts_html(view.events, view.now)}</div>{cut}'
         f"<h2>Supervisors</h2>{supervisors_table(view.supervisors, view.now)}"
         f"<h2>Recent failures</h2>{failures_table(view.failures, view.now)}"
         f"<h2>Schedules</h2>{schedules_table(view.schedules, view.now)}"
     )
+
+
+def unreachable_note(summary: dict[str, Any]) -> str:
+    """What a Redis Cluster's primaries that did not answer hid (Reach.summary()): one line
+    per primary, its queues and the parts not read."""
+    lines = []
+    for down in summary.get("nodes", ()):
+        node = down["node"]
+        queues = [name for name, at in summary["queues"].items() if at == node]
+        parts = [part for part, nodes in summary["parts"].items() if node in nodes]
+        what = ([f"queues {', '.join(queues)}"] if queues else []) + parts
+        lines.append(
+            f'<p class="note unreachable" data-node="{e(node)}">Redis Cluster primary '
+            f"{e(node)} does not answer ({e(down['error'])}); not shown: "
+            f"{e('; '.join(what) or 'nothing')}</p>"
+        )
+    return "".join(lines)
 
 
 def message_page(title: str, text: str) -> str:
