@@ -39,8 +39,27 @@ class _AsyncKeysFromCall:
     """An asyncio commands parser that reads FCALL's keys from the call itself and asks the
     wrapped parser (COMMAND GETKEYS when needed) for every other command."""
 
-    def __init__(self, parser: Any) -> None:
+    def __init__(self, parser: Any, client: Any) -> None:
         self._parser = parser
+        self._client = client
+
+    async def initialize(self, node: Any) -> None:
+        """Read the command table (COMMAND) from `node`, redis-py's default node (the
+        primary of slot 0), or when it does not answer (killed or frozen, not failed over;
+        retries are off) from another primary of the slot map, which becomes the default."""
+        try:
+            return await self._parser.initialize(node)
+        except (redis.ConnectionError, redis.TimeoutError):
+            for other in self._client.get_primaries():
+                if other is node:
+                    continue
+                try:
+                    await self._parser.initialize(other)
+                except (redis.ConnectionError, redis.TimeoutError):
+                    continue
+                self._client.nodes_manager.default_node = other
+                return None
+            raise
 
     async def get_keys(self, *args: Any) -> Any:
         if len(args) > 2 and str(args[0]).lower() in _NUMKEYS_COMMANDS:
@@ -60,7 +79,7 @@ class AsyncClusterClient(RedisCluster):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.commands_parser = _AsyncKeysFromCall(self.commands_parser)  # pipelines share it
+        self.commands_parser = _AsyncKeysFromCall(self.commands_parser, self)  # pipelines share it
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         deadline = time.monotonic() + self.slot_wait

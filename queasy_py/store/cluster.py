@@ -126,6 +126,11 @@ class _KeysFromCall:
 SLOT_BUSY = (TryAgainError, ClusterDownError, AskError, SlotNotCoveredError)  # MOVED is an ASK
 
 
+#: keyless commands redis-py sends to its default node that may be sent again, to another
+#: node, when it does not answer (they read only)
+RESENDABLE = frozenset({"COMMAND", "TIME", "PING"})
+
+
 class ClusterClient(RedisCluster):
     """RedisCluster routing FCALL by its first key, without a GETKEYS round trip.
 
@@ -148,6 +153,22 @@ class ClusterClient(RedisCluster):
         return pipe
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if str(args[0]).upper() not in RESENDABLE or "target_nodes" in kwargs:
+            return self._waiting(*args, **kwargs)
+        others = len(self.get_nodes()) - 1
+        while True:
+            try:
+                return self._waiting(*args, **kwargs)
+            except (redis.ConnectionError, redis.TimeoutError):
+                # its default node does not answer (a primary killed or frozen, not failed
+                # over: redis-py makes the primary of slot 0 the default, and sends COMMAND
+                # there while it is made): another node, retries being off
+                if others <= 0:
+                    raise
+                others -= 1
+                self.replace_default_node()
+
+    def _waiting(self, *args: Any, **kwargs: Any) -> Any:
         deadline = time.monotonic() + self.slot_wait
         delay = 0.02
         while True:
