@@ -20,6 +20,7 @@ import redis
 import redis.asyncio as aioredis
 
 from . import defaults, records, validate
+from .connfailed import as_connection_failed
 from .defaults import SCHEDULE_ID
 from .errors import ConnectionFailed, InvalidInput, QueasyError
 from .job import JobInfo, ScheduleInfo
@@ -72,6 +73,7 @@ class AsyncClient:
         self._queues: dict[str, AsyncQueue] = {}
         self.closes = 0  # Client.closes
 
+    @as_connection_failed
     async def ready(self) -> AsyncClient:
         """Connect and load the function library (done by the first call if not before)."""
         if self.library_version is not None:
@@ -155,6 +157,7 @@ class AsyncQueue(QueueBase):
                 return
             self.registered = True
 
+    @as_connection_failed
     async def dispatch(
         self,
         data: Any,
@@ -172,6 +175,7 @@ class AsyncQueue(QueueBase):
         await self._fcall("queasy_dispatch", args)
         return args[5]
 
+    @as_connection_failed
     async def dispatch_many(
         self,
         jobs: Iterable[Mapping[str, Any]],
@@ -184,6 +188,7 @@ class AsyncQueue(QueueBase):
         await self._pipelined("queasy_dispatch", chunks)
         return ids
 
+    @as_connection_failed
     async def dispatch_batch(
         self,
         jobs: Iterable[Mapping[str, Any]],
@@ -219,30 +224,36 @@ class AsyncQueue(QueueBase):
             except redis.ResponseError as exc:
                 raise lua_error(exc) from None
 
+    @as_connection_failed
     async def cancel(self, job_id: str) -> bool:
         return bool(await self._fcall("queasy_cancel", self._cancel_args(job_id)))
 
+    @as_connection_failed
     async def get_job(self, job_id: str) -> JobInfo | None:
         validate.job_id(job_id)
         await self.client.ready()
         row = await self.client.redis.fcall_ro("queasy_get_job", 1, self.keys.base, "", job_id)
         return self._job_info(row)
 
+    @as_connection_failed
     async def schedule_info(self) -> ScheduleInfo | None:
         await self.client.ready()
         row = await self.client.redis.fcall_ro("queasy_schedule_info", 1, self.keys.base, "")
         return self._schedule_info(row)
 
+    @as_connection_failed
     async def counts(self) -> dict[str, int]:
         await self.client.ready()
         return self._counts(
             await self.client.redis.fcall_ro("queasy_counts", 1, self.keys.base, "")
         )
 
+    @as_connection_failed
     async def reset_totals(self) -> None:
         await self.client.ready()
         await self.client.redis.delete(self.keys.stats)
 
+    @as_connection_failed
     async def jobs(
         self, state: str, cursor: str = "0", limit: int = 100, with_data: bool = False
     ) -> tuple[list[JobInfo], str]:
@@ -254,6 +265,7 @@ class AsyncQueue(QueueBase):
             raise lua_error(exc) from None  # a cursor not of this listing: InvalidInput
         return records.page(self.name, reply)
 
+    @as_connection_failed
     async def requeue_failed(self, ids: Iterable[str] | None = None) -> int:
         total = 0
         if ids is not None:
@@ -289,6 +301,7 @@ class AsyncQueue(QueueBase):
             if len(ids) < PAGE:
                 return total
 
+    @as_connection_failed
     async def purge(self, state: str) -> int:
         total = 0
         for name in self._purged(state):
@@ -302,6 +315,7 @@ class AsyncQueue(QueueBase):
                     break
         return total
 
+    @as_connection_failed
     async def result(self, job_id: str, timeout: float | None = None) -> Any:
         """Like Queue.result: woken by the job's end (its channel, or its outcome event),
         looking at the job and the registry again every RESULT_RECHECK seconds."""
@@ -337,7 +351,9 @@ class AsyncQueue(QueueBase):
                         return value
                     await wake.wait(self._left(job_id, deadline, timeout))
                     cancel.check()
-            except QueasyError:
+            except QueasyError as exc:
+                if type(exc) is ConnectionFailed:  # get_job's, say: of a close() too?
+                    self._check_open(job_id, closes, exc.__cause__)
                 raise
             except Exception as exc:  # a connection closed under it by close(): ClientClosed
                 self._check_open(job_id, closes, exc)
@@ -357,6 +373,7 @@ class AsyncQueue(QueueBase):
         supervisors = records.live(entries.values(), seconds + micros / 1e6)
         return records.publishes_ends(supervisors, self.name)
 
+    @as_connection_failed
     async def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
         low, high, count = events.range_args(self.keys.events, after, count)
         await self.client.ready()

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import defaults, validate
+from .connfailed import as_connection_failed
 from .errors import InvalidInput, QueasyError
 from .options import check_setting
 from .queue import Queue
@@ -106,6 +107,7 @@ class Client:
         self._stop_asked = False
         self.listeners: dict[str, tuple[Queue, ListenOptions]] = {}
 
+    @as_connection_failed
     def ready(self, attempts: int = defaults.CONNECT_ATTEMPTS) -> Client:
         """Connect and load the function library, if not done yet (the first call that needs
         Redis does it): ConnectionFailed after `attempts` tries (CONNECT_BACKOFF doubling),
@@ -160,11 +162,13 @@ class Client:
             )
         return queue
 
+    @as_connection_failed
     def queues(self) -> list[str]:
         """The names of the queues that exist under this prefix: dispatched to (by a
         queasy_py client) or listened on, sorted."""
         return Reach(self, partial=False).queue_names()
 
+    @as_connection_failed
     def supervisors(self) -> list[dict[str, Any]]:
         """The live supervisors of this prefix, as each published itself with its last
         heartbeat: id (client id), host, pid, started_at, queues, results (those of its
@@ -173,6 +177,7 @@ class Client:
         seconds; beat_at and expires_at on the server's clock). Sorted by host, then pid."""
         return Reach(self, partial=False).supervisors()
 
+    @as_connection_failed
     def schedules(self) -> dict[str, ScheduleInfo]:
         """The schedule of every queue (under this client's prefix) that has one, by queue
         name: its spec, the current occurrence's fire time and state, the last outcome."""

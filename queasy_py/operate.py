@@ -11,8 +11,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import defaults, records, validate
+from .connfailed import as_connection_failed
 from .defaults import SCHEDULE_ID
-from .errors import ClientClosed, InvalidInput, QueasyError, ResultTimeout
+from .errors import ClientClosed, ConnectionFailed, InvalidInput, QueasyError, ResultTimeout
 from .job import END_STATES, JobInfo
 from .store import events, fields
 from .store.lazyredis import redis
@@ -133,10 +134,12 @@ class Operate:
     _others: Any
     schedule_info: Any
 
+    @as_connection_failed
     def reset_totals(self) -> None:
         """Start the finished and failed totals (and their per-minute counts) from 0."""
         self.client.redis.delete(self.keys.stats)
 
+    @as_connection_failed
     def jobs(
         self, state: str, cursor: str = "0", limit: int = 100, with_data: bool = False
     ) -> tuple[list[JobInfo], str]:
@@ -151,6 +154,7 @@ class Operate:
             raise lua_error(exc) from None  # a cursor not of this listing: InvalidInput
         return records.page(self.name, reply)
 
+    @as_connection_failed
     def requeue_failed(self, ids: Iterable[str] | None = None) -> int:
         """Dispatch failed jobs (their kept records) again, to run now with counts 0: those
         with these ids, or every one that had failed when this was called. Their records
@@ -189,6 +193,7 @@ class Operate:
             if len(ids) < PAGE:
                 return total
 
+    @as_connection_failed
     def purge(self, state: str) -> int:
         """Remove the jobs in `state` (waiting, delayed, blocked, finished, failed, cancelled,
         or all of those); never an active job. Returns how many were removed. No event is
@@ -205,6 +210,7 @@ class Operate:
                     break
         return total
 
+    @as_connection_failed
     def result(self, job_id: str, timeout: float | None = None) -> Any:
         """Wait for job `job_id` to end and return its handler's return value (None if its
         queue does not store results). JobFailed when it failed for good or was cancelled,
@@ -224,12 +230,15 @@ class Operate:
                     if done:
                         return value
                     wake.wait(self._left(job_id, deadline, timeout))
-            except QueasyError:
+            except QueasyError as exc:
+                if type(exc) is ConnectionFailed:  # get_job's, say: of a close() too?
+                    self._check_open(job_id, closes, exc.__cause__)
                 raise
             except Exception as exc:  # a connection closed under it by close(): ClientClosed
                 self._check_open(job_id, closes, exc)
                 raise
 
+    @as_connection_failed
     def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:
         """Up to `count` outcome events after event id `after` ("0": the oldest kept),
         oldest first; each event's `event_id` is the `after` of the next read (README

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import defaults, records, validate
+from .connfailed import as_connection_failed
 from .errors import InvalidInput
 from .job import JobInfo, ScheduleInfo
 from .operate import Operate, OperateArgs
@@ -257,6 +258,7 @@ class Queue(QueueBase, Operate):
         name = self.name + defaults.FAIL_QUEUE_SUFFIX
         return self.client._queue(name, self.keys.tag)
 
+    @as_connection_failed
     def dispatch(
         self,
         data: Any,
@@ -294,6 +296,7 @@ class Queue(QueueBase, Operate):
             raise lua_error(exc) from None
         return int(code) == Dispatched.CREATED
 
+    @as_connection_failed
     def dispatch_many(
         self,
         jobs: Iterable[Mapping[str, Any]],
@@ -325,6 +328,7 @@ class Queue(QueueBase, Operate):
                 return
             self.registered = True
 
+    @as_connection_failed
     def dispatch_batch(
         self,
         jobs: Iterable[Mapping[str, Any]],
@@ -370,6 +374,7 @@ class Queue(QueueBase, Operate):
 
     # ------------------------------------------------------------------ inspect
 
+    @as_connection_failed
     def cancel(self, job_id: str) -> bool:
         """Remove a waiting, delayed or blocked job. An active job is never touched."""
         args = self._cancel_args(job_id)
@@ -378,6 +383,7 @@ class Queue(QueueBase, Operate):
         except redis.ResponseError as exc:
             raise lua_error(exc) from None
 
+    @as_connection_failed
     def get_job(self, job_id: str) -> JobInfo | None:
         """The active job with this id, else the waiting (or delayed/blocked) one, else the
         record of its end (finished, failed, cancelled) while it is kept; else None."""
@@ -386,6 +392,7 @@ class Queue(QueueBase, Operate):
             self.client.redis.fcall_ro("queasy_get_job", 1, self.keys.base, "", job_id)
         )
 
+    @as_connection_failed
     def counts(self) -> dict[str, int]:
         """Jobs per state {"waiting", "delayed", "blocked", "active"}, the totals of
         "finished" and "failed" since reset_totals(), and those of the last minute and hour
@@ -393,6 +400,7 @@ class Queue(QueueBase, Operate):
         "failed_last_hour"; the last minute's is the per-minute rate)."""
         return self._counts(self.client.redis.fcall_ro("queasy_counts", 1, self.keys.base, ""))
 
+    @as_connection_failed
     def schedule_info(self) -> ScheduleInfo | None:
         """This queue's schedule (listen(schedule=...)): its spec, the current occurrence's
         fire time and state, the last outcome; None when it never had one."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import records
-from .errors import InvalidInput
+from .errors import AuthenticationFailed, ConnectionFailed, InvalidInput
 from .queue import Queue
 from .store import fields
 from .store.keys import RegistryKeys, schedule_pattern, schedule_queue
@@ -75,9 +75,11 @@ class Reach:
             return self.down[node]
         try:
             return call()
-        except redis.AuthenticationError:
+        except (redis.AuthenticationError, AuthenticationFailed):
             raise
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, ConnectionFailed) as exc:
+            if isinstance(exc, ConnectionFailed):  # a public call's (connfailed.py)
+                exc = exc.__cause__ or exc  # type: ignore[assignment]  # redis-py's error
             self.down[node] = Unreachable(node, f"{type(exc).__name__}: {exc}")
             return self.down[node]
 

@@ -93,8 +93,9 @@ def test_a_client_made_while_a_primary_is_killed_works_on_the_other_primaries(
         assert cluster.password not in caplog.text
         client.queue(live).dispatch({"n": 1}, id="one")
         assert client.queue(live).get_job("one").data == {"n": 1}  # type: ignore[union-attr]
-        with pytest.raises(redis.ConnectionError, match=f"127.0.0.1:{dead}") as err:
-            client.queue(down).dispatch({"n": 2})
+        with pytest.raises(ConnectionFailed, match=f"127.0.0.1:{dead}") as err:
+            client.queue(down).dispatch({"n": 2})  # not redis-py's own error (connfailed.py)
+        assert isinstance(err.value.__cause__, redis.ConnectionError)
         assert cluster.password not in str(err.value)
         assert client.queue(live).counts()["waiting"] == 1  # the client still works
     finally:

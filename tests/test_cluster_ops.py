@@ -27,6 +27,8 @@ import redis
 from cluster_servers import LocalCluster
 from runtime_helpers import Runtime, queue_spec, wait_for
 
+from queasy_py import ConnectionFailed
+
 UNIQUE = 150  # unique jobs, dispatched over the disturbance
 SINGLETONS = 4  # ids dispatched again and again
 
@@ -252,13 +254,15 @@ def test_a_busy_queues_primary_is_killed_and_the_cluster_promotes_its_replica(
 
     def dispatch(job_id: str, data: dict[str, Any]) -> float:
         """Dispatch until a call returns: a call that met the dead primary may or may not
-        have run (never sent again by the client): sent again here, at least once."""
+        have run (never sent again by the client): sent again here, at least once. The dead
+        primary is a ConnectionFailed (queasy_py/connfailed.py); a refusal (CLUSTERDOWN, a moving
+        slot) stays redis-py's."""
         deadline = time.monotonic() + 60.0
         while True:
             try:
                 q.dispatch(data, id=job_id)
                 return time.time()
-            except (redis.RedisError, RedisClusterException):
+            except (ConnectionFailed, redis.RedisError, RedisClusterException):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)

@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from .. import defaults
-from ..errors import ConfigError
+from ..errors import ConfigError, ConnectionFailed
 from .metrics import REPLACED_REASONS, Histogram, Tally
 from .scrapes import ScrapeServer, bind
 
@@ -125,7 +125,7 @@ class QueasyCollector(Collector):
                 continue
             try:
                 now = counts()
-            except (redis.RedisError, OSError) as exc:
+            except (redis.RedisError, OSError, ConnectionFailed) as exc:  # Queue.counts'
                 self.scrape_errors += 1
                 log.debug("metrics: counts of %s not read: %s", queue, exc)
                 continue
