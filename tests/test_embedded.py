@@ -344,17 +344,18 @@ def test_a_restart_whose_data_loads_longer_than_start_timeout_waits_for_it(
         r = redis.Redis.from_url(first.url)
         r.eval("for i = 1, 20000 do redis.call('SET', 'k' .. i, i) end", 0)
         r.close()
-    # 20,000 keys in the append-only file, each loaded 50 µs late (valkey's key-load-delay):
-    # over 1 s of LOADING on any machine, so past start_timeout; and 1 s is long enough for
-    # the server to open its port first on a loaded machine (with 0.2 s and 400,000 keys it
-    # was not always: killed before it loaded, the test failed under other tests' load)
+    # 20,000 keys in the append-only file, each loaded 200 µs late (valkey's key-load-delay):
+    # over 4 s of LOADING on any machine, so past start_timeout; 2 s is long enough for the
+    # server to open its port first on a loaded machine (with 0.2 s and 400,000 keys it was
+    # not always: killed before it loaded, the test failed under other tests' load); and it
+    # answers (LOADING) every KiB it loads, not every 2 MiB (the whole file is less)
     t0 = time.monotonic()
-    slow_load = ["--key-load-delay", "50"]
+    slow_load = ["--key-load-delay", "200", "--loading-process-events-interval-bytes", "1024"]
     with EmbeddedServer(
-        data_dir=data, durable=True, start_timeout=1.0, extra_args=slow_load
+        data_dir=data, durable=True, start_timeout=2.0, extra_args=slow_load
     ) as second:
         took = time.monotonic() - t0
         r = redis.Redis.from_url(second.url)
         assert r.dbsize() == 20000
         r.close()
-    assert took > 1.0, f"the load took {took:.2f}s: the test did not need the wait"
+    assert took > 2.0, f"the load took {took:.2f}s: the test did not need the wait"
