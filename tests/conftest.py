@@ -53,6 +53,20 @@ def own_server() -> Iterator[EmbeddedServer]:
         server.stop()
 
 
+@pytest.fixture
+def cluster() -> Iterator[Any]:
+    """A real local Redis Cluster of 3 primaries, no replica, with a node timeout of a
+    minute: a primary killed or frozen in a test stays down, never failed over (and the
+    cluster does not stop serving every slot) while the test runs."""
+    from cluster_servers import LocalCluster
+
+    made = LocalCluster(primaries=3, node_timeout=60_000).start()
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[Any]:
     """A real local Redis Cluster of 3 primaries (tests/cluster_servers.py), started on first

@@ -10,7 +10,6 @@ import asyncio
 import signal
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +23,6 @@ from queasy_py.store.keys import RegistryKeys
 
 #: the socket timeouts of the frozen test's URL (seconds; the URL's own win over queasy's)
 TIMEOUT = 1.5
-
-
-@pytest.fixture
-def cluster() -> Iterator[LocalCluster]:
-    cluster = LocalCluster(primaries=3, node_timeout=60_000).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def queue_on(cluster: LocalCluster, client: Client, port: int) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,25 +16,13 @@ import redis
 from cluster_servers import LocalCluster
 from runtime_helpers import ACT, queue_spec, wait_for
 from test_cli import run_queasy
-from test_cluster_down import stop_node
+from test_cluster_down import TIMEOUT, stop_node
 from test_cluster_ops import cluster_runtime
 
 from queasy_py import Client
 from queasy_py.cli import exitcodes
 from queasy_py.store.embedded import free_port
 from queasy_py.store.keys import RegistryKeys
-
-#: the frozen test's socket timeouts (seconds, in its URL)
-TIMEOUT = 1.5
-
-
-@pytest.fixture
-def cluster() -> Iterator[LocalCluster]:
-    cluster = LocalCluster(primaries=3, node_timeout=60_000).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def names_on(cluster: LocalCluster, client: Client, port: int, count: int, tag: str) -> list[str]:
