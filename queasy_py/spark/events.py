@@ -12,12 +12,10 @@ with failOnDataLoss=false, a warning and the entries that are left.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import types as T
@@ -37,8 +35,9 @@ from pyspark.sql.streaming.datasource import (
 from .. import defaults
 from ..client import Client
 from ..errors import InvalidInput, QueasyError
-from ..history import EventStream, History, StreamEnd, entry_id
+from ..history import EventStream, History, StreamEnd
 from .eventrows import SCHEMA, to_batch
+from .offsets import START, Position, check_range, offsets_from_json
 from .options import Options, resolve_url
 
 log = logging.getLogger("queasy_py.spark")
@@ -54,44 +53,8 @@ DISCOVERY_SECONDS = 30.0  # how long a stream reader reuses its SCAN for queues=
 # ---------------------------------------------------------------- offsets and partitions
 
 
-@dataclass(frozen=True)
-class Position:
-    """A place in a stream: after entry `id`, whose ordinal is `n`."""
-
-    id: str
-    n: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "n": self.n}
-
-    @classmethod
-    def from_json(cls, ref: str, value: Any) -> Position:
-        if (
-            not isinstance(value, Mapping)
-            or not isinstance(value.get("id"), str)
-            or not _entry_id(value["id"])
-            or type(value.get("n")) is not int  # not a bool
-            or value["n"] < 0
-        ):
-            raise InvalidInput(
-                f"offset of {ref!r} must be {{'id': 'ms-seq', 'n': int}}, not {value!r}"
-            )
-        return cls(value["id"], value["n"])
-
-
-START = Position("0-0", 0)
 #: the most entries one XRANGE of a read asks for (readChunk)
 MAX_CHUNK = 1_000_000
-
-
-def _entry_id(text: str) -> bool:
-    """A stream entry id as XRANGE takes it (else every task of the read failed on the
-    server's error)."""
-    try:
-        entry_id(text)
-    except InvalidInput:
-        return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -107,41 +70,6 @@ class Partition(InputPartition):
     @property
     def stream(self) -> EventStream:
         return EventStream(self.queue, self.tag, self.key)
-
-
-def offsets_from_json(text: str, what: str) -> dict[str, Position]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise InvalidInput(f"{what} must be 'earliest', 'latest' or a JSON object, not {text!r}")
-    return {ref: Position.from_json(ref, v) for ref, v in value.items()}
-
-
-def check_range(start: Mapping[str, Position], end: Mapping[str, Position]) -> None:
-    """InvalidInput naming both offsets when a stream's endingOffsets is before its
-    startingOffsets (a read took that for a stream made again and said events were
-    trimmed)."""
-    for ref, b in end.items():
-        a = start.get(ref)
-        if a is not None and (b.n < a.n or _order(b.id, end=True) < _order(a.id)):
-            raise InvalidInput(
-                f"the queasy-events source: endingOffsets of {ref!r} {b.to_json()} is before "
-                f"its startingOffsets {a.to_json()}: the end of a range must not be before "
-                "its start"
-            )
-
-
-#: the largest sequence number of a stream entry id
-MAX_SEQ = 2**64 - 1
-
-
-def _order(text: str, end: bool = False) -> tuple[int, int]:
-    """A checked entry id ('ms-seq', or 'ms') as a pair that sorts as the stream does: 'ms'
-    alone is its first entry as a start and its last as an `end` (as XRANGE takes them)."""
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq) if seq else (MAX_SEQ if end else 0)
 
 
 @dataclass(frozen=True)
