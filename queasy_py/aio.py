@@ -72,6 +72,8 @@ class AsyncClient:
         self.library_version: str | None = None
         self._queues: dict[str, AsyncQueue] = {}
         self.closes = 0  # Client.closes
+        #: the waits of result() under way (tasks of their own): close() ends them first
+        self._waits: set[asyncio.Task] = set()
 
     @as_connection_failed
     async def ready(self) -> AsyncClient:
@@ -106,7 +108,16 @@ class AsyncClient:
         return queue
 
     async def close(self) -> None:
+        """Close the connections; a result() waiting on this client ends with ClientClosed.
+        Its wait is cancelled, and ended (bounded: defaults.SOCKET_TIMEOUT), before the
+        connections close: closed under a wait, redis-py's retry would open its connection
+        again while the pool closed it, and the two could leave a socket to the collector."""
         self.closes += 1  # Client.closes
+        waits = [wait for wait in self._waits if not wait.done()]
+        for wait in waits:
+            wait.cancel()
+        if waits:
+            await asyncio.wait(waits, timeout=defaults.SOCKET_TIMEOUT)
         await self.redis.aclose()
         if self.server is not None:
             self.server.close()  # stops it if no other process uses it: a short wait
@@ -326,10 +337,15 @@ class AsyncQueue(QueueBase):
         cancel.check()
         # the wait runs in a task of its own: a cancel of this one ends it at once, whatever
         # the redis-py call under way does with the cancel passed on to it (CancelSeen)
-        waiter = asyncio.ensure_future(self._wait(job_id, deadline, timeout, self.client.closes))
+        closes = self.client.closes
+        waiter = asyncio.ensure_future(self._wait(job_id, deadline, timeout, closes))
+        self.client._waits.add(waiter)
+        waiter.add_done_callback(self.client._waits.discard)
         try:
             return await asyncio.shield(waiter)
         except asyncio.CancelledError:
+            if waiter.cancelled() and not cancel.seen():  # ended by close(), not by a cancel
+                self._check_open(job_id, closes)
             waiter.cancel()  # it stops at its next check, closing its subscription
             waiter.add_done_callback(_retrieved)
             raise

@@ -79,8 +79,12 @@ class CancelSeen:
         self.task = asyncio.current_task()
         self.asked = self.task.cancelling() if self.task is not None else 0
 
+    def seen(self) -> bool:
+        """Whether the task was asked to cancel since this was made."""
+        return self.task is not None and self.task.cancelling() > self.asked
+
     def check(self) -> None:
-        if self.task is not None and self.task.cancelling() > self.asked:
+        if self.seen():
             import asyncio
 
             raise asyncio.CancelledError

@@ -315,3 +315,47 @@ def test_an_end_while_the_subscription_is_on_its_way_is_seen_at_once(
     assert value == 7
     assert seen == ["active"], "the SSUBSCRIBE was not held while the job ran"
     assert took < defaults.RESULT_RECHECK / 2, f"result() took {took:.3f}s"
+
+
+def test_closing_an_async_client_ends_its_waiter_before_its_connections(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AsyncClient.close() under a result() waiter: the waiter's connection, closed under
+    its read, was opened again by redis-py's retry while the pool closed it, and the two
+    could leave a connected socket to the collector ('unclosed Connection', a flake of the
+    test above). close() now ends its waiters first: no connection is opened after it.
+    On the channel: its pub/sub read is what redis-py retries (an XREAD is not)."""
+    import redis.asyncio.connection as aioconnection
+
+    rt.start({"r": queue_spec(RETURNS, store_results=True)})
+    wait_for(lambda: rt.queue("r").client.supervisors(), what="the supervisor's entry")
+    rt.queue("r").dispatch({}, id="never", delay=3600)
+    closing = threading.Event()
+    opened_after: list[str] = []
+    connect = aioconnection.AbstractConnection.connect
+
+    async def spied_connect(self: Any) -> None:
+        if closing.is_set() and not self.is_connected:
+            opened_after.append(repr(self))
+        await connect(self)
+
+    monkeypatch.setattr(aioconnection.AbstractConnection, "connect", spied_connect)
+    got: dict[str, Any] = {}
+
+    async def wait_async() -> None:
+        client = AsyncClient(rt.url, prefix=rt.prefix)
+        waiter = asyncio.ensure_future(client.queue("r").result("never", timeout=TIMEOUT))
+        await asyncio.to_thread(wait_for, lambda: waiting_on(rt, "channel", "never"))
+        closing.set()
+        await client.close()
+        try:
+            got["value"] = await asyncio.wait_for(waiter, SEEN_WITHIN)
+        except Exception as exc:
+            got["error"] = exc
+
+    thread = threading.Thread(target=lambda: asyncio.run(wait_async()), daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "result() went on waiting after close()"
+    assert isinstance(got.get("error"), ClientClosed), got
+    assert opened_after == [], f"connections opened after close(): {opened_after}"
