@@ -25,7 +25,7 @@ from .defaults import SCHEDULE_ID
 from .errors import ConnectionFailed, InvalidInput, QueasyError
 from .job import JobInfo, ScheduleInfo
 from .operate import PAGE
-from .queue import BatchResult, QueueBase
+from .queue_base import BatchResult, QueueBase
 from .resolve import PathLike, Target, resolve
 from .store import events
 from .store.aiocluster import async_cluster_client, ready_cluster

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidInput
-from .queue import BatchResult
+from .queue_base import BatchResult
 from .store.lazyredis import redis
 from .store.library import Dispatched, lua_error
 

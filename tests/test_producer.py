@@ -18,7 +18,7 @@ from lua_calls import COUNTS, Leased, Lua, live
 
 from queasy_py import Client, InvalidInput, JobInfo, Queue
 from queasy_py.encoded import dispatch_encoded_stream
-from queasy_py.queue import DISPATCH_CHUNK
+from queasy_py.queue_base import DISPATCH_CHUNK
 from queasy_py.store.library import Dispatched
 
 URL_SAFE = re.compile(r"[A-Za-z0-9_-]+")

@@ -299,7 +299,7 @@ def test_the_sinks_encoded_triples_are_dispatch_batchs_arguments(
     import pyarrow as pa
     from pyspark.sql.types import _parse_datatype_string
 
-    from queasy_py.queue import QueueBase
+    from queasy_py.queue_base import QueueBase
     from queasy_py.spark.batchjobs import BatchJobs
     from queasy_py.spark.sink import SinkPlan
 

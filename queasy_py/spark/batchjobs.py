@@ -15,7 +15,7 @@ from pyspark.sql import types as T
 
 from .. import validate
 from ..errors import InvalidInput
-from ..queue import new_job_ids
+from ..queue_base import new_job_ids
 from . import jsonmap
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from .. import defaults
 from ..client import Client
 from ..encoded import dispatch_encoded_stream
 from ..errors import InvalidInput
-from ..queue import BatchResult
+from ..queue_base import BatchResult
 from . import jsonmap
 from .batchjobs import BatchJobs, row_error
 from .options import Options, resolve_url

@@ -19,7 +19,7 @@ import redis
 
 from queasy_py import Client, Queue
 from queasy_py.job import LIVE_STATES
-from queasy_py.queue import DISPATCH_CHUNK
+from queasy_py.queue_base import DISPATCH_CHUNK
 from queasy_py.store import events
 
 from .cluster import Cluster, Slot
