@@ -30,6 +30,7 @@ from ..store.connection import mask_url
 from ..validate import key_prefix
 from . import config as config_file
 from . import dashboard, exitcodes, history, operate
+from .metricsopts import OPTIONS, check_metrics
 
 log = logging.getLogger("queasy_py")
 
@@ -178,9 +179,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.workers < 1:
             raise ConfigError(f"--workers must be >= 1, not {args.workers}")
         workers = args.workers
-    for key in ("metrics_port", "metrics_host"):
-        if getattr(args, key) is not None:
-            settings[key] = getattr(args, key)
+    given = {key for key in OPTIONS if getattr(args, key) is not None}
+    settings.update({key: getattr(args, key) for key in given})
+    check_metrics(settings, given, str(conf.source))  # before a server or worker starts
     app_on_path()
     client = Client(
         resolve(args.redis, config=conf.source, data_dir=args.data_dir, given="--redis"),
