@@ -126,7 +126,7 @@ than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond
 call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '4.3.0'
+local VERSION = '4.3.1'
 -- the functions called per job, as locals (a global is two table lookups per use); the
 -- globals exist only while a function runs: `entry` (registration) sets them
 local call, format, find = nil, nil, nil
@@ -1492,6 +1492,9 @@ ARGV[2]  cutoff (ms or '': now): with no ids, take the records that failed at or
 ARGV[3]  limit (1..MAX_PAGE): with no ids, how many of the oldest such records
 ARGV[4..] ids (optional, at most MAX_PAGE; the id rules): these records (an id without a
           failed record is skipped)
+Refuses: the id SCHEDULE_ID while the queue has a schedule (B:schedule), and with no ids
+         passes over its record (not looked at, kept): the schedule makes its next occurrence
+         itself, a requeued one would run the periodic job once more (4.3.1)
 Returns: {requeued, cutoff, looked at}: how many records were requeued, the cutoff used
          (pass it again to go on without taking jobs that failed since), and how many ids
          were looked at (fewer than limit: none is left). Each becomes a new job with
@@ -1514,9 +1517,29 @@ local function requeue_failed(keys, args)
   for i = 4, #args do
     ids[#ids + 1] = check_id(args[i], 'id', i - 3)
   end
+  -- the occurrence of B's schedule is never requeued: the schedule makes the next one
+  -- itself, a requeued one would run the periodic job once more (4.3.1: in the same step as
+  -- the requeue, so a schedule made after the caller looked cannot let one through)
+  local scheduled = call('EXISTS', B .. ':schedule') == 1
   if #ids == 0 then
     ids = call('ZRANGE', B .. ':failed', '-inf', int(cutoff), 'BYSCORE', 'LIMIT', 0,
-      limit)
+      scheduled and limit + 1 or limit)
+    if scheduled then
+      local others = {}
+      for _, id in ipairs(ids) do
+        if id ~= SCHEDULE_ID and #others < limit then
+          others[#others + 1] = id
+        end
+      end
+      ids = others
+    end
+  elseif scheduled then
+    for _, id in ipairs(ids) do
+      if id == SCHEDULE_ID then
+        invalid("id '" .. SCHEDULE_ID .. "' is the occurrence of this queue's schedule, "
+          .. 'which makes the next one itself: not requeued (no job was)')
+      end
+    end
   end
   local done, wake = 0, false
   for _, id in ipairs(ids) do

@@ -1,4 +1,4 @@
-"""A rolling deploy from the released code (commit RELEASED, library 4.2.1) to this one (4.3.0):
+"""A rolling deploy from the released code (commit RELEASED, library 4.2.1) to this one (4.3.x):
 supervisors and producers of both versions on one server and the same queues.
 
 The released tree is built from the repository's own history (`git archive`) into a temporary
@@ -25,6 +25,8 @@ from typing import Any
 import pytest
 import redis
 from runtime_helpers import ROOT, Runtime, queue_spec, wait_for
+
+from queasy_py.store.library import bundled_version
 
 #: the released tree: library 4.2.1
 RELEASED = "0644220"
@@ -149,8 +151,8 @@ def test_old_and_new_supervisors_and_producers_share_a_queue(rt: Runtime, old_ro
     pids = {e["pid"] for e in ends}
     assert pids & old.workers() and pids & new.workers(), "both versions ran jobs"
     version = old_python(old_root, OLD_PRODUCER, rt.url, rt.prefix, "version")
-    assert version.stdout.strip() == "queasy_py 4.3.0", version.stderr
-    assert rt.r.fcall("queasy_library", 0) == "queasy_py 4.3.0"
+    assert version.stdout.strip() == f"queasy_py {bundled_version()}", version.stderr
+    assert rt.r.fcall("queasy_library", 0) == f"queasy_py {bundled_version()}"
     wait_for(lambda: q.counts().get("active", 0) == 0, what="no lease left")
     # purges of either version against 4.3.0
     purged = old_python(old_root, OLD_PRODUCER, rt.url, rt.prefix, "purge", "finished")

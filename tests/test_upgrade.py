@@ -307,7 +307,7 @@ def test_4_2_1_calls_keep_their_replies_under_4_3_and_its_state_carries_on(
     lua.dispatch(*[(id, f'"{id}"', "") for id in "ab"])
     a, b = lua.dequeue("c1", limit=2).jobs
     upgrade(r)
-    assert bundled_version() == "4.3.0"
+    assert bundled_version() in ("4.3.0", "4.3.1")  # 4.3.1: a patch of 4.3.0
     assert lua.finish("c1", a, now=NOW + 1) == 0
     assert lua.fail("c1", lua.take("a", now=NOW + 2), now=NOW + 2) == 0  # a: finished, failed
     assert lua.purge("finished") == [1, 0]  # a 4.2.1 call: {removed, left}, as before
