@@ -28,6 +28,7 @@ from .operate import PAGE
 from .queue_base import BatchResult, QueueBase
 from .resolve import PathLike, Target, resolve
 from .store import events
+from .store.aiocalls import AsyncWrites
 from .store.aiocluster import async_cluster_client, ready_cluster
 from .store.cluster import is_cluster_url
 from .store.connection import from_url, mask_url, producer_options
@@ -59,10 +60,13 @@ class AsyncClient:
         self.url = target.url
         self.cluster = is_cluster_url(self.url)
         try:
+            #: the writes on one server, sent once (store/aiocalls.py); None on a cluster
+            self.writes: AsyncWrites | None = None
             if self.cluster:  # redis-py's asyncio RedisCluster, FCALL routed by its key
                 self.redis: Any = async_cluster_client(self.url)
             else:
                 self.redis = from_url(aioredis.Redis, self.url, **producer_options())
+                self.writes = AsyncWrites(self.redis)
         except BaseException:
             if self.server is not None:
                 self.server.close()
@@ -152,8 +156,12 @@ class AsyncQueue(QueueBase):
         return self.client._queue(self.name + defaults.FAIL_QUEUE_SUFFIX, self.keys.tag)
 
     async def _fcall(self, name: str, args: list) -> Any:
+        """FCALL `name` (a write) on this queue. On one server sent once
+        (store/aiocalls.py: never again after a lost reply)."""
         await self.client.ready()
         try:
+            if self.client.writes is not None:
+                return await self.client.writes(name, [self.keys.base], args)
             return await self.client.redis.fcall(name, 1, self.keys.base, *args)
         except redis.ResponseError as exc:
             raise lua_error(exc) from None
@@ -223,10 +231,15 @@ class AsyncQueue(QueueBase):
 
     async def _pipelined(self, name: str, chunks: list[list]) -> list:
         """FCALL `name` once per chunk of arguments, pipelined in one round trip (the queue
-        registered first); their replies."""
+        registered first); their replies. On one server sent once (_fcall)."""
         if not chunks:
             return []
         await self._register()
+        if self.client.writes is not None:
+            try:
+                return await self.client.writes.pipelined(name, [self.keys.base], chunks)
+            except redis.ResponseError as exc:
+                raise lua_error(exc) from None
         async with self.client.redis.pipeline(transaction=False) as pipe:
             for args in chunks:
                 pipe.fcall(name, 1, self.keys.base, *args)
@@ -262,7 +275,10 @@ class AsyncQueue(QueueBase):
     @as_connection_failed
     async def reset_totals(self) -> None:
         await self.client.ready()
-        await self.client.redis.delete(self.keys.stats)
+        if self.client.writes is not None:  # sent once (_fcall)
+            await self.client.writes.command("DEL", self.keys.stats)
+        else:
+            await self.client.redis.delete(self.keys.stats)
 
     @as_connection_failed
     async def jobs(

@@ -5,12 +5,14 @@ has, redis-py's pool opens connections again by itself, and a server that went a
 killed, restarting, frozen) surfaced as redis-py's own ConnectionError or TimeoutError from
 whichever call met it. `@as_connection_failed` on each public method that talks to Redis
 (Client, Queue, AsyncClient, AsyncQueue) raises ConnectionFailed instead, naming the masked
-URL and the call, redis-py's error as its __cause__; the next call tries again. A QueasyError
-passes as it is (a dispatch whose reply was lost, AuthenticationFailed, ClientClosed,
-InvalidInput), but for one made here by a public call this one made (result()'s get_job):
-it is named again as this call's. The supervisor's loop does not use it: it has its own
-outage handling (runtime/outage.py). Its cost is one Python call more per call: 0.4-0.6 us
-on a dispatch (measured against the same method unwrapped), under 1% of its round trip.
+URL and the call, redis-py's error as its __cause__; the next call tries again. A write whose
+reply was lost after it was sent (store/calls.py, store/aiocalls.py: never sent again) is
+ConnectionFailed saying the server may have applied it, named the same way. A QueasyError
+passes as it is (AuthenticationFailed, ClientClosed, InvalidInput), but for one made here by
+a public call this one made (result()'s get_job): it is named again as this call's. The
+supervisor's loop does not use it: it has its own outage handling (runtime/outage.py). Its
+cost is one Python call more per call: 0.4-0.6 us on a dispatch (measured against the same
+method unwrapped), under 1% of its round trip.
 
 redis-py is not imported here: an error of its classes means it was (sys.modules).
 """
@@ -34,16 +36,15 @@ def raise_connection_failed(exc: Exception, owner: Any, call: str) -> None:
     by `call` of `owner` (a client, or a queue of one), when `exc` says Redis could not be
     reached; else return (the caller raises `exc` as it is)."""
     if getattr(exc, "_as_connection_failed", False):  # of a call this one made (get_job)
-        exc = exc.__cause__  # type: ignore[assignment]  # named again as this call's
+        exc = getattr(exc, "_lost", exc.__cause__)  # named again as this call's
+    if getattr(exc, "_reply_lost", False):  # a write sent once, its reply lost (calls.py)
+        raise _named(f"{_what(owner, call)}: Redis at {_url(owner)}: {exc}", exc) from exc.__cause__
     redis = sys.modules.get("redis")
     if isinstance(exc, QueasyError) or redis is None:
         return
     if not isinstance(exc, redis.ConnectionError | redis.TimeoutError | OSError):
         return
-    client = getattr(owner, "client", owner)
-    url = mask_url(client.url)
-    name = getattr(owner, "name", None)
-    what = f"{call}() of queue {name!r}" if isinstance(name, str) else f"{call}()"
+    what, url = _what(owner, call), _url(owner)
     if isinstance(exc, redis.AuthenticationError):  # a ConnectionError of redis-py's
         failed: ConnectionFailed = AuthenticationFailed(
             f"{what}: Redis at {url} refused the credentials: {exc}"
@@ -53,6 +54,24 @@ def raise_connection_failed(exc: Exception, owner: Any, call: str) -> None:
         failed = ConnectionFailed(f"{what}: cannot reach Redis at {url} ({why})")
     failed._as_connection_failed = True  # type: ignore[attr-defined]
     raise failed from exc
+
+
+def _what(owner: Any, call: str) -> str:
+    name = getattr(owner, "name", None)
+    return f"{call}() of queue {name!r}" if isinstance(name, str) else f"{call}()"
+
+
+def _url(owner: Any) -> str:
+    return mask_url(getattr(owner, "client", owner).url)
+
+
+def _named(text: str, lost: Exception) -> ConnectionFailed:
+    """The ConnectionFailed of a public call whose write's reply was lost (`lost`: the
+    store's, kept to be named again); raised from redis-py's error."""
+    failed = ConnectionFailed(text)
+    failed._as_connection_failed = True  # type: ignore[attr-defined]
+    failed._lost = lost  # type: ignore[attr-defined]
+    return failed
 
 
 def as_connection_failed(method: F) -> F:

@@ -137,7 +137,10 @@ class Operate:
     @as_connection_failed
     def reset_totals(self) -> None:
         """Start the finished and failed totals (and their per-minute counts) from 0."""
-        self.client.redis.delete(self.keys.stats)
+        if self.client.cluster:
+            self.client.redis.delete(self.keys.stats)
+        else:  # sent once (store/calls.py)
+            self.client.fastcall.command("DEL", self.keys.stats)
 
     @as_connection_failed
     def jobs(
@@ -246,7 +249,11 @@ class Operate:
         return events.page(self.client.redis, self.keys.events, after, count)
 
     def _call(self, name: str, args: list) -> Any:
+        """FCALL `name` (a write) on this queue. On one server sent once (store/calls.py:
+        never again after a lost reply)."""
         try:
+            if not self.client.cluster:
+                return self.client.fastcall(name, [self.keys.base], args)
             return fcall(self.client.redis, name, [self.keys.base], args)
         except redis.ResponseError as exc:
             raise lua_error(exc) from None

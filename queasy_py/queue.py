@@ -86,14 +86,21 @@ class Queue(QueueBase, Operate):
         self._check_reserved(ids, chunks)
         if chunks:
             self._register()
+            self._pipelined("queasy_dispatch", chunks)
+        return ids
+
+    def _pipelined(self, name: str, chunks: list[list]) -> list:
+        """FCALL `name` once per chunk of arguments, pipelined in one round trip; their
+        replies. On one server sent once (store/calls.py: never again after a lost reply)."""
+        try:
+            if not self.client.cluster:
+                return self.client.fastcall.pipelined(name, [self.keys.base], chunks)
             with self.client.redis.pipeline(transaction=False) as pipe:
                 for args in chunks:
-                    fcall(pipe, "queasy_dispatch", [self.keys.base], args)
-                try:
-                    pipe.execute()
-                except redis.ResponseError as exc:
-                    raise lua_error(exc) from None
-        return ids
+                    fcall(pipe, name, [self.keys.base], args)
+                return pipe.execute()
+        except redis.ResponseError as exc:
+            raise lua_error(exc) from None
 
     def _register(self) -> None:
         """Put this queue's name in the registry (Client.queues), once per Queue object."""
@@ -139,13 +146,7 @@ class Queue(QueueBase, Operate):
         codes: list[Dispatched] = []
         if chunks:
             self._register()
-            with self.client.redis.pipeline(transaction=False) as pipe:
-                for args in chunks:
-                    fcall(pipe, name, [self.keys.base], args)
-                try:
-                    replies = pipe.execute()
-                except redis.ResponseError as exc:
-                    raise lua_error(exc) from None
+            replies = self._pipelined(name, chunks)
             codes = [Dispatched(int(code)) for reply in replies for code in reply]
         return BatchResult(ids, codes)
 
@@ -154,11 +155,7 @@ class Queue(QueueBase, Operate):
     @as_connection_failed
     def cancel(self, job_id: str) -> bool:
         """Remove a waiting, delayed or blocked job. An active job is never touched."""
-        args = self._cancel_args(job_id)
-        try:
-            return bool(fcall(self.client.redis, "queasy_cancel", [self.keys.base], args))
-        except redis.ResponseError as exc:
-            raise lua_error(exc) from None
+        return bool(self._call("queasy_cancel", self._cancel_args(job_id)))
 
     @as_connection_failed
     def get_job(self, job_id: str) -> JobInfo | None:

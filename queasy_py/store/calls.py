@@ -1,14 +1,21 @@
-"""A lean FCALL for the producer's hot path (one dispatch at a time).
+"""The producer's writes on one server: sent once (a lean FCALL for the hot path too).
 
 redis-py's command path costs tens of microseconds per call in Python (retry policy, pool
 checkout, observability hooks). Here each thread keeps one connection of the client's pool and
 speaks to it directly. Measured: +15-20% on a dispatch loop (see README).
 
+Every producer call that writes goes through here (dispatch, dispatch_many and dispatch_batch
+pipelined, cancel, requeue_failed, purge, reset_totals): redis-py would send a command again
+after a lost reply (its Retry), and a write sent twice is not the same write (a dispatch_many
+sent again after its jobs started makes blocked copies of them, a job run twice; a cancel or a
+purge sent again removes what was dispatched in between). Reads keep redis-py's retry.
+
 A call is sent again only when it cannot have reached the server: a connection found closed
-before sending (the server restarted) is replaced first, and a send that fails is retried once
-on a new connection. A reply lost after the command was sent is never retried (the server may
-have applied it: a dispatch sent twice could create a blocked copy of a job that already
-started, a job run twice); it raises ConnectionFailed saying so.
+before sending (the server restarted) is replaced first, and a send of one command that fails
+is retried once on a new connection (a failed send never hands the whole command to the
+kernel). A reply lost after the command was sent, or a pipeline whose send failed (its first
+commands may have gone), is never retried (the server may have applied it); it raises
+ConnectionFailed saying so (marked `_reply_lost`: connfailed.py names the public call).
 
 The connection of a thread that ended goes back to the pool (the next thread to need one
 takes it): a thread per request left one open connection per thread ever started.
@@ -46,7 +53,42 @@ class FastCall:
         self._ended: deque[Any] = deque()
 
     def __call__(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        packed = hiredis.pack_command(("FCALL", name, len(keys), *keys, *args))
+        """FCALL `name`: its reply (a ResponseError raised as it is)."""
+        return self._one(hiredis.pack_command(("FCALL", name, len(keys), *keys, *args)), name)
+
+    def command(self, *parts: Any) -> Any:
+        """Any other write (DEL), sent as an FCALL is."""
+        return self._one(hiredis.pack_command(parts), str(parts[0]))
+
+    def pipelined(self, name: str, keys: list[str], chunks: list[list[Any]]) -> list[Any]:
+        """FCALL `name` once per chunk of arguments, pipelined in one round trip: their
+        replies, or the first error reply raised once all were read."""
+        packed = b"".join(
+            hiredis.pack_command(("FCALL", name, len(keys), *keys, *args)) for args in chunks
+        )
+        what = f"{len(chunks)} pipelined {name} calls"
+        conn = self._ready()
+        try:
+            conn.send_packed_command([packed], check_health=False)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            self._drop(conn)  # the first commands may have gone: never sent again
+            raise lost_reply(what, exc) from exc
+        except BaseException:
+            self._drop(conn)
+            raise
+        replies: list[Any] = []
+        first: redis.ResponseError | None = None
+        for _ in chunks:
+            try:
+                replies.append(self._read(conn, what))
+            except redis.ResponseError as exc:  # read whole: the connection stays in step
+                first = first or exc
+                replies.append(exc)
+        if first is not None:
+            raise first
+        return replies
+
+    def _one(self, packed: bytes, name: str) -> Any:
         conn = self._ready()
         try:
             conn.send_packed_command([packed], check_health=False)
@@ -61,16 +103,17 @@ class FastCall:
         except BaseException:
             self._drop(conn)
             raise
+        return self._read(conn, name)
+
+    def _read(self, conn: Any, what: str) -> Any:
+        """One reply: an error reply raised as it is, a lost one as lost_reply(what)."""
         try:
             return conn.read_response()
         except redis.ResponseError:
             raise
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             self._drop(conn)
-            raise ConnectionFailed(
-                f"the connection was lost before the reply to {name} came: the server may "
-                f"have applied it ({exc})"
-            ) from exc
+            raise lost_reply(what, exc) from exc
         except BaseException:
             self._drop(conn)  # interrupted mid-reply: the connection's state is unknown
             raise
@@ -103,3 +146,14 @@ class FastCall:
             held.ended.detach()
         conn.disconnect()
         self._client.connection_pool.release(conn)
+
+
+def lost_reply(what: str, exc: BaseException) -> ConnectionFailed:
+    """The error of a write whose reply was lost after it was sent (`what`: its command, or
+    the pipelined calls): it is not sent again. Raise it `from exc`."""
+    failed = ConnectionFailed(
+        f"the connection was lost before the reply to {what} came: the server may have "
+        f"applied it ({exc})"
+    )
+    failed._reply_lost = True  # type: ignore[attr-defined]  # connfailed names the call
+    return failed
