@@ -360,6 +360,26 @@ def log_level() -> int:
         return logging.INFO
 
 
+class LogStream(logging.StreamHandler):
+    """The worker's own log lines, on a copy of fd 2 taken at start: a handler that closes
+    sys.stderr or fd 2 does not silence them, and a line that cannot be written is lost,
+    never raised (logging's handleError swallows OSError only: a closed file's ValueError
+    came out of the worker's log calls and stopped the thread reading its pipe)."""
+
+    def __init__(self) -> None:
+        try:
+            stream: Any = open(os.dup(2), "w", buffering=1, errors="backslashreplace")  # noqa: SIM115
+        except OSError:  # no fd 2 at all
+            stream = sys.stderr
+        super().__init__(stream)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        try:
+            super().handleError(record)
+        except Exception:  # noqa: BLE001, S110 - nowhere left to say it
+            pass
+
+
 def _not_now(signum: int, frame: object) -> None:
     """SIGINT and SIGTERM to a worker: ignored (its supervisor stops it)."""
 
@@ -373,7 +393,7 @@ def main(pipe: Pipe, handlers: dict[str, str], results: frozenset[str] = frozens
     # and every process a job started would then shrug off SIGTERM and SIGINT too.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _not_now)
-    logging.basicConfig(level=log_level(), stream=sys.stderr, format=defaults.LOG_FORMAT)
+    logging.basicConfig(level=log_level(), handlers=[LogStream()], format=defaults.LOG_FORMAT)
     try:
         runner = Runner(pipe, handlers, results)
     except Exception as exc:

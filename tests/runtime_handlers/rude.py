@@ -4,9 +4,11 @@ data["do"]: "return_object" (a non-JSON return value), "raise" (data["error"] na
 exception that is hard to encode), "print_mb" (data["mb"] megabytes to stdout),
 "close_std" (closes stdin and stdout, the objects and the file descriptors), "setsid"
 (tries to move the worker into a new session: a worker already leads its own session, so
-os.setsid() fails with EPERM, which the handler records as "setsid_refused"). Anything else:
-just finish. Records start and end. `handle_async` is the same on the worker's event loop,
-after data["sleep"] seconds.
+os.setsid() fails with EPERM, which the handler records as "setsid_refused"),
+"close_stderr" (closes the sys.stderr object, as a library that tidies up the streams does,
+and returns a value JSON cannot hold: the worker's logging then writes to a closed file).
+Anything else: just finish. Records start and end. `handle_async` is the same on the worker's
+event loop, after data["sleep"] seconds.
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ def handle(data: dict[str, Any], job: Any) -> Any:
         sys.stdout.close()
         os.close(0)
         os.close(1)
+    elif action == "close_stderr":
+        sys.stderr.close()
+        record("end", data, job)
+        return {"when": object()}
     elif action == "setsid":
         try:
             os.setsid()
