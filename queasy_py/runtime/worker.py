@@ -49,6 +49,7 @@ from .. import defaults
 from ..job import Job
 from ..tracing import traced
 from .frames import Pipe, job_heads
+from .guards import LogStream, run_loop
 from .handler import load
 from .results import check_result, describe_error, encode_results, invalid_data, stored_result
 
@@ -101,7 +102,7 @@ class Runner:
                 if self.loop is None:
                     loop = asyncio.new_event_loop()
                     name = "queasy-async"
-                    threading.Thread(target=loop.run_forever, name=name, daemon=True).start()
+                    threading.Thread(target=run_loop, args=(loop,), name=name, daemon=True).start()
                     self.loop = loop
         asyncio.run_coroutine_threadsafe(coro, self.loop)
 
@@ -358,26 +359,6 @@ def log_level() -> int:
         return int(os.environ.get(defaults.LOG_LEVEL_ENV, logging.INFO))
     except ValueError:
         return logging.INFO
-
-
-class LogStream(logging.StreamHandler):
-    """The worker's own log lines, on a copy of fd 2 taken at start: a handler that closes
-    sys.stderr or fd 2 does not silence them, and a line that cannot be written is lost,
-    never raised (logging's handleError swallows OSError only: a closed file's ValueError
-    came out of the worker's log calls and stopped the thread reading its pipe)."""
-
-    def __init__(self) -> None:
-        try:
-            stream: Any = open(os.dup(2), "w", buffering=1, errors="backslashreplace")  # noqa: SIM115
-        except OSError:  # no fd 2 at all
-            stream = sys.stderr
-        super().__init__(stream)
-
-    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
-        try:
-            super().handleError(record)
-        except Exception:  # noqa: BLE001, S110 - nowhere left to say it
-            pass
 
 
 def _not_now(signum: int, frame: object) -> None:

@@ -95,6 +95,19 @@ def handle(data: dict[str, Any], job: Any) -> Any:
     return None
 
 
+async def _exit() -> None:
+    sys.exit("a background task exits")
+
+
 async def handle_async(data: dict[str, Any], job: Any) -> Any:
+    """Also "exit_in_task" (a task left running that raises SystemExit: asyncio lets it out
+    of the event loop) and "stop_loop" (stops the worker's event loop)."""
     await asyncio.sleep(data.get("sleep", 0))
+    if data.get("do") == "exit_in_task":
+        _tasks.add(asyncio.get_running_loop().create_task(_exit()))
+    elif data.get("do") == "stop_loop":
+        asyncio.get_running_loop().stop()
     return handle(data, job)
+
+
+_tasks: set[Any] = set()  # the tasks of exit_in_task, kept from the collector
