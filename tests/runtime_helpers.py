@@ -229,13 +229,15 @@ class Runtime:
         cwd: Path | None = None,
         sys_path: list[str] | None = None,
         clock_skew: float = 0.0,
+        clock_step: float | None = None,
         root: Path = ROOT,
         **settings: Any,
     ) -> Supervisor:
         """Start a supervisor listening on `queues` ({name: queue_spec(...)}). With `cwd` it
         runs there, started as a script (like a console script: the working directory is not
         on its sys.path); `sys_path` entries go first on its sys.path once it is running;
-        `clock_skew` seconds are added to the supervisor's clock (not its workers'); `root`:
+        `clock_skew` seconds are added to the supervisor's clock (not its workers'), and
+        `clock_step` seconds more at each SIGUSR1 (a clock stepped while it runs); `root`:
         the checkout whose queasy_py and tests/ it runs (another version's: see
         tests/test_rolling_upgrade.py)."""
         config = {
@@ -247,6 +249,8 @@ class Runtime:
             "sys_path": sys_path or [],
             "clock_skew": clock_skew,
         }
+        if clock_step is not None:
+            config["clock_step"] = clock_step
         main = (
             ["-m", "tests.supervisor_main"]
             if cwd is None

@@ -388,3 +388,38 @@ def test_a_handler_closing_stdio_or_calling_setsid_harms_nothing(rt: Runtime, ac
     assert sup.workers() == {worker}
     assert sup.stop() == 0
     wait_for(lambda: not alive(worker), what="the worker to be gone")
+
+
+@pytest.mark.parametrize("handler", [RUDE, RUDE_ASYNC], ids=["sync", "async"])
+def test_a_handler_closing_sys_stderr_does_not_deafen_its_worker(rt: Runtime, handler: str) -> None:
+    """The worker's own log lines (here: the warning about a non-JSON return value) go to a
+    closed sys.stderr: logging raises ValueError from such a write (it swallows OSError only),
+    which stopped the thread reading the pipe, so that job and every later one of the worker
+    waited for their timeout."""
+    sup = rt.start({"q": queue_spec(handler, timeout=30.0)}, workers=1)
+    rt.queue("q").dispatch({"do": "close_stderr"}, id="rude")
+    (end,) = rt.wait_records(1, "end", id="rude")
+    (event,) = rt.wait_events("q", 1, timeout=5.0)
+    assert event["outcome"] == "finished"
+    rt.queue("q").dispatch({"do": "nothing"}, id="after")  # the same worker goes on
+    (after,) = rt.wait_records(1, "end", id="after", timeout=5.0)
+    assert after["pid"] == end["pid"]
+    assert [e["outcome"] for e in rt.wait_events("q", 2, timeout=5.0)] == ["finished"] * 2
+    assert sup.stop() == 0
+    assert "returned a non-JSON value" in sup.log()  # its log lines still reach the log
+
+
+@pytest.mark.parametrize("action", ["exit_in_task", "stop_loop"])
+def test_an_async_handler_cannot_end_its_workers_event_loop(rt: Runtime, action: str) -> None:
+    """A task an async handler leaves behind that raises SystemExit (asyncio lets it out of
+    run_forever), or a handler that stops the running loop, ended the worker's event loop
+    thread: every later async job of that worker waited for its timeout."""
+    sup = rt.start({"q": queue_spec(RUDE_ASYNC, timeout=30.0)}, workers=1)
+    rt.queue("q").dispatch({"do": action}, id="rude")
+    (end,) = rt.wait_records(1, "end", id="rude")
+    rt.queue("q").dispatch({"do": "nothing", "sleep": 0.05}, id="after")
+    (after,) = rt.wait_records(1, "end", id="after", timeout=5.0)
+    assert after["pid"] == end["pid"]
+    events = rt.wait_events("q", 2, timeout=5.0)
+    assert sorted(e["outcome"] for e in events) == ["finished"] * 2
+    assert sup.stop() == 0

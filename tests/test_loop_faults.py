@@ -100,6 +100,28 @@ def test_a_server_refusing_writes_for_5s_is_an_outage_not_a_crash(rt: Runtime, o
     assert sup.log().count("retrying with backoff") <= 3, sup.log()
 
 
+def test_a_clock_stepped_back_after_an_outage_does_not_hold_the_rounds(
+    rt: Runtime, own: Own
+) -> None:
+    """The loop's backoff after an outage was a time on the host's wall clock, kept after
+    the outage ended: a clock stepped back an hour afterwards (NTP, a resumed VM) held every
+    round for that hour (no ack, no dequeue: a pushed job ran but never finished)."""
+    sup = rt.start({"q": queue_spec()}, workers=1, clock_step=-3600.0)
+    rt.queue("q").dispatch({"tag": "before"})
+    rt.wait_events("q", 1)
+    own.r.config_set("maxmemory-policy", "noeviction")
+    own.r.config_set("maxmemory", 1)
+    wait_for(lambda: "retrying with backoff" in sup.log(), what="the outage")
+    own.r.config_set("maxmemory", 0)
+    wait_for(lambda: "Redis answers again" in sup.log(), what="the outage's end")
+    sup.signal(signal.SIGUSR1)  # the supervisor's clock goes back an hour
+    rt.queue("q").dispatch({"tag": "after"})
+    rt.wait_records(1, "end", tag="after")
+    events = rt.wait_events("q", 2, timeout=10.0)
+    assert [e["outcome"] for e in events] == ["finished", "finished"]
+    assert sup.proc.poll() is None, sup.log()
+
+
 def test_a_flushed_function_library_is_loaded_again(rt: Runtime, own: Own) -> None:
     q = rt.queue("q")
     q.dispatch({"tag": "before"})

@@ -112,7 +112,9 @@ class Outage:
     one log line when an outage starts or changes kind, one when it ends."""
 
     def __init__(self) -> None:
-        self.retry_at = 0.0  # epoch seconds: no round before (Redis was unreachable)
+        # monotonic seconds: no round before (Redis was unreachable). Not the wall clock: a
+        # clock stepped back after an outage held every round for the step's length
+        self.retry_at = 0.0
         self.backoff = 0.1
         self.kind: str | None = None  # the kind of the current outage, logged once
         self.errors = 0  # failed round trips (/metrics: queasy_redis_errors_total)
@@ -120,7 +122,7 @@ class Outage:
 
     def down(self, exc: BaseException) -> None:
         self.errors += 1
-        if time.time() < self.retry_at:
+        if time.monotonic() < self.retry_at:
             return  # several calls in flight failed together: one step of backoff
         name = outage_name(exc)
         if redirected(exc):  # a slot moving: no outage begins (nor ends, during one)
@@ -129,7 +131,7 @@ class Outage:
         elif name != self.kind:
             log.error("Redis unreachable or refusing (%s): %s; retrying with backoff", name, exc)
             self.kind = name
-        self.retry_at = time.time() + self.backoff
+        self.retry_at = time.monotonic() + self.backoff
         self.backoff = min(self.backoff * 2, MAX_BACKOFF)
 
     def up(self) -> None:

@@ -106,7 +106,7 @@ class Rounds:
         overlap (up to MAX_ROUNDS in flight) without ever exceeding a worker's capacity.
         """
         now = time.time()
-        if now < self.outage.retry_at or len(self.pipe.inflight) >= MAX_ROUNDS:
+        if time.monotonic() < self.outage.retry_at or len(self.pipe.inflight) >= MAX_ROUNDS:
             return
         client_id = self.client.id
         if self.checkouts.twins.held:  # a second lease of a running job: its first run ended?
@@ -196,15 +196,15 @@ class Rounds:
         inflight = len(self.pipe.inflight)
         if inflight >= MAX_ROUNDS or (inflight and (self.reload or self.reconcile)):
             return self.pipe.deadline() - now_mono  # then the reply is taken as lost (expire)
-        retry_at = self.outage.retry_at
+        backoff = self.outage.retry_at - now_mono  # > 0 while backing off after an outage
         wait = float("inf")
         if self.acks:
-            wait = retry_at - now
+            wait = backoff
         if not self.stopping:
             if room:
                 at = next_ready(self.states.values(), self.unserved, now)
-                wait = min(wait, max(at, retry_at) - now)
-            wait = min(wait, max(self.schedules.next_due() - now_mono, retry_at - now))
+                wait = min(wait, max(at - now, backoff))
+            wait = min(wait, max(self.schedules.next_due() - now_mono, backoff))
         return min(wait, self.pipe.deadline() - now_mono)
 
     def expire(self, now_mono: float) -> None:

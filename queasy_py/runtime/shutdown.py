@@ -85,7 +85,7 @@ class Shutdown:
             rounds.send()
             rounds.pipe.read(block=True)
             if self.acks:
-                time.sleep(max(0.0, rounds.outage.retry_at - time.time()))
+                time.sleep(max(0.0, rounds.outage.retry_at - time.monotonic()))
         if self.acks:  # they are swept back with the client and run again: say which
             names = {state.base: name for name, state in self.states.items()}
             ids = [f"{names.get(ack.base, ack.base)}/{ack.args[0]}" for ack in self.acks]

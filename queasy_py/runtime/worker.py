@@ -49,6 +49,7 @@ from .. import defaults
 from ..job import Job
 from ..tracing import traced
 from .frames import Pipe, job_heads
+from .guards import LogStream, run_loop
 from .handler import load
 from .results import check_result, describe_error, encode_results, invalid_data, stored_result
 
@@ -101,7 +102,7 @@ class Runner:
                 if self.loop is None:
                     loop = asyncio.new_event_loop()
                     name = "queasy-async"
-                    threading.Thread(target=loop.run_forever, name=name, daemon=True).start()
+                    threading.Thread(target=run_loop, args=(loop,), name=name, daemon=True).start()
                     self.loop = loop
         asyncio.run_coroutine_threadsafe(coro, self.loop)
 
@@ -373,7 +374,7 @@ def main(pipe: Pipe, handlers: dict[str, str], results: frozenset[str] = frozens
     # and every process a job started would then shrug off SIGTERM and SIGINT too.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _not_now)
-    logging.basicConfig(level=log_level(), stream=sys.stderr, format=defaults.LOG_FORMAT)
+    logging.basicConfig(level=log_level(), handlers=[LogStream()], format=defaults.LOG_FORMAT)
     try:
         runner = Runner(pipe, handlers, results)
     except Exception as exc:

@@ -4,9 +4,11 @@ data["do"]: "return_object" (a non-JSON return value), "raise" (data["error"] na
 exception that is hard to encode), "print_mb" (data["mb"] megabytes to stdout),
 "close_std" (closes stdin and stdout, the objects and the file descriptors), "setsid"
 (tries to move the worker into a new session: a worker already leads its own session, so
-os.setsid() fails with EPERM, which the handler records as "setsid_refused"). Anything else:
-just finish. Records start and end. `handle_async` is the same on the worker's event loop,
-after data["sleep"] seconds.
+os.setsid() fails with EPERM, which the handler records as "setsid_refused"),
+"close_stderr" (closes the sys.stderr object, as a library that tidies up the streams does,
+and returns a value JSON cannot hold: the worker's logging then writes to a closed file).
+Anything else: just finish. Records start and end. `handle_async` is the same on the worker's
+event loop, after data["sleep"] seconds.
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ def handle(data: dict[str, Any], job: Any) -> Any:
         sys.stdout.close()
         os.close(0)
         os.close(1)
+    elif action == "close_stderr":
+        sys.stderr.close()
+        record("end", data, job)
+        return {"when": object()}
     elif action == "setsid":
         try:
             os.setsid()
@@ -89,6 +95,19 @@ def handle(data: dict[str, Any], job: Any) -> Any:
     return None
 
 
+async def _exit() -> None:
+    sys.exit("a background task exits")
+
+
 async def handle_async(data: dict[str, Any], job: Any) -> Any:
+    """Also "exit_in_task" (a task left running that raises SystemExit: asyncio lets it out
+    of the event loop) and "stop_loop" (stops the worker's event loop)."""
     await asyncio.sleep(data.get("sleep", 0))
+    if data.get("do") == "exit_in_task":
+        _tasks.add(asyncio.get_running_loop().create_task(_exit()))
+    elif data.get("do") == "stop_loop":
+        asyncio.get_running_loop().stop()
     return handle(data, job)
+
+
+_tasks: set[Any] = set()  # the tasks of exit_in_task, kept from the collector
