@@ -33,7 +33,13 @@ from .store.aiocluster import async_cluster_client, ready_cluster
 from .store.cluster import is_cluster_url
 from .store.connection import from_url, mask_url, producer_options
 from .store.keys import RegistryKeys
-from .store.library import Dispatched, handshake, lua_error, run_handshake_async
+from .store.library import (
+    Dispatched,
+    fcall_pipelined_async,
+    handshake,
+    lua_error,
+    run_handshake_async,
+)
 from .waits import AsyncResultWake, CancelSeen
 
 log = logging.getLogger("queasy_py")
@@ -235,18 +241,12 @@ class AsyncQueue(QueueBase):
         if not chunks:
             return []
         await self._register()
-        if self.client.writes is not None:
-            try:
+        try:
+            if self.client.writes is not None:  # one server: sent once (store/aiocalls.py)
                 return await self.client.writes.pipelined(name, [self.keys.base], chunks)
-            except redis.ResponseError as exc:
-                raise lua_error(exc) from None
-        async with self.client.redis.pipeline(transaction=False) as pipe:
-            for args in chunks:
-                pipe.fcall(name, 1, self.keys.base, *args)
-            try:
-                return await pipe.execute()
-            except redis.ResponseError as exc:
-                raise lua_error(exc) from None
+            return await fcall_pipelined_async(self.client.redis, name, self.keys.base, chunks)
+        except redis.ResponseError as exc:
+            raise lua_error(exc) from None
 
     @as_connection_failed
     async def cancel(self, job_id: str) -> bool:
@@ -316,7 +316,7 @@ class AsyncQueue(QueueBase):
         r, total = self.client.redis, 0
         if await r.zscore(self.keys.failed, SCHEDULE_ID) is not None:
             log.warning("%s: skipped", self._schedule_reason())
-        seconds, micros = await r.time()
+        seconds, micros = await r.time(**self._on_queue_node())
         cutoff = seconds * 1000 + micros // 1000
         while True:
             page = await r.zrange(
@@ -395,8 +395,10 @@ class AsyncQueue(QueueBase):
         """Whether the ends of this queue's jobs are published on their channels now
         (records.publishes_ends over the registry's live supervisors)."""
         r, key = self.client.redis, RegistryKeys(self.client.prefix).supervisors
-        if self.client.cluster:  # TIME has no key: any node (their clocks agree, as for Client)
-            (seconds, micros), entries = await r.time(), await r.hgetall(key)
+        if self.client.cluster:  # TIME has no key: asked of the registry's primary, as
+            # Client.supervisors() does (redis-py's default node may be down)
+            seconds, micros = await r.time(target_nodes=r.get_node_from_key(key))
+            entries = await r.hgetall(key)
         else:
             async with r.pipeline(transaction=False) as pipe:
                 pipe.time()

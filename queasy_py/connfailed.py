@@ -3,16 +3,17 @@
 A client connects on its first call (Client.ready: ConnectionFailed naming the URL). Once it
 has, redis-py's pool opens connections again by itself, and a server that went away (stopped,
 killed, restarting, frozen) surfaced as redis-py's own ConnectionError or TimeoutError from
-whichever call met it. `@as_connection_failed` on each public method that talks to Redis
-(Client, Queue, AsyncClient, AsyncQueue) raises ConnectionFailed instead, naming the masked
-URL and the call, redis-py's error as its __cause__; the next call tries again. A write whose
-reply was lost after it was sent (store/calls.py, store/aiocalls.py: never sent again) is
-ConnectionFailed saying the server may have applied it, named the same way. A QueasyError
-passes as it is (AuthenticationFailed, ClientClosed, InvalidInput), but for one made here by
-a public call this one made (result()'s get_job): it is named again as this call's. The
-supervisor's loop does not use it: it has its own outage handling (runtime/outage.py). Its
-cost is one Python call more per call: 0.4-0.6 us on a dispatch (measured against the same
-method unwrapped), under 1% of its round trip.
+whichever call met it (on a Redis Cluster also as its RedisClusterException: no node
+answers, or none serves the call's slot). `@as_connection_failed` on each public method that
+talks to Redis (Client, Queue, AsyncClient, AsyncQueue) raises ConnectionFailed instead,
+naming the masked URL and the call, redis-py's error as its __cause__; the next call tries
+again. A write whose reply was lost after it was sent (store/calls.py, store/aiocalls.py:
+never sent again) is ConnectionFailed saying the server may have applied it, named the same
+way. A QueasyError passes as it is (AuthenticationFailed, ClientClosed, InvalidInput), but
+for one made here by a public call this one made (result()'s get_job): it is named again as
+this call's. The supervisor's loop does not use it: it has its own outage handling
+(runtime/outage.py). Its cost is one Python call more per call: 0.4-0.6 us on a dispatch
+(measured against the same method unwrapped), under 1% of its round trip.
 
 redis-py is not imported here: an error of its classes means it was (sys.modules).
 """
@@ -31,6 +32,31 @@ from .store.connection import mask_url
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+#: redis-py's RedisClusterException (not a RedisError) when no node answers, or the slot
+#: map it read again lacks slots: "Redis Cluster cannot be connected. Please provide at
+#: least one reachable node: ...", "All slots are not covered after query all
+#: startup_nodes. ..."; its SlotNotCoveredError for a slot that no node of its map serves
+_CLUSTER_UNREACHABLE = ("cannot be connected", "not covered", "no targets were found")
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether redis-py's `exc` says Redis could not be reached: a connection error, a
+    timeout, or on a cluster no node that answers, or none for the call's slot (redis-py's
+    RedisClusterException: not a ConnectionError). A reply of the server (CLUSTERDOWN, a
+    moving slot) is not: the call was refused."""
+    redis = sys.modules.get("redis")
+    if redis is None:
+        return False
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | OSError):
+        return True
+    cluster_error = redis.exceptions.RedisClusterException
+    if isinstance(exc, redis.exceptions.SlotNotCoveredError):
+        return True
+    return type(exc) is cluster_error and any(
+        words in str(exc).lower() for words in _CLUSTER_UNREACHABLE
+    )
+
+
 def raise_connection_failed(exc: Exception, owner: Any, call: str) -> None:
     """Raise ConnectionFailed (AuthenticationFailed for refused credentials) from `exc`, met
     by `call` of `owner` (a client, or a queue of one), when `exc` says Redis could not be
@@ -39,11 +65,9 @@ def raise_connection_failed(exc: Exception, owner: Any, call: str) -> None:
         exc = getattr(exc, "_lost", exc.__cause__)  # named again as this call's
     if getattr(exc, "_reply_lost", False):  # a write sent once, its reply lost (calls.py)
         raise _named(f"{_what(owner, call)}: Redis at {_url(owner)}: {exc}", exc) from exc.__cause__
-    redis = sys.modules.get("redis")
-    if isinstance(exc, QueasyError) or redis is None:
+    if isinstance(exc, QueasyError) or not unreachable(exc):
         return
-    if not isinstance(exc, redis.ConnectionError | redis.TimeoutError | OSError):
-        return
+    redis = sys.modules["redis"]
     what, url = _what(owner, call), _url(owner)
     if isinstance(exc, redis.AuthenticationError):  # a ConnectionError of redis-py's
         failed: ConnectionFailed = AuthenticationFailed(

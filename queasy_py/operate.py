@@ -34,6 +34,7 @@ class OperateArgs:
 
     name: str
     client: Any
+    keys: Any
 
     def _jobs_args(self, state: str, cursor: str, limit: int, with_data: bool) -> list:
         if state not in LISTED:
@@ -75,6 +76,15 @@ class OperateArgs:
             f"job {SCHEDULE_ID!r} of {self.name} is an occurrence of the queue's schedule, "
             "which makes the next one itself: requeued, it would run the periodic job once more"
         )
+
+    def _on_queue_node(self) -> dict[str, Any]:
+        """The arguments that send a keyless command (TIME) to the queue's own server: on a
+        cluster the primary of its slot (whose clock scored its failed records; redis-py
+        would ask its default node, which may be down, or its clock another), else none."""
+        r = self.client.redis
+        if not self.client.cluster:
+            return {}
+        return {"target_nodes": r.get_node_from_key(self.keys.base)}
 
     @staticmethod
     def _others(ids: list, limit: int) -> list[str]:
@@ -186,7 +196,7 @@ class Operate:
         r, total = self.client.redis, 0
         if r.zscore(self.keys.failed, SCHEDULE_ID) is not None:
             log.warning("%s: skipped", self._schedule_reason())
-        seconds, micros = r.time()
+        seconds, micros = r.time(**self._on_queue_node())
         cutoff = seconds * 1000 + micros // 1000
         while True:
             page = r.zrange(self.keys.failed, "-inf", cutoff, byscore=True, offset=0, num=PAGE + 1)

@@ -14,7 +14,7 @@ from .operate import Operate
 from .queue_base import BatchResult, QueueBase
 from .store.keys import RegistryKeys
 from .store.lazyredis import redis
-from .store.library import Dispatched, fcall, lua_error
+from .store.library import Dispatched, fcall_pipelined, lua_error
 from .tracing import traceparent
 
 if TYPE_CHECKING:
@@ -91,14 +91,12 @@ class Queue(QueueBase, Operate):
 
     def _pipelined(self, name: str, chunks: list[list]) -> list:
         """FCALL `name` once per chunk of arguments, pipelined in one round trip; their
-        replies. On one server sent once (store/calls.py: never again after a lost reply)."""
+        replies. On one server sent once (store/calls.py: never again after a lost reply);
+        on a cluster a primary's lost library loaded again (store/library.fcall_pipelined)."""
         try:
             if not self.client.cluster:
                 return self.client.fastcall.pipelined(name, [self.keys.base], chunks)
-            with self.client.redis.pipeline(transaction=False) as pipe:
-                for args in chunks:
-                    fcall(pipe, name, [self.keys.base], args)
-                return pipe.execute()
+            return fcall_pipelined(self.client.redis, name, self.keys.base, chunks)
         except redis.ResponseError as exc:
             raise lua_error(exc) from None
 

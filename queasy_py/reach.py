@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import records
+from .connfailed import unreachable
 from .errors import AuthenticationFailed, ConnectionFailed, InvalidInput
 from .queue import Queue
 from .store import fields
@@ -77,9 +78,11 @@ class Reach:
             return call()
         except (redis.AuthenticationError, AuthenticationFailed):
             raise
-        except (redis.ConnectionError, redis.TimeoutError, ConnectionFailed) as exc:
+        except Exception as exc:
             if isinstance(exc, ConnectionFailed):  # a public call's (connfailed.py)
-                exc = exc.__cause__ or exc  # type: ignore[assignment]  # redis-py's error
+                exc = exc.__cause__ or exc  # redis-py's error
+            elif not unreachable(exc):  # (redis-py's RedisClusterException too: no node
+                raise  # answers, or none serves the key's slot)
             self.down[node] = Unreachable(node, f"{type(exc).__name__}: {exc}")
             return self.down[node]
 

@@ -25,12 +25,20 @@ from .cluster import (
     _NUMKEYS_COMMANDS,
     SLOT_BUSY,
     SLOT_WAIT,
+    library_reloaded,
     parse_cluster_url,
     passed_over,
     refused_credentials,
 )
 from .connection import producer_options
-from .library import handshake, parse_version, run_handshake_async
+from .library import (
+    LIBRARY_CALLS,
+    handshake,
+    library_gone,
+    library_key,
+    parse_version,
+    run_handshake_async,
+)
 
 log = logging.getLogger("queasy_py")
 
@@ -77,11 +85,43 @@ class AsyncClusterClient(RedisCluster):
 
     slot_wait = SLOT_WAIT
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, node_options: dict[str, Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.commands_parser = _AsyncKeysFromCall(self.commands_parser, self)  # pipelines share it
+        #: the options of a plain connection to one node (the version handshake's)
+        self.node_options = node_options
+        #: host:port of the primaries passed over by ready_cluster (ClusterClient.unchecked)
+        self.unchecked: set[str] = set()
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        """ClusterClient.execute_command's waits, and its library calls (_library_call)."""
+        key = library_key(args) if str(args[0]).upper() in LIBRARY_CALLS else None
+        if key is None or "target_nodes" in kwargs:
+            return await self._waiting(*args, **kwargs)
+        await self.check_library(key)
+        try:
+            return await self._waiting(*args, **kwargs)
+        except redis.ResponseError as exc:
+            if not library_gone(exc):
+                raise
+        await self.load_library(key, gone=True)
+        return await self._waiting(*args, **kwargs)
+
+    async def check_library(self, key: str) -> None:
+        """ClusterClient.check_library."""
+        if self.unchecked and self.get_node_from_key(key).name in self.unchecked:
+            await self.load_library(key)
+
+    async def load_library(self, key: str, gone: bool = False) -> str:
+        """ClusterClient.load_library: the version handshake on the primary of `key`."""
+        node = self.get_node_from_key(key)
+        version = await handshake_at(node, self.node_options)
+        self.unchecked.discard(node.name)
+        if gone:
+            log.warning(library_reloaded(node.name, version))
+        return version
+
+    async def _waiting(self, *args: Any, **kwargs: Any) -> Any:
         deadline = time.monotonic() + self.slot_wait
         delay = 0.02
         while True:
@@ -105,7 +145,19 @@ def async_cluster_client(url: str) -> AsyncClusterClient:
         startup_nodes=[ClusterNode(node.host, node.port) for node in nodes],
         **{**producer_options(), **options},
         retry=Retry(NoBackoff(), 0),
+        node_options={**producer_options(), **options},
     )
+
+
+async def handshake_at(node: Any, options: dict[str, Any]) -> str:
+    """The version handshake on one node, over a plain connection of its own: each call
+    sent once (redis-py's default retries a timeout 10 times: a frozen primary held ready()
+    for a minute)."""
+    r = aioredis.Redis(host=node.host, port=node.port, **options, retry=Retry(NoBackoff(), 0))
+    try:
+        return await run_handshake_async(r, handshake())
+    finally:
+        await r.aclose()
 
 
 async def ready_cluster(rc: AsyncClusterClient, url: str) -> str:
@@ -128,33 +180,23 @@ async def ready_cluster(rc: AsyncClusterClient, url: str) -> str:
         raise ConnectionFailed(
             f"cannot connect to Redis Cluster at {mask_url(url)}: {exc}"
         ) from None
-    _, options = parse_cluster_url(url)
     versions = []
     unanswered: list[str] = []  # primaries passed over, as store/cluster.load_everywhere does
     primaries = rc.get_primaries()
-    for node in primaries:  # a plain connection per primary: the handshake's calls, each
-        # sent once (redis-py's default retries a timeout 10 times: a frozen primary held
-        # ready() for a minute)
-        r = aioredis.Redis(
-            host=node.host,
-            port=node.port,
-            **{**producer_options(), **options},
-            retry=Retry(NoBackoff(), 0),
-        )
+    for node in primaries:
         try:
-            versions.append(await run_handshake_async(r, handshake()))
+            versions.append(await handshake_at(node, rc.node_options))
         except redis.AuthenticationError as exc:  # a primary with other credentials
             raise AuthenticationFailed(
                 f"Redis Cluster at {mask_url(url)} refused the credentials: {exc}"
             ) from None
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             unanswered.append(f"{node.host}:{node.port} ({exc})")
+            rc.unchecked.add(node.name)  # checked before its first library call
             if len(unanswered) == len(primaries):  # none answers
                 raise ConnectionFailed(
                     f"cannot connect to Redis Cluster at {mask_url(url)}: no primary answers: {exc}"
                 ) from None
-        finally:
-            await r.aclose()
     if unanswered:
         log.warning(passed_over(unanswered))
     return max(versions, key=parse_version)

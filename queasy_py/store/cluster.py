@@ -31,7 +31,7 @@ from .. import defaults
 from ..errors import AuthenticationFailed, ConfigError, ConnectionFailed
 from .connection import CLUSTER_SCHEMES, producer_options
 from .connection import is_cluster_url as is_cluster_url  # its home before
-from .library import ensure_loaded, parse_version
+from .library import LIBRARY_CALLS, ensure_loaded, library_gone, library_key, parse_version
 
 log = logging.getLogger("queasy_py")
 
@@ -140,10 +140,16 @@ class ClusterClient(RedisCluster):
     wait (slot_wait 0): the loop backs off on its own."""
 
     slot_wait = SLOT_WAIT
+    #: whether a library call that finds the library gone loads it there and is sent again
+    #: (the producer's; the scheduling loop has its own reload: runtime/rounds.py)
+    reloads_library = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.commands_parser = _KeysFromCall(self.commands_parser)  # pipelines share it
+        #: host:port of the primaries that did not answer the version handshake at connect
+        #: (load_everywhere): it is made before the first library call sent there
+        self.unchecked: set[str] = set()
 
     def pipeline(self, *args: Any, **kwargs: Any) -> Any:
         """redis-py's cluster pipeline, whose commands refused for a moving slot are sent
@@ -153,7 +159,10 @@ class ClusterClient(RedisCluster):
         return pipe
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        if str(args[0]).upper() not in RESENDABLE or "target_nodes" in kwargs:
+        command = str(args[0]).upper()
+        if command in LIBRARY_CALLS and "target_nodes" not in kwargs:
+            return self._library_call(*args, **kwargs)
+        if command not in RESENDABLE or "target_nodes" in kwargs:
             return self._waiting(*args, **kwargs)
         others = len(self.get_nodes()) - 1
         while True:
@@ -167,6 +176,38 @@ class ClusterClient(RedisCluster):
                     raise
                 others -= 1
                 self.replace_default_node()
+
+    def _library_call(self, *args: Any, **kwargs: Any) -> Any:
+        """FCALL or FCALL_RO: the version handshake made first on a primary passed over at
+        connect; a call that finds the library gone there (nothing ran) is sent again, once,
+        after the handshake loaded it (VersionMismatch, as at connect, for a newer major
+        library or a foreign one named 'queasy')."""
+        key = library_key(args)
+        if key is None or not self.reloads_library:
+            return self._waiting(*args, **kwargs)
+        self.check_library(key)
+        try:
+            return self._waiting(*args, **kwargs)
+        except redis.ResponseError as exc:
+            if not library_gone(exc):
+                raise
+        self.load_library(key, gone=True)
+        return self._waiting(*args, **kwargs)
+
+    def check_library(self, key: str) -> None:
+        """The version handshake on the primary of `key` if it was passed over at connect."""
+        if self.unchecked and self.get_node_from_key(key).name in self.unchecked:
+            self.load_library(key)
+
+    def load_library(self, key: str, gone: bool = False) -> str:
+        """The version handshake (store/library.py) on the primary of `key`, which loads the
+        library there when it is missing or older; its version."""
+        node = self.get_node_from_key(key)
+        version = ensure_loaded(self.get_redis_connection(node))
+        self.unchecked.discard(node.name)
+        if gone:
+            log.warning(library_reloaded(node.name, version))
+        return version
 
     def _waiting(self, *args: Any, **kwargs: Any) -> Any:
         deadline = time.monotonic() + self.slot_wait
@@ -309,6 +350,8 @@ def load_everywhere(rc: RedisCluster) -> str:
             raise
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             unanswered.append(f"{node.host}:{node.port} ({exc})")
+            if isinstance(rc, ClusterClient):  # checked before its first library call
+                rc.unchecked.add(node.name)
             if len(unanswered) == len(primaries):  # none answers: connect_cluster retries
                 raise
     if unanswered:
@@ -320,8 +363,17 @@ def passed_over(unanswered: list[str]) -> str:
     """The WARNING for primaries that did not answer the version handshake at connect."""
     return (
         f"Redis Cluster primary {', '.join(unanswered)} does not answer: the queasy library "
-        "was not checked there; the calls of its queues fail until it answers again or the "
-        "cluster fails it over, the other queues work"
+        "was not checked there (it will be before the first call of its queues); the calls "
+        "of its queues fail until it answers again or the cluster fails it over, the other "
+        "queues work"
+    )
+
+
+def library_reloaded(node: str, version: str) -> str:
+    """The WARNING for a producer's call that found the library gone on a primary."""
+    return (
+        f"the queasy library is gone on Redis Cluster primary {node} (restarted empty, "
+        f"flushed or replaced); loaded {version} there again and sent the call again"
     )
 
 
@@ -351,6 +403,7 @@ def loop_cluster_client(url: str, timeout: float = defaults.LOOP_REDIS_TIMEOUT) 
             retry=Retry(NoBackoff(), 0),
         )
         rc.slot_wait = 0.0  # the loop backs off on its own, never waiting inside a call
+        rc.reloads_library = False  # the loop reloads it on its own (runtime/rounds.py)
         return rc
     except redis.ConnectionError:  # refused credentials too: an outage for the loop
         raise

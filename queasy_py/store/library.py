@@ -246,6 +246,23 @@ def ensure_loaded(r: redis.Redis) -> str:
     return run_handshake(r, handshake())
 
 
+#: the commands that call the library's functions (name, numkeys, keys..., args...)
+LIBRARY_CALLS = frozenset({"FCALL", "FCALL_RO"})
+
+
+def library_gone(exc: BaseException) -> bool:
+    """Whether `exc` is the reply to a library call that found no such function: nothing
+    ran (the node lost the library: restarted empty, FUNCTION FLUSH, a node that joined)."""
+    return isinstance(exc, redis.ResponseError) and "function not found" in str(exc).lower()
+
+
+def library_key(args: tuple[Any, ...]) -> str | None:
+    """The first key of a library call's command (FCALL name numkeys key...), else None."""
+    if len(args) > 3 and str(args[0]).upper() in LIBRARY_CALLS and int(args[2]) > 0:
+        return args[3]
+    return None
+
+
 def lua_error(exc: redis.ResponseError) -> Exception:
     """The library refuses bad arguments with an error reply 'INVALID <what>' (nothing
     written): that is InvalidInput; any other error is returned as it is."""
@@ -258,3 +275,53 @@ def lua_error(exc: redis.ResponseError) -> Exception:
 def fcall(r: Any, name: str, keys: list[str], args: list[Any]) -> Any:
     """FCALL on a connection or a pipeline."""
     return r.fcall(name, len(keys), *keys, *args)
+
+
+def fcall_pipelined(r: Any, name: str, key: str, chunks: list[list[Any]]) -> list[Any]:
+    """FCALL `name` on `key` once per chunk of arguments, pipelined in one round trip; the
+    replies, or the first error raised. On a cluster (a store/cluster.ClusterClient), the
+    primary of `key` passed over at connect is checked first, and calls refused because it
+    lost the library (none of them ran) are sent again once it is loaded there."""
+    check = getattr(r, "check_library", None)
+    if check is not None:
+        check(key)
+    with r.pipeline(transaction=False) as pipe:
+        for args in chunks:
+            fcall(pipe, name, [key], args)
+        replies = pipe.execute(raise_on_error=check is None)
+    gone = [i for i, reply in enumerate(replies) if library_gone(reply)]
+    if gone and check is not None:
+        r.load_library(key, gone=True)
+        for i in gone:  # in their order, after those that ran (none, unless another
+            try:  # client loaded the library there while the pipeline ran)
+                replies[i] = fcall(r, name, [key], chunks[i])
+            except redis.ResponseError as exc:
+                replies[i] = exc
+    return _raise_first(replies)
+
+
+async def fcall_pipelined_async(r: Any, name: str, key: str, chunks: list[list[Any]]) -> list:
+    """fcall_pipelined on an asyncio client (store/aiocluster.AsyncClusterClient)."""
+    check = getattr(r, "check_library", None)
+    if check is not None:
+        await check(key)
+    async with r.pipeline(transaction=False) as pipe:
+        for args in chunks:
+            fcall(pipe, name, [key], args)
+        replies = await pipe.execute(raise_on_error=check is None)
+    gone = [i for i, reply in enumerate(replies) if library_gone(reply)]
+    if gone and check is not None:
+        await r.load_library(key, gone=True)
+        for i in gone:
+            try:
+                replies[i] = await fcall(r, name, [key], chunks[i])
+            except redis.ResponseError as exc:
+                replies[i] = exc
+    return _raise_first(replies)
+
+
+def _raise_first(replies: list[Any]) -> list[Any]:
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
