@@ -200,6 +200,33 @@ def test_plan_a_changed_schedule_moves_the_pending_occurrence() -> None:
     assert check("once", pending).plan(T + 1_000) == (T + 3_610_000, T + 10_000, 0, 0)
 
 
+def test_a_running_occurrence_far_past_its_fire_time_costs_each_check_only_the_new_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A per-second cron whose occurrence runs for 2 h: every check (each poll_interval)
+    counts the fire times it would pass over; walking all 7200 again at each check took the
+    supervisor's loop ~1 s of every second. It goes on from the last count instead."""
+    plan = check("skip", Seen(), schedule="* * * * * *", schedule_every=None)
+    start = T - 2 * 3_600_000
+    plan.seen = Seen(start, plan.schedule.text, None, "active")
+    first = plan.plan(T)
+    assert first[2] == 2 * 3600  # the fire times after `start` up to T + 1 s passed over
+    steps = 0
+    walk = type(plan.schedule).next_after
+
+    def counted(self: object, ms: int) -> int:
+        nonlocal steps
+        steps += 1
+        return walk(self, ms)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(plan.schedule), "next_after", counted)
+    later = plan.plan(T + 1_000)  # the next check, a poll later
+    assert later[2] == first[2] + 1
+    assert steps < 20, steps
+    # and the counts agree with a fresh one
+    assert build("q", spec(schedule="* * * * * *")).count(start + 1_000, T + 2_000) == later[2]
+
+
 # ---------------------------------------------------------------- reading it back
 
 
