@@ -259,6 +259,31 @@ def test_schedule_info_and_schedules_read_what_the_library_stored(
     assert asyncio.run(read()) == info
 
 
+def test_drop_schedule_cancels_the_pending_occurrence_and_drops_the_record(
+    client: Client, r: redis.Redis, prefix: str, redis_url: str
+) -> None:
+    """Queue.drop_schedule / AsyncQueue.drop_schedule (library 4.4.0): before, nothing
+    removed a schedule's record, so one taken out of the config was listed for good."""
+    soon = int(datetime.now(UTC).timestamp() * 1000) + 60_000
+    for name in ("reports", "ticks"):
+        schedule(Lua(r, prefix, name), None, soon, spec="every 3600s")
+    assert client.queue("reports").drop_schedule() is True
+    assert client.queue("reports").schedule_info() is None
+    assert client.queue("reports").drop_schedule() is False
+    assert list(client.schedules()) == ["ticks"]
+    client.queue("reports").dispatch({}, id="schedule")  # a plain id again
+
+    async def drop() -> tuple[bool, bool]:
+        async with AsyncClient(redis_url, prefix=prefix) as aclient:
+            q = aclient.queue("ticks")
+            return await q.drop_schedule(), await q.drop_schedule()
+
+    assert asyncio.run(drop()) == (True, False)
+    assert client.schedules() == {}
+    job = client.queue("ticks").get_job("schedule")
+    assert job is not None and job.state == "cancelled"
+
+
 @pytest.mark.parametrize(
     "spellings",
     [
