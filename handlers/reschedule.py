@@ -8,6 +8,10 @@ original id and data after DELAY seconds (env QUEASY_RESCHEDULE_DELAY, default 6
 chain never silently dies. A waiting copy with that id (the job rescheduled itself before
 failing) is kept: its data wins and the earlier run_at wins. It dispatches only into the queue
 its fail queue belongs to; a record naming another queue is refused (PermanentError).
+
+The failed occurrence of a queue's schedule (listen(schedule=...): job id SCHEDULE_ID) is not
+dispatched again: the schedule creates its next occurrence itself, and the library refuses a
+dispatch of that id into a scheduled queue (each such fail job would fail its 100 retries).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from queasy_py import InvalidInput, Job
 from queasy_py.context import current_client
+from queasy_py.defaults import SCHEDULE_ID
 
 from ._fail_record import fail_record
 
@@ -44,6 +49,15 @@ def handle(data: list[Any], job: Job) -> None:
     # the queue comes from this fail job's own queue, never from the record (see _fail_record)
     original_data, original_job, error, name = fail_record(data, job)
     queue = current_client().queue(name)
+    if original_job["id"] == SCHEDULE_ID and queue.schedule_info() is not None:
+        log.warning(
+            "the occurrence of the schedule of %s failed for good (%s: %s); not rescheduled: "
+            "the schedule creates its next occurrence itself",
+            name,
+            error.get("name"),
+            error.get("message"),
+        )
+        return
     queue.dispatch(
         original_data,
         id=original_job["id"],

@@ -85,7 +85,8 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:schedule           hash    the queue's schedule (queasy_schedule): spec (its text), fire_at
                                (ms: fire time of the current occurrence, job id SCHEDULE_ID),
                                skipped (fire times catch-up passed over), and of the last
-                               occurrence that ended: last_fire_at, last_outcome, last_ended_at
+                               occurrence that ended: last_fire_at, last_outcome, last_ended_at;
+                               dropped by queasy_unschedule while no occurrence exists (4.4.0)
   B:wake               channel SPUBLISHed when a dispatch may make a job ready earlier
   B:done:<id>          channel SPUBLISHed <state> when job <id> ends: finished or failed (when
                                the call asks to notify: the queue stores results), cancelled
@@ -126,7 +127,7 @@ than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond
 call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '4.3.1'
+local VERSION = '4.4.0'
 -- the functions called per job, as locals (a global is two table lookups per use); the
 -- globals exist only while a function runs: `entry` (registration) sets them
 local call, format, find = nil, nil, nil
@@ -2136,6 +2137,30 @@ local function schedule(keys, args)
   return reply(3)
 end
 
+--[[ queasy_unschedule: drop a queue's schedule (B:schedule) once no occurrence of it exists, so
+a schedule removed from every supervisor's config leaves no trace: status and schedules() no
+longer list it, and the id SCHEDULE_ID is a plain id again (4.4.0). A supervisor still listening
+with the schedule creates it again at its next check.
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+Returns: {code, state}: code 0 B has no schedule, 1 dropped, 2 kept (nothing written) as its
+         occurrence exists; state: 'active', 'waiting' or '' (occurrence_state).
+]]
+local function unschedule(keys, args)
+  local B = keys[1]
+  clock(args[1])
+  local skey = B .. ':schedule'
+  if call('EXISTS', skey) == 0 then
+    return {0, occurrence_state(B)}
+  end
+  local state = occurrence_state(B)
+  if state ~= '' then
+    return {2, state}
+  end
+  call('DEL', skey)
+  return {1, ''}
+end
+
 -- ---------------------------------------------------------------- reads: no writes
 
 local ZERO_FIELDS = {'retry_count', 'stall_count', 'timeout_count', 'attempts'}
@@ -2531,6 +2556,7 @@ redis.register_function('queasy_bump', entry(bump))
 redis.register_function('queasy_leave', entry(leave))
 redis.register_function('queasy_unpark', entry(unpark))
 redis.register_function('queasy_schedule', entry(schedule))
+redis.register_function('queasy_unschedule', entry(unschedule))
 redis.register_function{function_name = 'queasy_get_job', callback = entry(get_job),
   flags = {'no-writes'}}
 redis.register_function{function_name = 'queasy_counts', callback = entry(counts),

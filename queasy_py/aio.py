@@ -266,6 +266,16 @@ class AsyncQueue(QueueBase):
         return self._schedule_info(row)
 
     @as_connection_failed
+    async def drop_schedule(self) -> bool:
+        """Queue.drop_schedule."""
+        for cancelled in (False, True):
+            dropped = self._unscheduled(await self._fcall("queasy_unschedule", [""]), cancelled)
+            if dropped is not None:
+                return dropped
+            await self.cancel(SCHEDULE_ID)
+        raise AssertionError("unreachable: the second reply decides")
+
+    @as_connection_failed
     async def counts(self) -> dict[str, int]:
         await self.client.ready()
         return self._counts(

@@ -180,6 +180,23 @@ class Queue(QueueBase, Operate):
             self.client.redis.fcall_ro("queasy_schedule_info", 1, self.keys.base, "")
         )
 
+    @as_connection_failed
+    def drop_schedule(self) -> bool:
+        """Drop this queue's schedule once it is gone from every supervisor's config: its
+        pending occurrence is cancelled and its record goes (schedule_info() is None, the id
+        `schedule` is a plain id again). False when it has none; InvalidInput, nothing
+        dropped, while its occurrence runs or a supervisor still keeps it going."""
+        for cancelled in (False, True):
+            try:
+                reply = fcall(self.client.redis, "queasy_unschedule", [self.keys.base], [""])
+            except redis.ResponseError as exc:
+                raise lua_error(exc) from None
+            dropped = self._unscheduled(reply, cancelled)
+            if dropped is not None:
+                return dropped
+            self.cancel(defaults.SCHEDULE_ID)
+        raise AssertionError("unreachable: the second reply decides")
+
     # ------------------------------------------------------------------ listen
 
     def listen(self, handler: str, **options: Any) -> ListenOptions:

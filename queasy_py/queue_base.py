@@ -216,6 +216,24 @@ class QueueBase(OperateArgs):
     def _job_info(self, row: list | None) -> JobInfo | None:
         return records.job_info(self.name, row)
 
+    def _unscheduled(self, reply: list, cancelled: bool) -> bool | None:
+        """A reply of queasy_unschedule: True dropped, False there was none, None its pending
+        occurrence is to be cancelled first (`cancelled`: it was, and one is pending again)."""
+        code, state = int(reply[0]), fields.text(reply[1])
+        if code != 2:
+            return code == 1
+        if state == "waiting" and not cancelled:
+            return None
+        if state == "waiting":  # cancelled, and created again right away
+            raise InvalidInput(
+                f"the schedule of {self.name} is not dropped: a supervisor still listens with "
+                "it (it created the next occurrence again): remove it from their config first"
+            )
+        raise InvalidInput(
+            f"the schedule of {self.name} is not dropped: its occurrence runs; drop it when "
+            "the run has ended (remove it from the supervisors' config first)"
+        )
+
     def _schedule_info(self, row: list | None) -> ScheduleInfo | None:
         if row is None:
             return None

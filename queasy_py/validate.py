@@ -30,7 +30,7 @@ def key_prefix(value: object) -> str:
 def queue_name(name: object) -> str:
     if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
         raise InvalidInput(
-            f"invalid queue name {name!r}: use 1-100 characters of A-Z a-z 0-9 _ . : -"
+            f"invalid queue name {shown(name, 120)}: use 1-100 characters of A-Z a-z 0-9 _ . : -"
         )
     return name
 
@@ -132,10 +132,10 @@ def ms_not_before(seconds: float) -> int:
     return whole if ms - whole <= 1e-3 else whole + 1
 
 
-def shown(value: object) -> str:
-    """repr(value), cut to about 40 characters (a huge int is thousands of digits)."""
+def shown(value: object, limit: int = 40) -> str:
+    """repr(value), cut to about `limit` characters (a huge int is thousands of digits)."""
     text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+    return text if len(text) <= limit else f"{text[: limit // 2]}...({len(text)} characters)"
 
 
 def epoch_seconds(value: object, name: str) -> float:

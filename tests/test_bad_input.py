@@ -128,6 +128,15 @@ def test_invalid_queue_name_is_rejected(client: Client, nothing_written: None, n
         client.queue(name)
 
 
+def test_a_huge_queue_name_is_not_echoed_whole(client: Client) -> None:
+    """A 100 000-character name was quoted whole in the error (and in the one line `queasy
+    jobs` logs): it is cut, with its length."""
+    with pytest.raises(InvalidInput) as info:
+        client.queue("x" * 100_000)
+    assert len(str(info.value)) < 200
+    assert "(100002 characters): use 1-100 characters" in str(info.value)
+
+
 def test_queue_name_of_100_chars_is_accepted(client: Client) -> None:
     assert client.queue("a" * 100).name == "a" * 100
 

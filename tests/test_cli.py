@@ -190,7 +190,8 @@ def test_every_subcommand_takes_the_log_level_after_it() -> None:
 
     parser = build_parser()
     commands = [
-        ["run"], ["server"], ["dispatch", "q", "1"], ["cancel", "q", "i"], ["status"],
+        ["run"], ["server"], ["dispatch", "q", "1"], ["cancel", "q", "i"], ["unschedule", "q"],
+        ["status"],
         ["jobs", "q"], ["inspect", "q", "i"], ["requeue", "q"], ["purge", "q"], ["events", "q"],
         ["history", "archive", "--path", "d"], ["history", "report", "--path", "d"],
         ["dashboard"],

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import redis
+from lua_calls import Lua, schedule
 from runtime_helpers import ACT, Runtime, queue_spec, wait_for
 from test_cli import QUEASY, command_env
 from test_runtime_hostile import overwrite_data
@@ -601,3 +602,27 @@ def test_control_characters_from_a_job_reach_the_terminal_escaped(
     assert "\x1b" not in out and "\x07" not in out and "\r" not in out, repr(out)
     assert "\\x1b]0;pwned\\x07\\x1b[2J ok" in out, out  # a line: whitespace is one space
     assert [e["error_message"] for e in queasy.lines("events", "q")] == [hostile]
+
+
+def test_unschedule_drops_a_schedule_removed_from_the_config(
+    client: Client, queasy: Queasy, r: redis.Redis, prefix: str
+) -> None:
+    """A schedule taken out of every supervisor's config stayed in status, the dashboard and
+    schedules() for good (nothing removed B:schedule; `queasy cancel QUEUE schedule` only
+    ended its occurrence). `queasy unschedule` cancels the pending occurrence and drops it."""
+    soon = int(time.time() * 1000) + 3_600_000
+    schedule(Lua(r, prefix, "reports"), None, soon, spec="every 3600s")
+    running = Lua(r, prefix, "ticks")
+    schedule(running, None, int(time.time() * 1000), spec="every 1s")
+    running.dequeue("c1", now=int(time.time() * 1000) + 10)
+    code, out, err = queasy("unschedule", "reports")
+    assert (code, out.strip()) == (exitcodes.OK, "dropped the schedule of reports"), err
+    assert list(client.schedules()) == ["ticks"]
+    assert [s["queue"] for s in queasy.json("status")["schedules"]] == ["ticks"]
+    job = client.queue("reports").get_job("schedule")
+    assert job is not None and job.state == "cancelled"
+    code, _, err = queasy("unschedule", "reports")
+    assert code == exitcodes.NOT_FOUND and "queue reports has no schedule" in err, err
+    code, _, err = queasy("unschedule", "ticks")  # its occurrence runs: nothing dropped
+    one_error_line(code, err, exitcodes.CONFIG, "the schedule of ticks is not dropped")
+    assert list(client.schedules()) == ["ticks"]

@@ -226,3 +226,25 @@ def test_a_caller_behind_is_told_it_is_stale_before_its_move_is_checked(lua: Lua
         assert schedule(lua, at, nxt, now=at).code == CREATED
     got = schedule(lua, T1, T2, retime_at=T2, now=T3)  # T2 ran already
     assert (got.code, got.fire_at, got.last_fire_at) == (STALE, T3, T2)
+
+
+def test_unschedule_drops_a_schedule_only_while_no_occurrence_exists(
+    lua: Lua, r: redis.Redis
+) -> None:
+    """queasy_unschedule (4.4.0): nothing dropped while its occurrence waits or runs; once it
+    ended, B:schedule goes and the id 'schedule' is a plain id again. Before, nothing ever
+    removed B:schedule: a schedule taken out of every config stayed listed for good."""
+    assert lua.call("queasy_unschedule", [lua.B], NOW) == [0, ""]  # none
+    schedule(lua, None, T1)
+    assert lua.call("queasy_unschedule", [lua.B], NOW) == [2, "waiting"]
+    job = lua.dequeue("c1", now=T1).jobs[0]
+    before = snapshot(r, lua.B)
+    assert lua.call("queasy_unschedule", [lua.B], T1) == [2, "active"]
+    assert snapshot(r, lua.B) == before  # nothing written
+    assert lua.finish("c1", job, now=T1 + 10) == Ack.OK
+    assert lua.call("queasy_unschedule", [lua.B], T1 + 20) == [1, ""]
+    assert schedule_info(lua, now=T1 + 20) is None
+    assert r.exists(f"{lua.B}:schedule") == 0
+    assert lua.dispatch((SCHEDULE_ID, "{}", ""), now=T1 + 30) == [1]  # no longer reserved
+    assert lua.get_job(SCHEDULE_ID, now=T1 + 30)["state"] == "waiting"
+    assert lua.call("queasy_unschedule", [lua.B], T1 + 40) == [0, "waiting"]

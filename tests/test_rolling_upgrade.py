@@ -1,4 +1,4 @@
-"""A rolling deploy from the released code (commit RELEASED, library 4.2.1) to this one (4.3.x):
+"""A rolling deploy from the released code (commit RELEASED, library 4.2.1) to this one (4.3+):
 supervisors and producers of both versions on one server and the same queues.
 
 The released tree is built from the repository's own history (`git archive`) into a temporary

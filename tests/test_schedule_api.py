@@ -200,6 +200,33 @@ def test_plan_a_changed_schedule_moves_the_pending_occurrence() -> None:
     assert check("once", pending).plan(T + 1_000) == (T + 3_610_000, T + 10_000, 0, 0)
 
 
+def test_a_running_occurrence_far_past_its_fire_time_costs_each_check_only_the_new_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A per-second cron whose occurrence runs for 2 h: every check (each poll_interval)
+    counts the fire times it would pass over; walking all 7200 again at each check took the
+    supervisor's loop ~1 s of every second. It goes on from the last count instead."""
+    plan = check("skip", Seen(), schedule="* * * * * *", schedule_every=None)
+    start = T - 2 * 3_600_000
+    plan.seen = Seen(start, plan.schedule.text, None, "active")
+    first = plan.plan(T)
+    assert first[2] == 2 * 3600  # the fire times after `start` up to T + 1 s passed over
+    steps = 0
+    walk = type(plan.schedule).next_after
+
+    def counted(self: object, ms: int) -> int:
+        nonlocal steps
+        steps += 1
+        return walk(self, ms)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(plan.schedule), "next_after", counted)
+    later = plan.plan(T + 1_000)  # the next check, a poll later
+    assert later[2] == first[2] + 1
+    assert steps < 20, steps
+    # and the counts agree with a fresh one
+    assert build("q", spec(schedule="* * * * * *")).count(start + 1_000, T + 2_000) == later[2]
+
+
 # ---------------------------------------------------------------- reading it back
 
 
@@ -230,6 +257,31 @@ def test_schedule_info_and_schedules_read_what_the_library_stored(
             return await aclient.queue("reports").schedule_info()
 
     assert asyncio.run(read()) == info
+
+
+def test_drop_schedule_cancels_the_pending_occurrence_and_drops_the_record(
+    client: Client, r: redis.Redis, prefix: str, redis_url: str
+) -> None:
+    """Queue.drop_schedule / AsyncQueue.drop_schedule (library 4.4.0): before, nothing
+    removed a schedule's record, so one taken out of the config was listed for good."""
+    soon = int(datetime.now(UTC).timestamp() * 1000) + 60_000
+    for name in ("reports", "ticks"):
+        schedule(Lua(r, prefix, name), None, soon, spec="every 3600s")
+    assert client.queue("reports").drop_schedule() is True
+    assert client.queue("reports").schedule_info() is None
+    assert client.queue("reports").drop_schedule() is False
+    assert list(client.schedules()) == ["ticks"]
+    client.queue("reports").dispatch({}, id="schedule")  # a plain id again
+
+    async def drop() -> tuple[bool, bool]:
+        async with AsyncClient(redis_url, prefix=prefix) as aclient:
+            q = aclient.queue("ticks")
+            return await q.drop_schedule(), await q.drop_schedule()
+
+    assert asyncio.run(drop()) == (True, False)
+    assert client.schedules() == {}
+    job = client.queue("ticks").get_job("schedule")
+    assert job is not None and job.state == "cancelled"
 
 
 @pytest.mark.parametrize(

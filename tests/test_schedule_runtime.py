@@ -146,6 +146,24 @@ def test_a_handler_that_always_fails_still_fires_on_schedule(rt: Runtime) -> Non
     assert sup.stop() == 0
 
 
+def test_the_reschedule_fail_handler_leaves_a_failed_occurrence_to_its_schedule(
+    rt: Runtime,
+) -> None:
+    """queasy_py.handlers.reschedule on a scheduled queue: it dispatched the failed occurrence
+    again by its id, which the library refuses in a scheduled queue, so every failure left a
+    fail job that failed its 100 retries (InvalidInput: id 'schedule' is reserved). It leaves
+    the occurrence to the schedule, which creates the next one itself."""
+    mode(rt, "fail")
+    fail_handler = "queasy_py.handlers.reschedule"
+    spec = queue_spec(SCHEDULED, schedule_every=1, max_retries=0, fail_handler=fail_handler)
+    sup = rt.start({"q": spec}, poll_interval=POLL)
+    rt.wait_records(3, "start", timeout=30)  # the schedule goes on
+    events = rt.wait_events("q-fail", 2, tag="q")
+    assert [e["outcome"] for e in events[:2]] == ["finished"] * 2, events[:2]
+    assert sup.stop() == 0
+    assert "not rescheduled: the schedule creates its next occurrence itself" in sup.log()
+
+
 # ---------------------------------------------------------------- catch-up
 
 

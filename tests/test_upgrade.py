@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from queasy_py.store.embedded import EmbeddedServer
-from queasy_py.store.library import bundled_version, ensure_loaded
+from queasy_py.store.library import bundled_version, ensure_loaded, parse_version
 from tests.lua_calls import NOW, Leased, Lua, schedule, schedule_info
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -307,7 +307,7 @@ def test_4_2_1_calls_keep_their_replies_under_4_3_and_its_state_carries_on(
     lua.dispatch(*[(id, f'"{id}"', "") for id in "ab"])
     a, b = lua.dequeue("c1", limit=2).jobs
     upgrade(r)
-    assert bundled_version() in ("4.3.0", "4.3.1")  # 4.3.1: a patch of 4.3.0
+    assert parse_version(bundled_version()) >= (4, 3, 0)
     assert lua.finish("c1", a, now=NOW + 1) == 0
     assert lua.fail("c1", lua.take("a", now=NOW + 2), now=NOW + 2) == 0  # a: finished, failed
     assert lua.purge("finished") == [1, 0]  # a 4.2.1 call: {removed, left}, as before
@@ -336,3 +336,30 @@ def test_purge_of_a_4_3_client_works_when_4_2_1_is_loaded_back(
         assert r421.fcall("queasy_library", 0) == "queasy_py 4.2.1"
         assert q.purge("waiting") == 3
         assert q.counts()["waiting"] == 0
+
+
+@pytest.fixture
+def r431(own_server: EmbeddedServer) -> Iterator[redis.Redis]:
+    yield from loaded(own_server, "4.3.1")
+
+
+def test_a_schedule_of_4_3_carries_on_under_4_4_which_can_drop_it(r431: redis.Redis) -> None:
+    """4.4.0 (a minor) only adds queasy_unschedule: a schedule and its occurrence leased under
+    4.3.1 (tests/fixtures/queasy-4.3.1.lua, main's library before 4.4.0) are acked and checked
+    under 4.4.0, whose unschedule drops it once its occurrence ended; 4.3.1 loaded back over
+    4.4.0 reads a schedule 4.4.0 wrote."""
+    r = r431
+    lua = Lua(r, "up431")
+    schedule(lua, None, NOW + 1_000)
+    (job,) = lua.dequeue("c1", now=NOW + 1_000).jobs
+    upgrade(r)
+    assert lua.call("queasy_unschedule", [lua.B], NOW + 1_001) == [2, "active"]
+    assert lua.finish("c1", job, now=NOW + 1_002) == 0
+    assert schedule(lua, NOW + 1_000, NOW + 2_000, now=NOW + 1_003).code == 2  # created
+    assert lua.cancel("schedule", now=NOW + 1_004) == 1
+    assert lua.call("queasy_unschedule", [lua.B], NOW + 1_005) == [1, ""]
+    assert schedule_info(lua, now=NOW + 1_005) is None
+    assert schedule(lua, None, NOW + 3_000, now=NOW + 1_006).code == 2  # a supervisor that keeps it
+    r.function_load((FIXTURES / "queasy-4.3.1.lua").read_text(), replace=True)
+    info = schedule_info(lua, now=NOW + 1_007)
+    assert info is not None and info["fire_at"] == str(NOW + 3_000)

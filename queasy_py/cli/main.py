@@ -1,5 +1,5 @@
 """The `queasy` command: run a supervisor or the embedded server, dispatch and cancel jobs,
-and see and act on queues (status, jobs, inspect, requeue, purge, events)."""
+drop a schedule, and see and act on queues (status, jobs, inspect, requeue, purge, events)."""
 
 from __future__ import annotations
 
@@ -101,6 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("queue")
     cancel.add_argument("id")
     add_server_options(cancel, config=True)
+    unschedule = sub.add_parser(
+        "unschedule",
+        parents=[common],
+        help="drop a queue's schedule (removed from the supervisors' config) and its pending "
+        "occurrence",
+    )
+    unschedule.add_argument("queue")
+    add_server_options(unschedule, config=True)
     operate.add_parsers(sub, common, add_server_options)
     history.add_parser(sub, [common])
     dashboard.add_parser(sub, [common], add_server_options)
@@ -236,11 +244,21 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return exitcodes.NOT_FOUND
 
 
+def cmd_unschedule(args: argparse.Namespace) -> int:
+    with producer(args) as client:
+        if client.queue(args.queue).drop_schedule():
+            print(f"dropped the schedule of {args.queue}")
+            return exitcodes.OK
+    print(f"queue {args.queue} has no schedule", file=sys.stderr)
+    return exitcodes.NOT_FOUND
+
+
 COMMANDS = {
     "run": cmd_run,
     "server": cmd_server,
     "dispatch": cmd_dispatch,
     "cancel": cmd_cancel,
+    "unschedule": cmd_unschedule,
     "history": history.run,
     **dict.fromkeys(operate.NAMES, lambda args: operate.run(args, producer)),
     "dashboard": dashboard.run,

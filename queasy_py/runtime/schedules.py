@@ -52,6 +52,8 @@ class Schedule:
         self.every_ms = every_ms
         self.timezone = timezone
         self.zone = zoneinfo.ZoneInfo(timezone)
+        #: count(): low -> (high, fire times in [low, high)) of its last count from low
+        self._counted: dict[int, tuple[int, int]] = {}
         if cron is not None:
             self.text = f"cron {cron} {timezone}"
         else:
@@ -110,11 +112,21 @@ class Schedule:
         if self.every_ms is not None:
             first = -(-low // self.every_ms)  # ceil
             return max(0, min(COUNT_LIMIT, -(-high // self.every_ms) - first))
-        n, at = 0, self.latest(low)
-        at = at if at == low else self.next_after(low)
+        # a check repeats its count every poll_interval with a later `high` (an occurrence
+        # that runs past many fire times): go on from the last count from `low`, so each
+        # check walks the fire times since the last, not all since `low` (at COUNT_LIMIT none)
+        start, n = low, 0
+        known = self._counted.get(low)
+        if known is not None and low < known[0] <= high:
+            start, n = known
+        at = self.latest(start)
+        at = at if at == start else self.next_after(start)
         while at < high and n < COUNT_LIMIT:
             n += 1
             at = self.next_after(at)
+        if low not in self._counted and len(self._counted) >= 4:  # a plan counts from 2 lows
+            self._counted.clear()
+        self._counted[low] = (high, n)
         return n
 
 
