@@ -187,11 +187,7 @@ class Queue(QueueBase, Operate):
         `schedule` is a plain id again). False when it has none; InvalidInput, nothing
         dropped, while its occurrence runs or a supervisor still keeps it going."""
         for cancelled in (False, True):
-            try:
-                reply = fcall(self.client.redis, "queasy_unschedule", [self.keys.base], [""])
-            except redis.ResponseError as exc:
-                raise lua_error(exc) from None
-            dropped = self._unscheduled(reply, cancelled)
+            dropped = self._unscheduled(self._call("queasy_unschedule", [""]), cancelled)
             if dropped is not None:
                 return dropped
             self.cancel(defaults.SCHEDULE_ID)
