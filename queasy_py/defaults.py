@@ -137,6 +137,10 @@ SUPERVISOR: dict[str, Any] = {
     "metrics_host": "127.0.0.1",  # the address /metrics is served on
 }
 
+#: the shortest heartbeat_interval: its expiry (twice it) must outlast a loaded machine's
+#: scheduling hiccups, or every supervisor sweeps the others' jobs as dead
+MIN_HEARTBEAT_INTERVAL = 0.1
+
 #: upper bounds (seconds) of the buckets of the wait-time and run-time histograms of /metrics
 #: (kept on two lines: the README quotes them as written)
 METRICS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,

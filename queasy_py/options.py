@@ -192,12 +192,20 @@ def check_setting(key: str, value: Any) -> Any:
         return value
     if key == "heartbeat_interval":  # a client's expiry, twice it in ms, goes to the library
         seconds = _seconds(key, value, positive=True)
-        if not 1 <= int(seconds * 2000) <= MAX_COUNT:  # runtime/heartbeat.py expiry_ms
+        low = defaults.MIN_HEARTBEAT_INTERVAL
+        if not low <= seconds or not int(seconds * 2000) <= MAX_COUNT:  # heartbeat.py expiry_ms
             raise InvalidInput(
-                f"{key} must be 0.0005..{MAX_COUNT // 2000} seconds (its expiry, twice it in "
-                f"ms, must be 1..{MAX_COUNT}), not {shown(value)}"
+                f"{key} must be {low}..{MAX_COUNT // 2000} seconds (a shorter one expires "
+                f"supervisors between two heartbeats; its expiry, twice it in ms, goes up to "
+                f"{MAX_COUNT}), not {shown(value)}"
             )
         return seconds
+    if key == "max_jobs_per_worker":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidInput(
+                f"{key} must be a whole number of jobs >= 0 (0: never recycle), not {shown(value)}"
+            )
+        return value
     if key in DURATIONS:
         return _seconds(key, value, positive=key.endswith("interval"))
     if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):

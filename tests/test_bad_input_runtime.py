@@ -127,6 +127,32 @@ def test_a_config_value_the_library_refuses_exits_config_naming_the_key(
 
 
 @pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "heartbeat_interval = 0.05\n" + ACT_QUEUE,
+            "heartbeat_interval must be 0.1..499999999 seconds",
+        ),
+        (
+            "max_jobs_per_worker = 0.5\n" + ACT_QUEUE,
+            "max_jobs_per_worker must be a whole number of jobs >= 0",
+        ),
+    ],
+    ids=["heartbeat_interval_too_short", "max_jobs_per_worker_fraction"],
+)
+def test_a_setting_no_supervisor_can_run_with_exits_config_naming_it(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """heartbeat_interval 0.05 (down to 0.0005 was taken): an expiry of 100 ms or less, so
+    a loaded machine's supervisors swept one another's jobs as dead. max_jobs_per_worker 0.5
+    was taken: its worker was recycled after every job."""
+    code, out = queasy("run", write_config(tmp_path, text))
+    assert (code, out.count("\n")) == (exitcodes.CONFIG, 1), out
+    assert message in out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize(
     "options, message",
     [
         ("size = 500\n", "queues.q: queue 'q', fail_options: size must be an int 1..100, not"),
