@@ -42,24 +42,18 @@ def check_metrics(settings: dict[str, Any], given: set[str], source: str) -> Non
 
     host = settings.get("metrics_host", SUPERVISOR["metrics_host"])
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (OSError, UnicodeError) as exc:
         raise ConfigError(
             f"{named('metrics_host')} {host!r}: not a host name or address this machine "
             f"can serve on ({exc})"
         ) from None
-    family, _, _, _, address = infos[0]
+    from ..runtime.scrapes import bind, bind_problem  # the supervisor's own bind
+
     try:
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address[:2])
+        bind(host, port).close()
     except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(
-                f"{named('metrics_port')} {port!r}: metrics port {port} on {host} is in use "
-                "(each supervisor on a host needs its own metrics_port; 0 picks a free one)"
-            ) from None
-        raise ConfigError(
-            f"{named('metrics_host')} {host!r} / {named('metrics_port')} {port!r}: cannot "
-            f"serve metrics on {host}:{port}: {exc}"
-        ) from None
+        what = f"{named('metrics_port')} {port!r}"
+        if exc.errno != errno.EADDRINUSE:
+            what = f"{named('metrics_host')} {host!r} / {what}"
+        raise ConfigError(f"{what}: {bind_problem(exc, host, port)}") from None

@@ -9,7 +9,6 @@ prometheus_client. Imported by the supervisor only when metrics are on (the `met
 
 from __future__ import annotations
 
-import errno
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -29,7 +28,7 @@ from prometheus_client.utils import floatToGoString
 from .. import defaults
 from ..errors import ConfigError, ConnectionFailed
 from .metrics import REPLACED_REASONS, Histogram, Tally
-from .scrapes import ScrapeServer, bind
+from .scrapes import ScrapeServer, bind, bind_problem
 
 if TYPE_CHECKING:
     from .workers import Workers
@@ -160,12 +159,7 @@ class MetricsServer:
         try:
             sock = bind(host, port)
         except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise ConfigError(
-                    f"metrics port {port} on {host} is in use (each supervisor on a host "
-                    "needs its own metrics_port; 0 picks a free one)"
-                ) from None
-            raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc}") from None
+            raise ConfigError(bind_problem(exc, host, port)) from None
         self.server = ScrapeServer(make_wsgi_app(self.registry), sock)
         self.port: int = self.server.port
         log.info("metrics on http://%s:%d/metrics", _url_host(host), self.port)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import queue
 import socket
@@ -41,6 +42,16 @@ def bind(host: str, port: int) -> socket.socket:
     family, _, _, _, address = infos[0]
     dual = family == socket.AF_INET6 and socket.has_dualstack_ipv6()
     return socket.create_server(address[:2], family=family, backlog=128, dualstack_ipv6=dual)
+
+
+def bind_problem(exc: OSError, host: str, port: int) -> str:
+    """What bind(host, port) failing with `exc` means, for the ConfigError that says it."""
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"metrics port {port} on {host} is in use (each supervisor on a host needs its "
+            "own metrics_port; 0 picks a free one)"
+        )
+    return f"cannot serve metrics on {host}:{port}: {exc}"
 
 
 class ScrapeServer:
