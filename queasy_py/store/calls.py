@@ -19,10 +19,16 @@ ConnectionFailed saying so (marked `_reply_lost`: connfailed.py names the public
 
 The connection of a thread that ended goes back to the pool (the next thread to need one
 takes it): a thread per request left one open connection per thread ever started.
+
+A process forked from one that used the client takes connections of its own: the forking
+thread's connection is in the child's copy of its thread-local storage, and the two
+processes sent on the one socket (their commands interleaved, each read the other's replies
+or the server closed the connection on the garbled protocol).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections import deque
@@ -51,6 +57,7 @@ class FastCall:
         self._local = threading.local()
         #: connections of threads that ended, for the pool (a finalizer takes no lock)
         self._ended: deque[Any] = deque()
+        self._pid = os.getpid()  # the process whose connections these are
 
     def __call__(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """FCALL `name`: its reply (a ResponseError raised as it is)."""
@@ -120,6 +127,8 @@ class FastCall:
 
     def _ready(self) -> Any:
         """This thread's connection, replaced when the server closed it (EOF readable)."""
+        if self._pid != os.getpid():  # forked: the parent's connections are the parent's
+            self._forked()
         held = getattr(self._local, "held", None)
         if held is not None:
             conn = held.conn
@@ -139,6 +148,15 @@ class FastCall:
         conn = pool.get_connection()
         self._local.held = _Held(conn, self._ended)
         return conn
+
+    def _forked(self) -> None:
+        """In a child process: forget the parent's connections, never touching their
+        sockets (the parent's). redis-py's pool makes new ones in the child by itself."""
+        held = getattr(self._local, "held", None)
+        if held is not None:
+            held.ended.detach()
+        self._local, self._ended = threading.local(), deque()
+        self._pid = os.getpid()
 
     def _drop(self, conn: Any) -> None:
         held, self._local.held = getattr(self._local, "held", None), None
