@@ -19,7 +19,7 @@ import hiredis
 import redis
 import redis.asyncio as aioredis
 
-from .calls import lost_reply
+from .calls import lost_reply, raise_refused
 
 
 class AsyncWrites:
@@ -54,10 +54,7 @@ class AsyncWrites:
             raise
         finally:
             await self._pool.release(conn)
-        first = next((reply for reply in replies if isinstance(reply, Exception)), None)
-        if first is not None:
-            raise first
-        return replies
+        return raise_refused(replies)
 
     @staticmethod
     async def _roundtrip(conn: Any, packed: bytes, count: int, what: str) -> list[Any]:

@@ -84,16 +84,12 @@ class FastCall:
             self._drop(conn)
             raise
         replies: list[Any] = []
-        first: redis.ResponseError | None = None
         for _ in chunks:
             try:
                 replies.append(self._read(conn, what))
             except redis.ResponseError as exc:  # read whole: the connection stays in step
-                first = first or exc
                 replies.append(exc)
-        if first is not None:
-            raise first
-        return replies
+        return raise_refused(replies)
 
     def _one(self, packed: bytes, name: str) -> Any:
         conn = self._ready()
@@ -164,6 +160,18 @@ class FastCall:
             held.ended.detach()
         conn.disconnect()
         self._client.connection_pool.release(conn)
+
+
+def raise_refused(replies: list[Any]) -> list[Any]:
+    """The replies of pipelined calls, or the first error reply raised, its `applied` the
+    indexes of the calls that were not refused (a pipeline is not one step: those ran)."""
+    first = next((reply for reply in replies if isinstance(reply, Exception)), None)
+    if first is None:
+        return replies
+    first.applied = [  # type: ignore[attr-defined]
+        i for i, reply in enumerate(replies) if not isinstance(reply, Exception)
+    ]
+    raise first
 
 
 def lost_reply(what: str, exc: BaseException) -> ConnectionFailed:
