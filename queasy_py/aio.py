@@ -246,7 +246,7 @@ class AsyncQueue(QueueBase):
                 return await self.client.writes.pipelined(name, [self.keys.base], chunks)
             return await fcall_pipelined_async(self.client.redis, name, self.keys.base, chunks)
         except redis.ResponseError as exc:
-            raise lua_error(exc) from None
+            raise self._refused(exc, chunks) from None
 
     @as_connection_failed
     async def cancel(self, job_id: str) -> bool:

@@ -98,7 +98,7 @@ class Queue(QueueBase, Operate):
                 return self.client.fastcall.pipelined(name, [self.keys.base], chunks)
             return fcall_pipelined(self.client.redis, name, self.keys.base, chunks)
         except redis.ResponseError as exc:
-            raise lua_error(exc) from None
+            raise self._refused(exc, chunks) from None
 
     def _register(self) -> None:
         """Put this queue's name in the registry (Client.queues), once per Queue object."""

@@ -18,7 +18,7 @@ from .job import JobInfo, ScheduleInfo
 from .operate import OperateArgs
 from .store import fields
 from .store.keys import QueueKeys, RegistryKeys
-from .store.library import Dispatched
+from .store.library import Dispatched, lua_error
 from .tracing import traceparent
 
 log = logging.getLogger("queasy_py")
@@ -185,6 +185,36 @@ class QueueBase(OperateArgs):
         step = DISPATCH_CHUNK * 3
         trace = traceparent()
         return [["", *flags, trace, *args[i : i + step]] for i in range(0, len(args), step)]
+
+    @staticmethod
+    def _refused(exc: Exception, chunks: list[list]) -> Exception:
+        """The error of pipelined chunks of jobs (_chunks) one of which was refused
+        (lua_error): when others ran (a pipeline is not one step: the server's maxmemory
+        reached in the middle, say), it says which jobs were dispatched all the same."""
+        error = lua_error(exc)  # type: ignore[arg-type]
+        applied = getattr(exc, "applied", None)
+        if not applied:
+            return error
+        starts = [0]
+        for args in chunks:
+            starts.append(starts[-1] + (len(args) - 5) // 3)
+        ranges: list[list[int]] = []
+        for i in applied:
+            if ranges and ranges[-1][1] == starts[i]:
+                ranges[-1][1] = starts[i + 1]
+            else:
+                ranges.append([starts[i], starts[i + 1]])
+        done = ", ".join(f"jobs[{start}:{end}]" for start, end in ranges)
+        refused = len(chunks) - len(applied)
+        text = (
+            f"{error} ({refused} of the {len(chunks)} pipelined calls of up to "
+            f"{DISPATCH_CHUNK} jobs refused; {done} of {starts[-1]} were dispatched all the "
+            "same, the others were not)"
+        )
+        try:
+            return type(error)(text)
+        except Exception:  # an error class that takes other arguments: its message as it is
+            return error
 
     @staticmethod
     def _batch_calls(chunks: list[list], window: int | None) -> tuple[str, list[list]]:

@@ -396,3 +396,37 @@ def test_more_threads_than_redis_pys_default_pool_all_get_a_connection(q: Queue)
     for thread in threads:
         thread.join()
     assert outcomes == ["ResultTimeout"] * 120
+
+
+def test_a_forked_child_dispatches_on_connections_of_its_own(client: Client, q: Queue) -> None:
+    """A process forked after its parent used the Client (a pre-forking server, a
+    multiprocessing fork) sent its writes on the parent's socket: the forking thread's
+    FastCall connection is in the child's copy of its thread-local storage. The two
+    processes' commands interleaved on it: each could read the other's replies, or the
+    server closed the connection on the garbled protocol ('may have applied it')."""
+    import os
+
+    from runtime_helpers import wait_for
+
+    q.dispatch(0, id="parent")  # the parent's connection (FastCall, this thread's)
+    parent = client.fastcall.command("CLIENT", "ID")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        try:
+            child = client.fastcall.command("CLIENT", "ID")
+            q.dispatch_many([{"data": i} for i in range(DISPATCH_CHUNK + 1)])
+            os.write(write, f"{child}".encode())
+        except BaseException as exc:
+            os.write(write, repr(exc).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    wait_for(lambda: os.waitpid(pid, os.WNOHANG)[0] == pid, what="the child's end")
+    with os.fdopen(read) as said:
+        told = said.read()
+    assert told != str(parent), "the child sent on its parent's connection"
+    assert told.isdigit(), told
+    assert client.fastcall.command("CLIENT", "ID") == parent  # the parent's: in step
+    assert q.cancel("nothing") is False
+    assert q.counts()["waiting"] == DISPATCH_CHUNK + 2

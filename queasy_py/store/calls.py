@@ -19,10 +19,16 @@ ConnectionFailed saying so (marked `_reply_lost`: connfailed.py names the public
 
 The connection of a thread that ended goes back to the pool (the next thread to need one
 takes it): a thread per request left one open connection per thread ever started.
+
+A process forked from one that used the client takes connections of its own: the forking
+thread's connection is in the child's copy of its thread-local storage, and the two
+processes sent on the one socket (their commands interleaved, each read the other's replies
+or the server closed the connection on the garbled protocol).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections import deque
@@ -51,6 +57,7 @@ class FastCall:
         self._local = threading.local()
         #: connections of threads that ended, for the pool (a finalizer takes no lock)
         self._ended: deque[Any] = deque()
+        self._pid = os.getpid()  # the process whose connections these are
 
     def __call__(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """FCALL `name`: its reply (a ResponseError raised as it is)."""
@@ -77,16 +84,12 @@ class FastCall:
             self._drop(conn)
             raise
         replies: list[Any] = []
-        first: redis.ResponseError | None = None
         for _ in chunks:
             try:
                 replies.append(self._read(conn, what))
             except redis.ResponseError as exc:  # read whole: the connection stays in step
-                first = first or exc
                 replies.append(exc)
-        if first is not None:
-            raise first
-        return replies
+        return raise_refused(replies)
 
     def _one(self, packed: bytes, name: str) -> Any:
         conn = self._ready()
@@ -120,6 +123,8 @@ class FastCall:
 
     def _ready(self) -> Any:
         """This thread's connection, replaced when the server closed it (EOF readable)."""
+        if self._pid != os.getpid():  # forked: the parent's connections are the parent's
+            self._forked()
         held = getattr(self._local, "held", None)
         if held is not None:
             conn = held.conn
@@ -140,12 +145,33 @@ class FastCall:
         self._local.held = _Held(conn, self._ended)
         return conn
 
+    def _forked(self) -> None:
+        """In a child process: forget the parent's connections, never touching their
+        sockets (the parent's). redis-py's pool makes new ones in the child by itself."""
+        held = getattr(self._local, "held", None)
+        if held is not None:
+            held.ended.detach()
+        self._local, self._ended = threading.local(), deque()
+        self._pid = os.getpid()
+
     def _drop(self, conn: Any) -> None:
         held, self._local.held = getattr(self._local, "held", None), None
         if held is not None:
             held.ended.detach()
         conn.disconnect()
         self._client.connection_pool.release(conn)
+
+
+def raise_refused(replies: list[Any]) -> list[Any]:
+    """The replies of pipelined calls, or the first error reply raised, its `applied` the
+    indexes of the calls that were not refused (a pipeline is not one step: those ran)."""
+    first = next((reply for reply in replies if isinstance(reply, Exception)), None)
+    if first is None:
+        return replies
+    first.applied = [  # type: ignore[attr-defined]
+        i for i, reply in enumerate(replies) if not isinstance(reply, Exception)
+    ]
+    raise first
 
 
 def lost_reply(what: str, exc: BaseException) -> ConnectionFailed:

@@ -288,7 +288,7 @@ def fcall_pipelined(r: Any, name: str, key: str, chunks: list[list[Any]]) -> lis
     with r.pipeline(transaction=False) as pipe:
         for args in chunks:
             fcall(pipe, name, [key], args)
-        replies = pipe.execute(raise_on_error=check is None)
+        replies = pipe.execute(raise_on_error=False)
     gone = [i for i, reply in enumerate(replies) if library_gone(reply)]
     if gone and check is not None:
         r.load_library(key, gone=True)
@@ -308,7 +308,7 @@ async def fcall_pipelined_async(r: Any, name: str, key: str, chunks: list[list[A
     async with r.pipeline(transaction=False) as pipe:
         for args in chunks:
             fcall(pipe, name, [key], args)
-        replies = await pipe.execute(raise_on_error=check is None)
+        replies = await pipe.execute(raise_on_error=False)
     gone = [i for i, reply in enumerate(replies) if library_gone(reply)]
     if gone and check is not None:
         await r.load_library(key, gone=True)
@@ -321,7 +321,6 @@ async def fcall_pipelined_async(r: Any, name: str, key: str, chunks: list[list[A
 
 
 def _raise_first(replies: list[Any]) -> list[Any]:
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
-    return replies
+    from .calls import raise_refused  # (calls imports hiredis: the CLI's reads do without it)
+
+    return raise_refused(replies)
