@@ -17,7 +17,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 
 from . import defaults, records, validate
 from .connfailed import as_connection_failed
@@ -28,7 +27,7 @@ from .operate import PAGE
 from .queue_base import BatchResult, QueueBase
 from .resolve import PathLike, Target, resolve
 from .store import events
-from .store.aiocalls import AsyncWrites
+from .store.aiocalls import AsyncReloadingRedis, AsyncWrites
 from .store.aiocluster import async_cluster_client, ready_cluster
 from .store.cluster import is_cluster_url
 from .store.connection import from_url, mask_url, producer_options
@@ -71,7 +70,9 @@ class AsyncClient:
             if self.cluster:  # redis-py's asyncio RedisCluster, FCALL routed by its key
                 self.redis: Any = async_cluster_client(self.url)
             else:
-                self.redis = from_url(aioredis.Redis, self.url, **producer_options())
+                # a library call that finds the library gone loads it (store/aiocalls.py)
+                self.redis = from_url(AsyncReloadingRedis, self.url, **producer_options())
+                self.redis.where = f"Redis at {mask_url(self.url)}"
                 self.writes = AsyncWrites(self.redis)
         except BaseException:
             if self.server is not None:

@@ -4,7 +4,8 @@ A client connects on its first call (Client.ready: ConnectionFailed naming the U
 has, redis-py's pool opens connections again by itself, and a server that went away (stopped,
 killed, restarting, frozen) surfaced as redis-py's own ConnectionError or TimeoutError from
 whichever call met it (on a Redis Cluster also as its RedisClusterException: no node
-answers, or none serves the call's slot). `@as_connection_failed` on each public method that
+answers, or none serves the call's slot, and as its ClusterDownError: a node's CLUSTERDOWN
+that outlasted the producer's wait). `@as_connection_failed` on each public method that
 talks to Redis (Client, Queue, AsyncClient, AsyncQueue) raises ConnectionFailed instead,
 naming the masked URL and the call, redis-py's error as its __cause__; the next call tries
 again. A write whose reply was lost after it was sent (store/calls.py, store/aiocalls.py:
@@ -42,12 +43,15 @@ _CLUSTER_UNREACHABLE = ("cannot be connected", "not covered", "no targets were f
 def unreachable(exc: BaseException) -> bool:
     """Whether redis-py's `exc` says Redis could not be reached: a connection error, a
     timeout, or on a cluster no node that answers, or none for the call's slot (redis-py's
-    RedisClusterException: not a ConnectionError). A reply of the server (CLUSTERDOWN, a
-    moving slot) is not: the call was refused."""
+    RedisClusterException: not a ConnectionError; a node's CLUSTERDOWN, its slot unserved
+    still after the producer's wait, store/cluster.py SLOT_WAIT). Another reply of the
+    server (a moving slot, OOM) is not: the call was refused."""
     redis = sys.modules.get("redis")
     if redis is None:
         return False
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError | OSError):
+        return True
+    if isinstance(exc, redis.exceptions.ClusterDownError):
         return True
     cluster_error = redis.exceptions.RedisClusterException
     if isinstance(exc, redis.exceptions.SlotNotCoveredError):
@@ -72,6 +76,11 @@ def raise_connection_failed(exc: Exception, owner: Any, call: str) -> None:
     if isinstance(exc, redis.AuthenticationError):  # a ConnectionError of redis-py's
         failed: ConnectionFailed = AuthenticationFailed(
             f"{what}: Redis at {url} refused the credentials: {exc}"
+        )
+    elif isinstance(exc, redis.exceptions.ClusterDownError):
+        failed = ConnectionFailed(
+            f"{what}: Redis Cluster at {url} does not serve the call's slot, still after "
+            f"waiting for it (ClusterDownError: {exc})"
         )
     else:
         why = f"{type(exc).__name__}: {exc}"

@@ -255,8 +255,8 @@ def test_a_busy_queues_primary_is_killed_and_the_cluster_promotes_its_replica(
     def dispatch(job_id: str, data: dict[str, Any]) -> float:
         """Dispatch until a call returns: a call that met the dead primary may or may not
         have run (never sent again by the client): sent again here, at least once. The dead
-        primary is a ConnectionFailed (queasy_py/connfailed.py); a refusal (CLUSTERDOWN, a moving
-        slot) stays redis-py's."""
+        primary is a ConnectionFailed (queasy_py/connfailed.py), and so is CLUSTERDOWN past the
+        client's wait; a refusal for a moving slot stays redis-py's."""
         deadline = time.monotonic() + 60.0
         while True:
             try:

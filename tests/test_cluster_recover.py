@@ -295,8 +295,9 @@ def test_a_slot_no_node_serves_is_connection_failed(cluster: LocalCluster, flavo
         wait_for(lambda: not any(served(n) for n in cluster.ports), 10.0, "the slot unserved")
 
     # the node that served the slot refuses a call sent on the client's old slot map
-    # (CLUSTERDOWN: a refusal, it stays redis-py's ClusterDownError); the call that reads the
-    # map again finds no node for the slot: RedisClusterException, now ConnectionFailed
+    # (CLUSTERDOWN: waited out, then ConnectionFailed: test_cluster_slot_down.py); the call
+    # that reads the map again finds no node for the slot: RedisClusterException, now
+    # ConnectionFailed
     failures = _expect_connection_failed(
         flavor, cluster, prefix, name, uncover, refusals=(ClusterDownError,)
     )

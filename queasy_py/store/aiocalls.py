@@ -8,24 +8,63 @@ notifications are on, their default; a refused connection is redis-py's Connecti
 "cannot reach Redis"), sends its commands
 once and reads their replies. A connection lost after that raises ConnectionFailed saying the
 server may have applied it (calls.lost_reply); nothing is sent again, not even a send that
-failed: asyncio's transport may still flush what it buffered when it is closed.
+failed: asyncio's transport may still flush what it buffered when it is closed. A call the
+server refused with "Function not found" did not run: it is sent again once the library is
+loaded (the version handshake; AsyncReloadingRedis, the AsyncClient's redis client, which
+does the same for its own library calls: store/reloading.py's, awaitable).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any
 
 import hiredis
 import redis
 import redis.asyncio as aioredis
 
-from .calls import lost_reply, raise_refused
+from .calls import lost_reply
+from .library import (
+    gone_calls,
+    handshake,
+    library_key,
+    library_reloaded,
+    put_back,
+    raise_first,
+    run_handshake_async,
+    sent_again_if_gone_async,
+)
+
+log = logging.getLogger("queasy_py")
+
+
+class AsyncReloadingRedis(aioredis.Redis):
+    """store/reloading.ReloadingRedis for asyncio: a library call (FCALL, FCALL_RO with
+    keys) refused because the server lost the library is sent again once it is loaded."""
+
+    #: the server, as the WARNING names it ("Redis at <masked URL>": AsyncClient sets it)
+    where = "Redis"
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        send = functools.partial(super().execute_command, *args, **options)
+        if library_key(args) is None:
+            return await send()
+        return await sent_again_if_gone_async(send, lambda: self.load_library(gone=True))
+
+    async def load_library(self, key: str | None = None, gone: bool = False) -> str:
+        """ReloadingRedis.load_library: the version handshake; its version."""
+        version = await run_handshake_async(self, handshake())
+        if gone:
+            log.warning(library_reloaded(self.where, version))
+        return version
 
 
 class AsyncWrites:
     """The writes of an AsyncClient on one server (calls.FastCall's, awaitable)."""
 
-    def __init__(self, r: aioredis.Redis) -> None:
+    def __init__(self, r: AsyncReloadingRedis) -> None:
+        self._redis = r
         self._pool = r.connection_pool
 
     async def __call__(self, name: str, keys: list[str], args: list[Any]) -> Any:
@@ -44,6 +83,18 @@ class AsyncWrites:
         return await self._send(commands, f"{len(chunks)} pipelined {name} calls")
 
     async def _send(self, commands: list[tuple[Any, ...]], what: str) -> list[Any]:
+        """Their replies, or the first error reply raised once all were read; the calls
+        refused because the server lost the library (none of them ran) sent again, in their
+        order, once it is loaded."""
+        replies = await self._replies(commands, what)
+        gone = gone_calls(replies)
+        if gone:
+            await self._redis.load_library(gone=True)
+            put_back(replies, gone, await self._replies([commands[i] for i in gone], what))
+        return raise_first(replies)
+
+    async def _replies(self, commands: list[tuple[Any, ...]], what: str) -> list[Any]:
+        """One round trip: the replies, an error reply in its place."""
         packed = b"".join(hiredis.pack_command(command) for command in commands)
         conn = await self._pool.get_connection()  # connected: nothing sent yet
         try:
@@ -54,7 +105,7 @@ class AsyncWrites:
             raise
         finally:
             await self._pool.release(conn)
-        return raise_refused(replies)
+        return replies
 
     @staticmethod
     async def _roundtrip(conn: Any, packed: bytes, count: int, what: str) -> list[Any]:

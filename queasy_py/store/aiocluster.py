@@ -25,19 +25,20 @@ from .cluster import (
     _NUMKEYS_COMMANDS,
     SLOT_BUSY,
     SLOT_WAIT,
-    library_reloaded,
     parse_cluster_url,
     passed_over,
     refused_credentials,
+    slot_busy,
 )
 from .connection import producer_options
 from .library import (
     LIBRARY_CALLS,
     handshake,
-    library_gone,
     library_key,
+    library_reloaded,
     parse_version,
     run_handshake_async,
+    sent_again_if_gone_async,
 )
 
 log = logging.getLogger("queasy_py")
@@ -99,13 +100,9 @@ class AsyncClusterClient(RedisCluster):
         if key is None or "target_nodes" in kwargs:
             return await self._waiting(*args, **kwargs)
         await self.check_library(key)
-        try:
-            return await self._waiting(*args, **kwargs)
-        except redis.ResponseError as exc:
-            if not library_gone(exc):
-                raise
-        await self.load_library(key, gone=True)
-        return await self._waiting(*args, **kwargs)
+        return await sent_again_if_gone_async(
+            lambda: self._waiting(*args, **kwargs), lambda: self.load_library(key, gone=True)
+        )
 
     async def check_library(self, key: str) -> None:
         """ClusterClient.check_library."""
@@ -118,7 +115,7 @@ class AsyncClusterClient(RedisCluster):
         version = await handshake_at(node, self.node_options)
         self.unchecked.discard(node.name)
         if gone:
-            log.warning(library_reloaded(node.name, version))
+            log.warning(library_reloaded(f"Redis Cluster primary {node.name}", version))
         return version
 
     async def _waiting(self, *args: Any, **kwargs: Any) -> Any:
@@ -128,10 +125,8 @@ class AsyncClusterClient(RedisCluster):
             try:
                 return await super().execute_command(*args, **kwargs)
             except (*SLOT_BUSY, ClusterError) as exc:
-                # ClusterError: redis-py's redirections ran out (ASK, then TRYAGAIN, ...)
-                exhausted = "TTL exhausted" in str(exc) or not isinstance(exc, ClusterError)
-                if not exhausted or time.monotonic() + delay > deadline:
-                    raise
+                if not slot_busy(exc) or time.monotonic() + delay > deadline:
+                    raise  # CLUSTERDOWN still: ConnectionFailed naming the call (connfailed)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.5)
 

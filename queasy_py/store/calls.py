@@ -15,7 +15,9 @@ before sending (the server restarted) is replaced first, and a send of one comma
 is retried once on a new connection (a failed send never hands the whole command to the
 kernel). A reply lost after the command was sent, or a pipeline whose send failed (its first
 commands may have gone), is never retried (the server may have applied it); it raises
-ConnectionFailed saying so (marked `_reply_lost`: connfailed.py names the public call).
+ConnectionFailed saying so (marked `_reply_lost`: connfailed.py names the public call). A
+call the server refused with "Function not found" did not run: it is sent again once the
+library is loaded (the version handshake, store/reloading.py).
 
 The connection of a thread that ended goes back to the pool (the next thread to need one
 takes it): a thread per request left one open connection per thread ever started.
@@ -32,12 +34,16 @@ import os
 import threading
 import weakref
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hiredis
 import redis
 
 from ..errors import ConnectionFailed
+from .library import gone_calls, put_back, raise_first, sent_again_if_gone
+
+if TYPE_CHECKING:
+    from .reloading import ReloadingRedis
 
 
 class _Held:
@@ -52,7 +58,7 @@ class _Held:
 
 
 class FastCall:
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: ReloadingRedis) -> None:
         self._client = client
         self._local = threading.local()
         #: connections of threads that ended, for the pool (a finalizer takes no lock)
@@ -60,8 +66,10 @@ class FastCall:
         self._pid = os.getpid()  # the process whose connections these are
 
     def __call__(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """FCALL `name`: its reply (a ResponseError raised as it is)."""
-        return self._one(hiredis.pack_command(("FCALL", name, len(keys), *keys, *args)), name)
+        """FCALL `name`: its reply (a ResponseError raised as it is). Refused because the
+        server lost the library (nothing ran): sent again once it is loaded (_reload)."""
+        packed = hiredis.pack_command(("FCALL", name, len(keys), *keys, *args))
+        return sent_again_if_gone(lambda: self._one(packed, name), self._reload)
 
     def command(self, *parts: Any) -> Any:
         """Any other write (DEL), sent as an FCALL is."""
@@ -69,7 +77,23 @@ class FastCall:
 
     def pipelined(self, name: str, keys: list[str], chunks: list[list[Any]]) -> list[Any]:
         """FCALL `name` once per chunk of arguments, pipelined in one round trip: their
-        replies, or the first error reply raised once all were read."""
+        replies, or the first error reply raised once all were read. The calls refused
+        because the server lost the library (none of them ran) are sent again, pipelined in
+        their order, once it is loaded (_reload)."""
+        replies = self._pipelined(name, keys, chunks)
+        gone = gone_calls(replies)
+        if gone:
+            self._reload()
+            put_back(replies, gone, self._pipelined(name, keys, [chunks[i] for i in gone]))
+        return raise_first(replies)
+
+    def _reload(self) -> None:
+        """Load the library a call found gone: the version handshake, and its WARNING
+        (store/reloading.ReloadingRedis, the client's redis.Redis)."""
+        self._client.load_library(gone=True)
+
+    def _pipelined(self, name: str, keys: list[str], chunks: list[list[Any]]) -> list[Any]:
+        """pipelined's round trip: the replies, an error reply in its place."""
         packed = b"".join(
             hiredis.pack_command(("FCALL", name, len(keys), *keys, *args)) for args in chunks
         )
@@ -89,7 +113,7 @@ class FastCall:
                 replies.append(self._read(conn, what))
             except redis.ResponseError as exc:  # read whole: the connection stays in step
                 replies.append(exc)
-        return raise_refused(replies)
+        return replies
 
     def _one(self, packed: bytes, name: str) -> Any:
         conn = self._ready()

@@ -31,7 +31,14 @@ from .. import defaults
 from ..errors import AuthenticationFailed, ConfigError, ConnectionFailed
 from .connection import CLUSTER_SCHEMES, producer_options
 from .connection import is_cluster_url as is_cluster_url  # its home before
-from .library import LIBRARY_CALLS, ensure_loaded, library_gone, library_key, parse_version
+from .library import (
+    LIBRARY_CALLS,
+    ensure_loaded,
+    library_key,
+    library_reloaded,
+    parse_version,
+    sent_again_if_gone,
+)
 
 log = logging.getLogger("queasy_py")
 
@@ -126,6 +133,15 @@ class _KeysFromCall:
 SLOT_BUSY = (TryAgainError, ClusterDownError, AskError, SlotNotCoveredError)  # MOVED is an ASK
 
 
+def slot_busy(exc: BaseException) -> bool:
+    """Whether a producer's call refused with `exc` waits (ClusterClient.slot_wait) and is
+    sent again: one of SLOT_BUSY (CLUSTERDOWN too: a ClusterError of redis-py's), or
+    redis-py's redirections ran out (a ClusterError "TTL exhausted": ASK, then TRYAGAIN...)."""
+    return isinstance(exc, SLOT_BUSY) or (
+        isinstance(exc, ClusterError) and "TTL exhausted" in str(exc)
+    )
+
+
 #: keyless commands redis-py sends to its default node that may be sent again, to another
 #: node, when it does not answer (they read only)
 RESENDABLE = frozenset({"COMMAND", "TIME", "PING"})
@@ -186,13 +202,9 @@ class ClusterClient(RedisCluster):
         if key is None or not self.reloads_library:
             return self._waiting(*args, **kwargs)
         self.check_library(key)
-        try:
-            return self._waiting(*args, **kwargs)
-        except redis.ResponseError as exc:
-            if not library_gone(exc):
-                raise
-        self.load_library(key, gone=True)
-        return self._waiting(*args, **kwargs)
+        return sent_again_if_gone(
+            lambda: self._waiting(*args, **kwargs), lambda: self.load_library(key, gone=True)
+        )
 
     def check_library(self, key: str) -> None:
         """The version handshake on the primary of `key` if it was passed over at connect."""
@@ -206,7 +218,7 @@ class ClusterClient(RedisCluster):
         version = ensure_loaded(self.get_redis_connection(node))
         self.unchecked.discard(node.name)
         if gone:
-            log.warning(library_reloaded(node.name, version))
+            log.warning(library_reloaded(f"Redis Cluster primary {node.name}", version))
         return version
 
     def _waiting(self, *args: Any, **kwargs: Any) -> Any:
@@ -216,10 +228,8 @@ class ClusterClient(RedisCluster):
             try:
                 return super().execute_command(*args, **kwargs)
             except (*SLOT_BUSY, ClusterError) as exc:
-                # ClusterError: redis-py's redirections ran out (ASK, then TRYAGAIN, ...)
-                exhausted = "TTL exhausted" in str(exc) or not isinstance(exc, ClusterError)
-                if not exhausted or time.monotonic() + delay > deadline:
-                    raise
+                if not slot_busy(exc) or time.monotonic() + delay > deadline:
+                    raise  # CLUSTERDOWN still: ConnectionFailed naming the call (connfailed)
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
 
@@ -366,14 +376,6 @@ def passed_over(unanswered: list[str]) -> str:
         "was not checked there (it will be before the first call of its queues); the calls "
         "of its queues fail until it answers again or the cluster fails it over, the other "
         "queues work"
-    )
-
-
-def library_reloaded(node: str, version: str) -> str:
-    """The WARNING for a producer's call that found the library gone on a primary."""
-    return (
-        f"the queasy library is gone on Redis Cluster primary {node} (restarted empty, "
-        f"flushed or replaced); loaded {version} there again and sent the call again"
     )
 
 

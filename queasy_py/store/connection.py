@@ -133,8 +133,13 @@ def plain_url(url: str) -> bool:
 
 def producer_client(url: str) -> redis.Redis:
     """A redis.Redis for the producer API; it connects on its first command (from_url checks
-    the URL at once)."""
-    return from_url(redis.Redis, url, **producer_options())
+    the URL at once). A library call that finds the library gone (a server restarted empty,
+    FUNCTION FLUSH) loads it and is sent again (store/reloading.py)."""
+    from .reloading import ReloadingRedis
+
+    client = from_url(ReloadingRedis, url, **producer_options())
+    client.where = f"Redis at {mask_url(url)}"
+    return client
 
 
 def producer_options() -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -277,6 +277,59 @@ def fcall(r: Any, name: str, keys: list[str], args: list[Any]) -> Any:
     return r.fcall(name, len(keys), *keys, *args)
 
 
+def library_reloaded(where: str, version: str) -> str:
+    """The WARNING for a producer's call that found the library gone on `where` ("Redis at
+    <masked URL>", "Redis Cluster primary host:port")."""
+    return (
+        f"the queasy library is gone on {where} (restarted empty, flushed or replaced); "
+        f"loaded {version} there again and sent the call again"
+    )
+
+
+def sent_again_if_gone(send: Callable[[], Any], load: Callable[[], object]) -> Any:
+    """send() (a library call); when its reply says the library is gone (nothing ran), load()
+    (the version handshake: VersionMismatch as at connect) and send() once more."""
+    try:
+        return send()
+    except redis.ResponseError as exc:
+        if not library_gone(exc):
+            raise
+    load()
+    return send()
+
+
+async def sent_again_if_gone_async(
+    send: Callable[[], Awaitable[Any]], load: Callable[[], Awaitable[object]]
+) -> Any:
+    """sent_again_if_gone, awaitable."""
+    try:
+        return await send()
+    except redis.ResponseError as exc:
+        if not library_gone(exc):
+            raise
+    await load()
+    return await send()
+
+
+def gone_calls(replies: list[Any]) -> list[int]:
+    """The indexes of a pipeline's replies (errors in place) that found the library gone."""
+    return [i for i, reply in enumerate(replies) if library_gone(reply)]
+
+
+def down_calls(replies: list[Any]) -> list[int]:
+    """The indexes of a cluster pipeline's replies refused with CLUSTERDOWN (none ran)."""
+    down = redis.exceptions.ClusterDownError
+    return [i for i, reply in enumerate(replies) if isinstance(reply, down)]
+
+
+def put_back(replies: list[Any], gone: list[int], again: list[Any]) -> list[Any]:
+    """`replies` with those of the calls `gone` replaced by `again` (theirs, sent again in
+    their order after the library was loaded: none of them had run)."""
+    for i, reply in zip(gone, again, strict=True):
+        replies[i] = reply
+    return replies
+
+
 def fcall_pipelined(r: Any, name: str, key: str, chunks: list[list[Any]]) -> list[Any]:
     """FCALL `name` on `key` once per chunk of arguments, pipelined in one round trip; the
     replies, or the first error raised. On a cluster (a store/cluster.ClusterClient), the
@@ -289,15 +342,24 @@ def fcall_pipelined(r: Any, name: str, key: str, chunks: list[list[Any]]) -> lis
         for args in chunks:
             fcall(pipe, name, [key], args)
         replies = pipe.execute(raise_on_error=False)
-    gone = [i for i, reply in enumerate(replies) if library_gone(reply)]
+    if check is not None:  # redis-py's pipeline sends again MOVED, ASK, TRYAGAIN: CLUSTERDOWN
+        down = down_calls(replies)  # too, each through the client, which waits it out
+        put_back(replies, down, [_reply(r, name, key, chunks[i]) for i in down])
+    gone = gone_calls(replies)
     if gone and check is not None:
         r.load_library(key, gone=True)
-        for i in gone:  # in their order, after those that ran (none, unless another
-            try:  # client loaded the library there while the pipeline ran)
-                replies[i] = fcall(r, name, [key], chunks[i])
-            except redis.ResponseError as exc:
-                replies[i] = exc
-    return _raise_first(replies)
+        # in their order, after those that ran (none, unless another client loaded the
+        # library there while the pipeline ran)
+        put_back(replies, gone, [_reply(r, name, key, chunks[i]) for i in gone])
+    return raise_first(replies)
+
+
+def _reply(r: Any, name: str, key: str, args: list[Any]) -> Any:
+    """FCALL `name` on `key` alone: its reply, or its error reply."""
+    try:
+        return fcall(r, name, [key], args)
+    except redis.ResponseError as exc:
+        return exc
 
 
 async def fcall_pipelined_async(r: Any, name: str, key: str, chunks: list[list[Any]]) -> list:
@@ -309,18 +371,26 @@ async def fcall_pipelined_async(r: Any, name: str, key: str, chunks: list[list[A
         for args in chunks:
             fcall(pipe, name, [key], args)
         replies = await pipe.execute(raise_on_error=False)
-    gone = [i for i, reply in enumerate(replies) if library_gone(reply)]
+    if check is not None:  # fcall_pipelined's CLUSTERDOWN
+        down = down_calls(replies)
+        put_back(replies, down, [await _reply_async(r, name, key, chunks[i]) for i in down])
+    gone = gone_calls(replies)
     if gone and check is not None:
         await r.load_library(key, gone=True)
-        for i in gone:
-            try:
-                replies[i] = await fcall(r, name, [key], chunks[i])
-            except redis.ResponseError as exc:
-                replies[i] = exc
-    return _raise_first(replies)
+        put_back(replies, gone, [await _reply_async(r, name, key, chunks[i]) for i in gone])
+    return raise_first(replies)
 
 
-def _raise_first(replies: list[Any]) -> list[Any]:
+async def _reply_async(r: Any, name: str, key: str, args: list[Any]) -> Any:
+    try:
+        return await fcall(r, name, [key], args)
+    except redis.ResponseError as exc:
+        return exc
+
+
+def raise_first(replies: list[Any]) -> list[Any]:
+    """`replies`, or the first error among them raised, marked with the calls that ran
+    (calls.raise_refused)."""
     from .calls import raise_refused  # (calls imports hiredis: the CLI's reads do without it)
 
     return raise_refused(replies)
