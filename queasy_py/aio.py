@@ -71,7 +71,9 @@ class AsyncClient:
                 self.redis: Any = async_cluster_client(self.url)
             else:
                 # a library call that finds the library gone loads it (store/aiocalls.py)
-                self.redis = from_url(AsyncReloadingRedis, self.url, **producer_options())
+                self.redis = from_url(
+                    AsyncReloadingRedis, self.url, **producer_options(), **_pool_checks()
+                )
                 self.redis.where = f"Redis at {mask_url(self.url)}"
                 self.writes = AsyncWrites(self.redis)
         except BaseException:
@@ -144,6 +146,19 @@ class AsyncClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _pool_checks() -> dict[str, Any]:
+    """redis-py 8's asyncio pool skips its check of a connection before handing it out
+    (closed by the server: a restart between two calls) while maintenance notifications are
+    on, their default 'auto' on a TCP connection: the first call after a restart then failed
+    on the dead connection. Off here, the pool replaces it, as the sync one does. (redis-py
+    before 7 has neither the notifications nor the skip.)"""
+    try:
+        from redis.maint_notifications import MaintNotificationsConfig
+    except ImportError:
+        return {}
+    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
 
 
 def _retrieved(task: asyncio.Future) -> None:
