@@ -44,7 +44,7 @@ def unreachable(exc: BaseException) -> bool:
     """Whether redis-py's `exc` says Redis could not be reached: a connection error, a
     timeout, or on a cluster no node that answers, or none for the call's slot (redis-py's
     RedisClusterException: not a ConnectionError; a node's CLUSTERDOWN, its slot unserved
-    still after the producer's wait, store/cluster.py SLOT_WAIT). Another reply of the
+    still after the producer's wait, defaults.SLOT_WAIT). Another reply of the
     server (a moving slot, OOM) is not: the call was refused."""
     redis = sys.modules.get("redis")
     if redis is None:

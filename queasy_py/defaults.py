@@ -27,6 +27,9 @@ EVENT_TRACEBACK_BYTES = 1024
 #: (`<prefix>:queues`, Client.queues) after that write found its Redis Cluster primary down:
 #: the next dispatch after them tries again (one server: the dispatch raises instead)
 REGISTRY_RETRY = 30.0
+#: seconds a producer's call on a Redis Cluster waits out a moving or unserved slot (TRYAGAIN,
+#: ASK, CLUSTERDOWN) before it raises (store/cluster.py ClusterClient.slot_wait)
+SLOT_WAIT = 10.0
 #: attempts and first backoff (seconds, doubling) when connecting to Redis
 CONNECT_ATTEMPTS = 3
 CONNECT_BACKOFF = 0.2

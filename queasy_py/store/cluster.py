@@ -43,7 +43,7 @@ from .library import (
 log = logging.getLogger("queasy_py")
 
 #: seconds a producer's call waits for a moving or unserved slot (ClusterClient.slot_wait)
-SLOT_WAIT = 10.0
+SLOT_WAIT = defaults.SLOT_WAIT
 #: commands whose keys follow their numkeys argument (name, numkeys, keys...)
 _NUMKEYS_COMMANDS = frozenset({"fcall", "fcall_ro"})
 
