@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 from lua_calls import live
+from proxy import Proxy, shut, through, upstream
 from runtime_helpers import Runtime, queue_spec, wait_for
-from test_lost_reply import Proxy, shut, through, upstream
 
 
 class SilentProxy(Proxy):
