@@ -825,6 +825,38 @@ def test_a_report_keeps_queue_names_that_look_like_numbers(
     assert "\n007 " in summary(report)
 
 
+def test_an_archive_that_fails_is_one_line_and_its_exit_code(
+    spark: SparkSession,
+    redis_url: str,
+    prefix: str,
+    r: redis.Redis,
+    client: Client,
+    tmp_path: Path,
+    caplog: Any,
+) -> None:
+    """README (CLI conventions): errors are one line, never a traceback. `queasy history
+    archive` with the server down, or with events trimmed (no --skip-trimmed), ended with
+    Spark's StreamingQueryException and two tracebacks, exit 1: the source's error is raised
+    in a Spark Python worker and comes back as text. archive() raises it as queasy's error."""
+    path = str(tmp_path / "archive")
+    down = ["--path", path, "--redis", "redis://:s3cret@127.0.0.1:1/0"]
+    assert main(["history", "archive", *down]) == exitcodes.CONNECT
+    (line,) = [rec.getMessage() for rec in caplog.records if rec.levelname == "ERROR"]
+    assert line.startswith("cannot connect to Redis at redis://:***@127.0.0.1:1/0 after")
+    assert "s3cret" not in line and "\n" not in line
+    caplog.clear()
+    lua = Lua(r, prefix, "t")
+    history(lua, 4)
+    base = ["--path", path, "--redis", redis_url, "--prefix", prefix, "--queue", "t"]
+    assert main(["history", "archive", *base]) == exitcodes.OK
+    history(lua, 8, t0=T0 + 100_000)  # 10 more events, 7 trimmed before the next run
+    r.xtrim(lua.B + ":events", maxlen=3, approximate=False)
+    assert main(["history", "archive", *base]) == exitcodes.FAILURE
+    (line,) = [rec.getMessage() for rec in caplog.records if rec.levelname == "ERROR"]
+    assert line.startswith("7 outcome events of queue 't' were trimmed") and "\n" not in line
+    assert main(["history", "archive", *base, "--skip-trimmed"]) == exitcodes.OK
+
+
 def hand_percentiles(values: list[float]) -> list[float]:
     """p50, p95, p99, linear between the nearest ranks (numpy's default)."""
     out = []
