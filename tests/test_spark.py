@@ -30,6 +30,7 @@ from queasy_py import Client, InvalidInput
 from queasy_py.cli import exitcodes
 from queasy_py.cli.main import main
 from queasy_py.spark.archive import archive
+from queasy_py.spark.events import EventsStreamReader, SourceConfig
 from queasy_py.spark.plots import figure_png
 from queasy_py.spark.report import compute, html, summary
 from queasy_py.store import events
@@ -824,6 +825,38 @@ def test_a_report_keeps_queue_names_that_look_like_numbers(
     assert "\n007 " in summary(report)
 
 
+def test_an_archive_that_fails_is_one_line_and_its_exit_code(
+    spark: SparkSession,
+    redis_url: str,
+    prefix: str,
+    r: redis.Redis,
+    client: Client,
+    tmp_path: Path,
+    caplog: Any,
+) -> None:
+    """README (CLI conventions): errors are one line, never a traceback. `queasy history
+    archive` with the server down, or with events trimmed (no --skip-trimmed), ended with
+    Spark's StreamingQueryException and two tracebacks, exit 1: the source's error is raised
+    in a Spark Python worker and comes back as text. archive() raises it as queasy's error."""
+    path = str(tmp_path / "archive")
+    down = ["--path", path, "--redis", "redis://:s3cret@127.0.0.1:1/0"]
+    assert main(["history", "archive", *down]) == exitcodes.CONNECT
+    (line,) = [rec.getMessage() for rec in caplog.records if rec.levelname == "ERROR"]
+    assert line.startswith("cannot connect to Redis at redis://:***@127.0.0.1:1/0 after")
+    assert "s3cret" not in line and "\n" not in line
+    caplog.clear()
+    lua = Lua(r, prefix, "t")
+    history(lua, 4)
+    base = ["--path", path, "--redis", redis_url, "--prefix", prefix, "--queue", "t"]
+    assert main(["history", "archive", *base]) == exitcodes.OK
+    history(lua, 8, t0=T0 + 100_000)  # 10 more events, 7 trimmed before the next run
+    r.xtrim(lua.B + ":events", maxlen=3, approximate=False)
+    assert main(["history", "archive", *base]) == exitcodes.FAILURE
+    (line,) = [rec.getMessage() for rec in caplog.records if rec.levelname == "ERROR"]
+    assert line.startswith("7 outcome events of queue 't' were trimmed") and "\n" not in line
+    assert main(["history", "archive", *base, "--skip-trimmed"]) == exitcodes.OK
+
+
 def hand_percentiles(values: list[float]) -> list[float]:
     """p50, p95, p99, linear between the nearest ranks (numpy's default)."""
     out = []
@@ -903,3 +936,57 @@ def test_an_ending_offset_before_the_starting_one_is_refused_naming_both(
     # the same offsets the right way round read the 6 events between them
     rows = read.option("startingOffsets", end).option("endingOffsets", start).load().collect()
     assert sorted(row["event_id"] for row in rows) == ids[4:10]
+
+
+def test_offsets_past_a_streams_end_or_of_no_stream_of_the_read_are_refused(
+    spark: SparkSession, redis_url: str, prefix: str, r: redis.Redis, client: Client
+) -> None:
+    """startingOffsets or endingOffsets past the end of a stream (an offset of another
+    server or prefix) failed every task saying that events were trimmed; a name that is no
+    stream of the read (a typo) was read as not given, and a stream endingOffsets did not
+    name was not read at all, while one startingOffsets did not name started at ordinal 0
+    (a trimmed stream: events 'trimmed before they were read')."""
+    lua = Lua(r, prefix, "t")
+    history(lua, 4)  # 5 events
+    ids = [entry_id for entry_id, _ in r.xrange(lua.B + ":events")]
+    future = {"id": "99999999999999-0", "n": 1000}
+
+    def read() -> Any:  # a new one each time: option() changes a reader
+        return events_reader(spark, redis_url, prefix).option("queues", "t")
+
+    start = json.dumps({"{t}t-fail": {"id": "0-0", "n": 0}})
+    for option in ("startingOffsets", "endingOffsets"):
+        with pytest.raises(Exception) as info:
+            read().option(option, json.dumps({"t": future})).load().collect()
+        message = str(info.value)
+        assert "trimmed" not in message
+        assert f"{option} of 't' {future} is past the end of its stream" in message
+        assert f"{{'id': '{ids[-1]}', 'n': 5}}" in message
+        typo = {"url": redis_url, "queues": "t", option: json.dumps({"tt": future})}
+        with pytest.raises(InvalidInput, match=f"{option} names 'tt', which is not a stream"):
+            SourceConfig.build(typo)
+        with pytest.raises(InvalidInput, match=r"names '\{t\}t-fail', which is not a stream"):
+            SourceConfig.build({**typo, "failQueues": "false", option: start})
+    # a stream the JSON leaves out: from its earliest event held, to its latest
+    r.xtrim(lua.B + ":events", maxlen=3, approximate=False)
+    rows = read().option("startingOffsets", start).option("endingOffsets", start).load().collect()
+    assert sorted(row["event_id"] for row in rows) == ids[2:]
+
+
+def test_max_events_per_trigger_is_shared_by_the_streams_in_proportion(
+    redis_url: str, prefix: str, r: redis.Redis, client: Client
+) -> None:
+    """maxEventsPerTrigger went to the streams in turn: the first took the whole budget while
+    it had that much, so a busy queue starved the others (until their events were trimmed,
+    a data-loss failure). It is shared in proportion to the events pending, as Spark's Kafka
+    source shares maxOffsetsPerTrigger."""
+    history(Lua(r, prefix, "a"), 16)  # 20 events
+    history(Lua(r, prefix, "b"), 4)  # 5 events
+    options = {"url": redis_url, "prefix": prefix, "queues": "a,b", "failQueues": "false"}
+    reader = EventsStreamReader(SourceConfig.build({**options, "maxEventsPerTrigger": "10"}))
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    finally:
+        reader.stop()
+    assert {ref: end[ref]["n"] - start[ref]["n"] for ref in end} == {"a": 8, "b": 2}

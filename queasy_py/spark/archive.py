@@ -11,11 +11,13 @@ next run writes that batch again from the same offsets. So every event is in the
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
-from .. import defaults
+from .. import defaults, errors
 from . import register
 
 CHECKPOINT = "_checkpoint"
@@ -62,9 +64,29 @@ def archive(
         .queryName("queasy-history-archive")
         .start()
     )
-    query.awaitTermination()
+    try:
+        query.awaitTermination()
+    except StreamingQueryException as exc:
+        found = queasy_error(exc)
+        if found is None:
+            raise
+        raise found from exc
     progress = [p for p in query.recentProgress if p.get("numInputRows") is not None]
     return Archived(
         batches=sum(1 for p in progress if p["numInputRows"] > 0),
         events=sum(int(p["numInputRows"]) for p in progress),
     )
+
+
+def queasy_error(exc: Exception) -> errors.QueasyError | None:
+    """The queasy error a streaming query failed on, of its class (ConnectionFailed, the
+    data-loss QueasyError, ...), else None. Spark reports an error of the source, raised in a
+    Python worker, as the text of its traceback within its own exception: `queasy history
+    archive` ended with two tracebacks (exit 1) on a server down or events trimmed."""
+    match = re.search(r"queasy_py\.errors\.(\w+): (.+)", str(exc))
+    if match is None:
+        return None
+    kind = getattr(errors, match[1], None)
+    if not (isinstance(kind, type) and issubclass(kind, errors.QueasyError)):
+        kind = errors.QueasyError
+    return kind(match[2].strip())

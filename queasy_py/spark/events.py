@@ -37,7 +37,14 @@ from ..client import Client
 from ..errors import InvalidInput, QueasyError
 from ..history import EventStream, History, StreamEnd
 from .eventrows import SCHEMA, to_batch
-from .offsets import START, Position, check_range, offsets_from_json
+from .offsets import (
+    START,
+    Position,
+    check_range,
+    check_refs,
+    check_within,
+    offsets_from_json,
+)
 from .options import Options, resolve_url
 
 log = logging.getLogger("queasy_py.spark")
@@ -109,6 +116,12 @@ class SourceConfig:
             ends = offsets_from_json(ending, "endingOffsets")
             if starting not in ("earliest", "latest"):
                 check_range(offsets_from_json(starting, "startingOffsets"), ends)
+        if names is not None:  # the read's streams are known: offsets name only them
+            fail_queues = bool(opts.boolean("failQueues", True))
+            refs = [ref for name in names for ref in _refs(name, fail_queues)]
+            for what, text in (("startingOffsets", starting), ("endingOffsets", ending)):
+                if text not in ("earliest", "latest"):
+                    check_refs(offsets_from_json(text, what), refs, what)
         chunk = opts.whole("readChunk", 10_000) or 10_000
         if chunk > MAX_CHUNK:
             raise InvalidInput(
@@ -128,6 +141,12 @@ class SourceConfig:
 
     def client(self) -> Client:
         return Client(self.url, workers=0, prefix=self.prefix)
+
+
+def _refs(name: str, fail_queues: bool) -> tuple[str, ...]:
+    """The offset names (EventStream.ref) of the streams of queue `name`."""
+    fail = f"{{{name}}}{name}{defaults.FAIL_QUEUE_SUFFIX}"
+    return (name, fail) if fail_queues else (name,)
 
 
 class Reading:
@@ -153,13 +172,17 @@ class Reading:
         return self._streams
 
     def start(self, stream: EventStream, end: StreamEnd) -> Position:
-        """Where a new read of `stream` starts (startingOffsets)."""
+        """Where a new read of `stream` starts (startingOffsets; a stream its JSON does not
+        name: earliest)."""
         starting = self.config.starting
-        if starting == "earliest":
-            return Position("0-0", end.added - end.length)  # entries trimmed before: not lost
         if starting == "latest":
             return Position(end.last_id, end.added)
-        return offsets_from_json(starting, "startingOffsets").get(stream.ref, START)
+        if starting != "earliest":
+            given = offsets_from_json(starting, "startingOffsets").get(stream.ref)
+            if given is not None:
+                check_within(stream.ref, given, end, "startingOffsets")
+                return given
+        return Position("0-0", end.added - end.length)  # entries trimmed before: not lost
 
     def close(self) -> None:
         if self._client is not None:
@@ -218,10 +241,13 @@ class EventsReader(DataSourceReader):
             streams = reading.streams()
             ends = {s.ref: reading.history.end(s) for s in streams}
             start = {s.ref: reading.start(s, ends[s.ref]) for s in streams}
-            if self.config.ending == "latest":
-                end = {ref: Position(e.last_id, e.added) for ref, e in ends.items()}
-            else:
-                end = offsets_from_json(self.config.ending, "endingOffsets")
+            end = {ref: Position(e.last_id, e.added) for ref, e in ends.items()}  # latest
+            if self.config.ending != "latest":  # a stream its JSON does not name: latest
+                given = offsets_from_json(self.config.ending, "endingOffsets")
+                for ref, at in given.items():
+                    if ref in ends:  # (queues=*: one not found has nothing to read)
+                        check_within(ref, at, ends[ref], "endingOffsets")
+                        end[ref] = at
             return partitions(streams, start, end)
         finally:
             reading.close()
@@ -260,10 +286,9 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = {ref: Position.from_json(ref, v) for ref, v in start.items()}
-        streams = self.reading.streams()
-        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         out = {ref: p.to_json() for ref, p in begin.items()}  # streams no longer found stay
-        for stream in streams:
+        ranges = []
+        for stream in self.reading.streams():
             at = begin.get(stream.ref, START)
             end = self._end_of(self.reading.history.end(stream))
             if self.target is not None:
@@ -275,11 +300,12 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"the outcome-event stream of queue {stream.queue!r} was deleted and made "
                     f"again: events after {at.id} may be lost; failOnDataLoss=false reads on"
                 )
-            pending = end.n - at.n if end.n >= at.n else end.n
-            if budget is not None and pending > budget:
-                end = self._advance(stream, at, budget)
-            if budget is not None:
-                budget = max(0, budget - (end.n - at.n if end.n >= at.n else end.n))
+            ranges.append((stream, at, end, end.n - at.n if end.n >= at.n else end.n))
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        allotted = shares([pending for *_, pending in ranges], budget)
+        for (stream, at, end, pending), share in zip(ranges, allotted, strict=True):
+            if pending > share:
+                end = self._advance(stream, at, share)
             out[stream.ref] = end.to_json()
         return out
 
@@ -311,6 +337,22 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         self.reading.close()
+
+
+def shares(pending: Sequence[int], budget: int | None) -> list[int]:
+    """The events each stream reads in a micro-batch of at most `budget` (None: no limit),
+    in proportion to the events it has pending (Kafka's maxOffsetsPerTrigger): the first
+    streams took the whole budget while they had that much, so a busy queue starved the
+    others until their events were trimmed."""
+    total = sum(pending)
+    if budget is None or total <= budget:
+        return list(pending)
+    out = [budget * p // total for p in pending]
+    # what rounding down left: one each to the largest remainders (so turn by turn)
+    by_remainder = sorted(range(len(pending)), key=lambda i: -(budget * pending[i] % total))
+    for i in by_remainder[: budget - sum(out)]:
+        out[i] += 1
+    return out
 
 
 def stream_of_ref(ref: str, prefix: str, history: History) -> EventStream:

@@ -1,16 +1,17 @@
 """The offsets of the `queasy-events` source: a place in a queue's event stream (Position:
 after entry `id`, whose ordinal is `n`), the JSON of startingOffsets and endingOffsets
-parsed into them, and the check that a range does not end before it starts."""
+parsed into them, and their checks: a range does not end before it starts, names only streams
+of the read, and does not start or end past the end of a stream."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput
-from ..history import entry_id
+from ..history import StreamEnd, entry_id
 
 
 @dataclass(frozen=True)
@@ -84,3 +85,30 @@ def _order(text: str, end: bool = False) -> tuple[int, int]:
     alone is its first entry as a start and its last as an `end` (as XRANGE takes them)."""
     ms, _, seq = text.partition("-")
     return int(ms), int(seq) if seq else (MAX_SEQ if end else 0)
+
+
+def check_refs(offsets: Mapping[str, Position], refs: Collection[str], what: str) -> None:
+    """InvalidInput when `offsets` names a stream the read does not read (`refs`): a typo
+    was read as if not given (endingOffsets: the stream not read at all)."""
+    unknown = sorted(set(offsets) - set(refs))
+    if unknown:
+        raise InvalidInput(
+            f"the queasy-events source: {what} names {unknown[0]!r}, which is not a stream "
+            f"of this read (its streams: {sorted(refs)}; a fail queue's is '{{q}}q-fail', "
+            "read with failQueues=true)"
+        )
+
+
+def check_within(ref: str, at: Position, end: StreamEnd, what: str) -> None:
+    """InvalidInput when `at` is past the end of the stream (the last id and count `end`):
+    each task of a read failed saying that the events up to it were trimmed."""
+    if what == "startingOffsets":  # a stream made again since has later ids (n from 0)
+        past = end.added > 0 and _order(at.id) > _order(end.last_id)
+    else:
+        past = at.n > end.added or _order(at.id) > _order(end.last_id)
+    if past:
+        raise InvalidInput(
+            f"the queasy-events source: {what} of {ref!r} {at.to_json()} is past the end of "
+            f"its stream ({Position(end.last_id, end.added).to_json()}): an offset of another "
+            "server, prefix or stream, or of a stream deleted since?"
+        )
