@@ -1,17 +1,17 @@
 """AsyncClient's writes on one server: sent once, as store/calls.py sends Client's.
 
-redis-py's asyncio client sends a command again after a lost reply (its Retry), and a write
-sent twice is not the same write (calls.py). Here a write takes a connection of the client's
-pool (the pool connects it; one the server closed, a restarted server's, is connected again
-here before anything is sent: redis-py's pool hands it out as it is while its maintenance
-notifications are on, their default; a refused connection is redis-py's ConnectionError,
-"cannot reach Redis"), sends its commands
-once and reads their replies. A connection lost after that raises ConnectionFailed saying the
-server may have applied it (calls.lost_reply); nothing is sent again, not even a send that
-failed: asyncio's transport may still flush what it buffered when it is closed. A call the
-server refused with "Function not found" did not run: it is sent again once the library is
-loaded (the version handshake; AsyncReloadingRedis, the AsyncClient's redis client, which
-does the same for its own library calls: store/reloading.py's, awaitable).
+redis-py reports a reply lost after the command went out as it reports a connection never
+made ("cannot reach Redis"), and with a URL's retry options it sends the command again: a
+write sent twice is not the same write (calls.py). Here a write takes a connection of the
+client's pool and checks it (_in_step: one the server closed, a restarted server's, is
+connected again before anything is sent; a refused connection is redis-py's ConnectionError,
+"cannot reach Redis"), sends its commands once and reads their replies. A connection lost
+after that raises ConnectionFailed saying the server may have applied it (calls.lost_reply);
+nothing is sent again, not even a send that failed: asyncio's transport may still flush what
+it buffered when it is closed. A call the server refused with "Function not found" did not
+run: it is sent again once the library is loaded (the version handshake; AsyncReloadingRedis,
+the AsyncClient's redis client, which does the same for its own library calls:
+store/reloading.py's, awaitable).
 """
 
 from __future__ import annotations

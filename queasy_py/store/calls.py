@@ -5,10 +5,12 @@ checkout, observability hooks). Here each thread keeps one connection of the cli
 speaks to it directly. Measured: +15-20% on a dispatch loop (see README).
 
 Every producer call that writes goes through here (dispatch, dispatch_many and dispatch_batch
-pipelined, cancel, requeue_failed, purge, reset_totals): redis-py would send a command again
-after a lost reply (its Retry), and a write sent twice is not the same write (a dispatch_many
-sent again after its jobs started makes blocked copies of them, a job run twice; a cancel or a
-purge sent again removes what was dispatched in between). Reads keep redis-py's retry.
+pipelined, cancel, requeue_failed, purge, reset_totals, drop_schedule): redis-py reports a
+reply lost after the command went out as it reports a connection never made ("cannot reach
+Redis"), and with a URL's retry options it sends the command again; a write sent twice is not
+the same write (a dispatch_many sent again after its jobs started makes blocked copies of
+them, a job run twice; a cancel or a purge sent again removes what was dispatched in
+between). Reads go through redis-py.
 
 A call is sent again only when it cannot have reached the server: a connection found closed
 before sending (the server restarted) is replaced first, and a send of one command that fails
