@@ -37,8 +37,13 @@ class EventStream:
 
     @property
     def ref(self) -> str:
-        """A short unique name: the queue's, or `{tag}name` for a fail queue."""
-        return self.queue if self.tag == self.queue else f"{{{self.tag}}}{self.queue}"
+        return stream_ref(self.queue, self.tag)
+
+
+def stream_ref(queue: str, tag: str) -> str:
+    """The short unique name of a queue's stream (EventStream.ref, the key of its offsets):
+    the queue's, or `{tag}name` for a fail queue."""
+    return queue if tag == queue else f"{{{tag}}}{queue}"
 
 
 class History:

@@ -35,7 +35,7 @@ from pyspark.sql.streaming.datasource import (
 from .. import defaults
 from ..client import Client
 from ..errors import InvalidInput, QueasyError
-from ..history import EventStream, History, StreamEnd
+from ..history import EventStream, History, StreamEnd, stream_ref
 from .eventrows import SCHEMA, to_batch
 from .offsets import (
     START,
@@ -145,7 +145,7 @@ class SourceConfig:
 
 def _refs(name: str, fail_queues: bool) -> tuple[str, ...]:
     """The offset names (EventStream.ref) of the streams of queue `name`."""
-    fail = f"{{{name}}}{name}{defaults.FAIL_QUEUE_SUFFIX}"
+    fail = stream_ref(name + defaults.FAIL_QUEUE_SUFFIX, name)
     return (name, fail) if fail_queues else (name,)
 
 
