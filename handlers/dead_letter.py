@@ -12,6 +12,7 @@ list of the queue its fail queue belongs to; a record naming another queue is re
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterable
@@ -46,23 +47,39 @@ def handle(data: list[Any], job: Job) -> None:
     # the queue comes from this fail job's own queue, never from the record (see _fail_record)
     original_data, original_job, error, name = fail_record(data, job)
     queue = current_client().queue(name)
-    entry = orjson.dumps(
-        {"data": original_data, "job": original_job, "error": error, "failed_at": time.time()}
-    )
+    letter = {"data": original_data, "job": original_job, "error": error, "failed_at": time.time()}
+    try:
+        entry = orjson.dumps(letter)
+    except orjson.JSONEncodeError:  # data nested deeper than orjson writes (see _deep)
+        entry = orjson.dumps({**letter, "data": _deep(original_data)})
     with queue.client.redis.pipeline(transaction=True) as pipe:
         pipe.lpush(queue.keys.dead_letters, entry)
         pipe.ltrim(queue.keys.dead_letters, 0, MAX_ENTRIES - 1)
         pipe.execute()
 
 
+def _deep(data: Any) -> orjson.Fragment:
+    """Job data nested deeper than orjson writes (a job written around the producer API: the
+    library takes 1000 levels) as the JSON text the standard library writes of it: the
+    letter is kept all the same (requeue() leaves it: no dispatch takes such data)."""
+    return orjson.Fragment(json.dumps(data, separators=(",", ":")))
+
+
 def read(queue: Queue, count: int = 100) -> list[dict[str, Any]]:
-    """The newest `count` dead letters of `queue` (`count` >= 1)."""
+    """The dead letters among the newest `count` entries of `queue`'s list (`count` >= 1),
+    newest first. An entry that is not a JSON object (written into the list by another
+    hand) is left out, as requeue() leaves it: it does not stop the reading of the others."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise InvalidInput(f"count must be an int >= 1, not {count!r}")
-    return [
-        orjson.loads(raw)
-        for raw in queue.client.redis.lrange(queue.keys.dead_letters, 0, count - 1)
-    ]
+    letters = []
+    for raw in queue.client.redis.lrange(queue.keys.dead_letters, 0, count - 1):
+        try:
+            entry = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(entry, dict):
+            letters.append(entry)
+    return letters
 
 
 def requeue(queue: Queue, ids: Iterable[str] | None = None) -> list[str]:

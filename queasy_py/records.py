@@ -13,6 +13,7 @@ import orjson
 from .errors import JobFailed, JobNotFound
 from .job import END_STATES, JobInfo
 from .store import fields
+from .validate import MAX_DEPTH
 
 #: the values of queasy_counts, in order
 COUNTS = (
@@ -30,12 +31,26 @@ COUNTS = (
 
 
 def _json(raw: Any) -> Any:
-    """A JSON field as a value; the text itself when it is not JSON (written around the
-    library: a record of hostile data must not stop a listing)."""
+    """A JSON field as a value; the text itself when it is not JSON, or nested deeper than
+    orjson writes (validate.MAX_DEPTH: the library takes up to 1000 levels, and every
+    reader that prints a JobInfo, `queasy inspect` and `--json`, writes it with orjson):
+    written around the library, a record of hostile data must not stop a listing."""
     try:
-        return orjson.loads(raw)
+        value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return fields.text(raw)
+    if isinstance(value, list | dict) and _brackets(raw) > MAX_DEPTH:  # (else it cannot be)
+        try:
+            orjson.dumps(value)
+        except orjson.JSONEncodeError:
+            return fields.text(raw)
+    return value
+
+
+def _brackets(raw: Any) -> int:
+    """How many [ and { the text holds: more than its nesting depth."""
+    text = raw.encode() if isinstance(raw, str) else bytes(raw)
+    return text.count(b"[") + text.count(b"{")
 
 
 def _seconds(raw: Any) -> float | None:

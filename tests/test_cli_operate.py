@@ -626,3 +626,24 @@ def test_unschedule_drops_a_schedule_removed_from_the_config(
     code, _, err = queasy("unschedule", "ticks")  # its occurrence runs: nothing dropped
     one_error_line(code, err, exitcodes.CONFIG, "the schedule of ticks is not dropped")
     assert list(client.schedules()) == ["ticks"]
+
+
+def test_inspect_and_jobs_show_data_nested_deeper_than_orjson_writes(
+    client: Client, queasy: Queasy
+) -> None:
+    """Job data written around the producer API, nested 300 levels deep (the library takes
+    1000; orjson writes 254): `queasy inspect` (text and --json) and `queasy jobs --json`
+    show it as its text (they exited 1 with a traceback, `TypeError: Recursion limit
+    reached`), as get_job() gives it, like data that is not JSON."""
+    deep = "[" * 300 + "]" * 300
+    q = client.queue("q")
+    q.dispatch({"n": 1}, id="deep")
+    client.redis.hset(q.keys.job("deep"), "data", deep)
+    job = q.get_job("deep")
+    assert job is not None and job.data == deep
+    code, out, err = queasy("inspect", "q", "deep")
+    assert code == exitcodes.OK, err
+    assert f"data           {json.dumps(deep)}" in out
+    assert queasy.json("inspect", "q", "deep")["data"] == deep
+    (listed,) = queasy.lines("jobs", "q", "--state", "waiting", "--data")
+    assert listed["data"] == deep

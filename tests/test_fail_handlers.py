@@ -5,6 +5,7 @@ touched."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -14,13 +15,14 @@ from pathlib import Path
 
 import pytest
 import redis
-from runtime_helpers import ACT, Runtime, queue_spec
+from runtime_helpers import ACT, Runtime, queue_spec, wait_for
 
 from queasy_py import Job, PermanentError
 from queasy_py.handlers import dead_letter
 from queasy_py.handlers._fail_record import fail_record
 from queasy_py.store.keys import QueueKeys
 
+DEAD_LETTER = "queasy_py.handlers.dead_letter"
 ERROR = {"name": "Boom", "message": "failed for good", "kind": "permanent"}
 
 
@@ -136,3 +138,38 @@ def test_dead_letters_read_refuses_a_count_that_is_not_positive(
         for count in (0, -1, True, 1.5):  # was: 0 and -1 read the whole list
             with pytest.raises(InvalidInput, match="count must be an int >= 1"):
                 dead_letter.read(q, count)  # type: ignore[arg-type]
+
+
+def test_dead_letters_read_leaves_out_an_entry_that_is_not_a_letter(
+    redis_url: str, prefix: str
+) -> None:
+    """An entry another hand wrote into the list (not JSON, or JSON but no object): read()
+    reads the letters around it, as requeue() leaves it (read() raised JSONDecodeError)."""
+    from queasy_py import Client
+
+    with Client(redis_url, workers=0, prefix=prefix) as client:
+        q = client.queue("q")
+        for raw in ('{"n": 0}', "not json", "[1, 2]", '{"n": 1}'):
+            client.redis.lpush(q.keys.dead_letters, raw)
+        assert [e["n"] for e in dead_letter.read(q)] == [1, 0]
+        assert [e["n"] for e in dead_letter.read(q, 2)] == [1]  # of the newest 2 entries
+
+
+#: job data nested deeper than orjson writes (it refuses 255 levels), which the library takes
+DEEP = b"[" * 300 + b"]" * 300
+
+
+def test_a_dead_letter_of_data_nested_deeper_than_orjson_writes_is_kept(rt: Runtime) -> None:
+    """A job whose data, written around the producer API, is nested 300 levels deep (the
+    library takes 1000) fails; its dead letter is written all the same (the fail handler
+    raised TypeError on encoding it, and after its retries the letter was lost), and
+    requeue() leaves it, as no dispatch takes such data."""
+    q = rt.queue("q")
+    q.dispatch({"n": 1}, id="deep")
+    rt.r.hset(q.keys.job("deep"), "data", DEEP)  # what any producer with the keys can do
+    rt.start({"q": queue_spec(ACT, fail_handler=DEAD_LETTER, max_retries=0)})
+    (letter,) = wait_for(lambda: dead_letter.read(q), what="the dead letter of job deep")
+    assert letter["job"]["id"] == "deep"
+    assert letter["data"] == json.loads(DEEP)
+    assert dead_letter.requeue(q) == []
+    assert len(dead_letter.read(q)) == 1  # it stays
