@@ -349,6 +349,11 @@ def test_mask_url_hides_every_form_of_password() -> None:
             "redis://h/0?db=0&client_secret=s;auth_token=t",
             "redis://h/0?db=0&client_secret=***;auth_token=***",
         ),
+        # redis-py decodes query keys: `pass%77ord` and `pass+word`'s kin are its password
+        ("redis://h/0?pass%77ord=pw&db=1", "redis://h/0?pass%77ord=***&db=1"),
+        ("redis://h/0?ssl%5Fpassword=pw", "redis://h/0?ssl%5Fpassword=***"),
+        # a `#` ends the query for redis-py, but what follows is the rest of the password
+        ("redis://h/0?password=p#w", "redis://h/0?password=***"),
     ],
 )
 def test_mask_url_hides_passwords_with_special_characters_and_secret_query_keys(
