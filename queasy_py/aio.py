@@ -193,6 +193,8 @@ class AsyncQueue(QueueBase):
             await self.client.ready()
             try:
                 await self.client.redis.sadd(RegistryKeys(self.client.prefix).queues, self.name)
+            except redis.exceptions.NoPermissionError as exc:
+                raise lua_error(exc) from None  # a key outside the user's ~PREFIX:*
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 self._unregistered(exc)  # a cluster's registry primary down (Queue._register)
                 return

@@ -105,6 +105,8 @@ class Queue(QueueBase, Operate):
         if self._wants_register():
             try:
                 self.client.redis.sadd(RegistryKeys(self.client.prefix).queues, self.name)
+            except redis.exceptions.NoPermissionError as exc:
+                raise lua_error(exc) from None  # a key outside the user's ~PREFIX:*
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 self._unregistered(exc)
                 return

@@ -14,6 +14,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -592,6 +593,62 @@ def test_another_local_user_cannot_reach_the_server(project: Project) -> None:
                     os._exit(code)
             _, status = os.waitpid(child, 0)
             assert os.waitstatus_to_exitcode(status) == 13, what
+    finally:
+        server.close()
+
+
+def as_nobody(action: Callable[[], None]) -> None:
+    """Run `action` in a child acting as user nobody (65534); fail if it raises."""
+    child = os.fork()
+    if child == 0:  # no exec, so no interpreter to find
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            action()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_data_dir_of_another_user_is_refused(project: Project) -> None:
+    """Another account that made the data directory first (in a shared, world-writable
+    place) owns it: it could read or swap the password, server.json and the socket. It was
+    used as it was, with the password that account wrote there."""
+    if os.geteuid() != 0:
+        pytest.skip("acting as another user (nobody) needs root")
+    with tempfile.TemporaryDirectory() as shared:  # like /tmp (pytest's tmp_path is 0700)
+        os.chmod(shared, 0o1777)
+        planted = Path(shared) / ".queasy"
+
+        def plant() -> None:
+            planted.mkdir(mode=0o700)
+            (planted / "password").write_text("known-to-the-attacker\n")
+
+        as_nobody(plant)
+        done = project.queasy("dispatch", "q", "1", "--data-dir", str(planted))
+        assert done.returncode == 2, done.stderr
+        assert f"{planted} belongs to another user (uid 65534" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+        assert sorted(p.name for p in planted.iterdir()) == ["password"]  # nothing made there
+
+
+def test_parents_made_under_an_umask_of_000_are_not_writable_by_others(project: Project) -> None:
+    """`umask 000` made the missing parents of a data dir 0777: another account could rename
+    the 0700 data dir away and put its own in its place."""
+    data_dir = project.dir / "deep" / "er" / ".queasy"
+    old = os.umask(0)
+    try:
+        server = join(data_dir)
+    finally:
+        os.umask(old)
+    try:
+        for parent in (project.dir / "deep", project.dir / "deep" / "er"):
+            assert stat.S_IMODE(parent.stat().st_mode) & 0o022 == 0, parent
+        assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
     finally:
         server.close()
 

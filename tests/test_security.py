@@ -349,6 +349,11 @@ def test_mask_url_hides_every_form_of_password() -> None:
             "redis://h/0?db=0&client_secret=s;auth_token=t",
             "redis://h/0?db=0&client_secret=***;auth_token=***",
         ),
+        # redis-py decodes query keys: `pass%77ord` and `pass+word`'s kin are its password
+        ("redis://h/0?pass%77ord=pw&db=1", "redis://h/0?pass%77ord=***&db=1"),
+        ("redis://h/0?ssl%5Fpassword=pw", "redis://h/0?ssl%5Fpassword=***"),
+        # a `#` ends the query for redis-py, but what follows is the rest of the password
+        ("redis://h/0?password=p#w", "redis://h/0?password=***"),
     ],
 )
 def test_mask_url_hides_passwords_with_special_characters_and_secret_query_keys(
@@ -480,3 +485,41 @@ def test_a_user_without_fcall_gets_a_clear_error(
         assert SECRET not in str(caught.value)
     finally:
         admin.acl_deluser("nofcall")
+
+
+@pytest.mark.parametrize(
+    "patterns, denied",
+    [
+        (f"~other:* resetchannels &{PREFIX}:*", "access a key"),  # keys of another prefix
+        (f"~{PREFIX}:* resetchannels &other:*", "access a channel"),  # SPUBLISH refused
+    ],
+    ids=["keys", "channels"],
+)
+def test_a_user_whose_acl_misses_the_prefix_gets_a_clear_error(
+    locked_server: EmbeddedServer, admin: redis.Redis, patterns: str, denied: str
+) -> None:
+    """A dispatch refused by the ACL (a key or a channel outside the user's patterns) was
+    redis-py's bare NoPermissionError ("No permissions to access a key") or a ResponseError
+    from inside the library, naming neither the ACL nor what to grant."""
+    line = acl_line("narrow", SECRET, PREFIX)
+    line = line.replace(f"~{PREFIX}:* resetchannels &{PREFIX}:*", patterns)
+    assert patterns in line
+    admin.execute_command(*line.split())
+    url = with_user(bare_url(locked_server), "narrow", SECRET)
+    try:
+        with Client(url, prefix=PREFIX) as client:
+            with pytest.raises(QueasyError, match="Redis user is not allowed") as caught:
+                client.queue("acl").dispatch({"n": 1})
+            assert denied in str(caught.value) and "~PREFIX:*" in str(caught.value)
+            assert SECRET not in str(caught.value)
+            with pytest.raises(QueasyError, match="Redis user is not allowed"):
+                client.queue("acl").dispatch_many([{"data": {"n": 2}}])
+
+        async def dispatch_async() -> None:
+            async with AsyncClient(url, prefix=PREFIX) as aclient:
+                await aclient.queue("acl").dispatch({"n": 1})
+
+        with pytest.raises(QueasyError, match="Redis user is not allowed"):
+            asyncio.run(dispatch_async())
+    finally:
+        admin.acl_deluser("narrow")

@@ -8,7 +8,7 @@ import re
 import time
 import uuid
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 from .. import defaults
 from ..errors import AuthenticationFailed, ConfigError, ConnectionFailed, QueasyError
@@ -27,8 +27,10 @@ CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 _HOST_AFTER_AT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]*)(:[^/?#@]*)?(?=$|[/?#])")
 #: connection arguments that hold secrets (password, ssl_password, ...)
 _SECRET_KEY = re.compile(r"password|secret|token", re.IGNORECASE)
-#: query arguments that hold secrets (redis-py: password=, ssl_password=, ...)
-_SECRET_QUERY = re.compile(r"([?&;][^=&;#]*(?:password|secret|token)=)[^&;#]*", re.IGNORECASE)
+#: query keys that hold secrets (redis-py: password=, ssl_password=, ...)
+_SECRET_QUERY_KEY = re.compile(r"(?:password|secret|token)$", re.IGNORECASE)
+#: a query argument: its key and its value (to the next `&` or `;`, a `#` in it included)
+_QUERY_ARG = re.compile(r"([?&;])([^=&;#]*)=([^&;]*)")
 
 
 def _credentials(url: str, in_query: bool = True) -> tuple[int, int] | None:
@@ -65,7 +67,17 @@ def mask_url(url: str) -> str:
         user, colon, _ = url[start:at].partition(":")
         shown = f"{user}:***" if colon and not any(c in user for c in "/?#") else "***"
         url = url[:start] + shown + url[at:]
-    return _SECRET_QUERY.sub(r"\1***", url)
+    return _QUERY_ARG.sub(_mask_query_arg, url)
+
+
+def _mask_query_arg(arg: re.Match[str]) -> str:
+    """A query argument with `***` for its value when its key, as redis-py reads it
+    (percent- and plus-decoded: `pass%77ord` is `password`), ends in password, secret or
+    token."""
+    sep, key, _ = arg.groups()
+    if not _SECRET_QUERY_KEY.search(unquote_plus(key)):
+        return arg.group(0)
+    return f"{sep}{key}=***"
 
 
 def is_cluster_url(url: str) -> bool:

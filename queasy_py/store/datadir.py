@@ -15,7 +15,8 @@ import tempfile
 import time
 from typing import Any
 
-from ..errors import QueasyError
+from ..defaults import DATA_DIR_ENV
+from ..errors import ConfigError, QueasyError
 
 #: the longest unix socket path used as is (the kernel's limit is 107 bytes)
 _MAX_SOCKET_PATH = 100
@@ -106,9 +107,29 @@ def ignore_file(data_dir: pathlib.Path) -> None:
 
 
 def private_dir(path: pathlib.Path) -> None:
-    """Create `path` (and parents) if missing; make it 0700: it holds job data and passwords."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if path.stat().st_mode & 0o077:
+    """Create `path` (and parents) if missing; make it 0700: it holds job data and passwords.
+
+    Parents it makes are 0755 at most, whatever the umask (`umask 000` made them 0777: any
+    local account could then swap `path` for a directory of its own). A `path` (or the target
+    of a link there) of another user is a ConfigError: its owner could read or replace the
+    password, `server.json` and the socket (root using a directory another account made)."""
+    missing = []
+    parent = path.parent
+    while not os.path.lexists(parent):
+        missing.append(parent)
+        parent = parent.parent
+    for made in reversed(missing):
+        made.mkdir(mode=0o755, exist_ok=True)
+    path.mkdir(exist_ok=True, mode=0o700)
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise ConfigError(
+            f"{path} belongs to another user (uid {info.st_uid}, this process runs as uid "
+            f"{os.getuid()}): it would hold this user's server password, socket and job data "
+            f"where that user can read or replace them; use a directory of this user "
+            f"(--data-dir, ${DATA_DIR_ENV})"
+        )
+    if info.st_mode & 0o077:
         path.chmod(0o700)
 
 

@@ -269,7 +269,24 @@ def lua_error(exc: redis.ResponseError) -> Exception:
     text = str(exc)
     if text.startswith("INVALID "):
         return InvalidInput(f"the queasy library refused the call: {text[8:]}")
-    return exc
+    return acl_denied(exc) or exc
+
+
+def acl_denied(exc: Exception) -> QueasyError | None:
+    """The clear error for a command or a library call that the Redis user's ACL refused (a
+    key outside its `~PREFIX:*`, a channel outside its `&PREFIX:*`, a command not granted;
+    redis-py's NoPermissionError, or 'ACL failure in script' from inside a function), else
+    None."""
+    text = str(exc)
+    if not isinstance(exc, redis.exceptions.NoPermissionError) and (
+        "no permissions" not in text.lower()
+    ):
+        return None
+    return QueasyError(
+        f"the Redis user is not allowed this ({text}); grant it the ACL line of the README's "
+        "Security section: the keys ~PREFIX:* and channels &PREFIX:* of the client's prefix, "
+        "and the commands listed there"
+    )
 
 
 def fcall(r: Any, name: str, keys: list[str], args: list[Any]) -> Any:
