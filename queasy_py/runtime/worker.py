@@ -6,7 +6,10 @@ Protocol (each message one orjson document in a frame of queasy_py/frames.py):
                           data_length], ...]; trace: a W3C traceparent or ''
                         then each job's data as stored)
                         "stop"                              exit (sent when no job is left)
+                        "ping"                              answered "pong" (a worker with a
+                                                            timed-out job: is it stuck?)
   worker -> supervisor: "ready" | ["import-error", message]              once, at start
+                        "pong"                                           to each "ping"
                         [[seq, started_ms, error_or_null], ...]          results
                         ([seq, started_ms, null, value_json] for a queue storing results)
   error = {"name", "message", "kind": "permanent"|"retriable", "retry_at": secs|null,
@@ -132,6 +135,14 @@ class Runner:
         finally:
             self.send_lock.release()
 
+    def pong(self) -> None:
+        """Answer a ping (the reader got the GIL, so the worker's other jobs can run)."""
+        with self.send_lock:
+            try:
+                self.pipe.send_frame(b'"pong"')
+            except (OSError, ValueError):
+                exit_with_everything()  # the supervisor is gone
+
     def _flush_soon(self) -> None:
         """On the event loop: one flush for the async results of this loop iteration."""
         if not self.flush_pending:
@@ -219,6 +230,9 @@ class Runner:
                     exit_with_everything()
                 if frame == b'"stop"':  # sent only to a worker with no jobs left
                     os._exit(0)
+                if frame == b'"ping"':  # it still reads: its jobs can go on
+                    self.pong()
+                    continue
                 with self.lock:
                     turn = self.reader
                     self.running = True
