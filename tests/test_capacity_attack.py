@@ -12,7 +12,14 @@ from typing import Any
 import psutil
 import pytest
 import redis
-from runtime_helpers import Runtime, max_units_in_flight, queue_spec, runtime, wait_for
+from runtime_helpers import (
+    ACT_ASYNC,
+    Runtime,
+    max_units_in_flight,
+    queue_spec,
+    runtime,
+    wait_for,
+)
 
 from queasy_py import Client, InvalidInput, defaults
 from queasy_py.store.keys import QueueKeys
@@ -197,3 +204,28 @@ def test_a_job_stuck_holding_the_gil_is_killed_beside_a_job_of_a_longer_timeout(
     assert end["pid"] != start["pid"] and end["id"] == ok
     assert end["timeout_count"] == end["stall_count"] == end["retry_count"] == 0
     assert "handed back to waiting, not counted" in sup.log()
+
+
+def test_an_async_job_blocking_the_event_loop_past_its_timeout_is_killed_beside_others(
+    rt: Runtime,
+) -> None:
+    """An async job past its 1 s timeout that never yields (a CPU loop in a coroutine)
+    blocks its worker's event loop: an async job of a longer timeout beside it could not
+    run, and the worker was killed only at that job's timeout (8 s), counting a timeout
+    against it. The ping is answered on the event loop, so the worker is killed at once."""
+    sup = rt.start(
+        {
+            "hog": queue_spec(ACT_ASYNC, timeout=1.0, min_backoff=0.0),
+            "ok": queue_spec(ACT_ASYNC, timeout=8.0),
+        },
+        workers=1,
+    )
+    rt.queue("hog").dispatch({"tag": "stuck", "spin": True, "times": 1})
+    (start,) = rt.wait_records(1, "start", tag="stuck", timeout=30)
+    ok = rt.queue("ok").dispatch({"tag": "ok", "sleep": 0.2})  # on the stuck worker's loop
+    wait_for(lambda: not psutil.pid_exists(start["pid"]), timeout=40, what="the stuck worker")
+    killed_after = time.time() - start["t"]
+    assert killed_after <= 1.0 + defaults.WORKER_PING_TIMEOUT + 3.0, (killed_after, sup.log())
+    (end,) = rt.wait_records(1, "end", tag="ok", timeout=20)
+    assert end["pid"] != start["pid"] and end["id"] == ok
+    assert end["timeout_count"] == end["stall_count"] == end["retry_count"] == 0

@@ -90,9 +90,11 @@ class Health:
 
     def _check_stuck(self: Workers, proc: WorkerProc, now: float) -> None:
         """An unhealthy worker still running jobs that did not time out is pinged (again
-        WORKER_PING_TIMEOUT after each answer). One that does not answer in time cannot run
-        them either (a timed-out job holds its GIL in C code): it is killed, at once rather
-        than when they reach their own timeouts, and they are handed back, not counted."""
+        WORKER_PING_TIMEOUT after each answer), answered on its event loop when it has one.
+        One that does not answer in time cannot run them either (a timed-out job holds its
+        GIL in C code, or its event loop in a coroutine that never yields): it is killed, at
+        once rather than when they reach their own timeouts, and they are handed back, not
+        counted."""
         wait = defaults.WORKER_PING_TIMEOUT
         if proc.ping_sent and now - proc.ping_sent >= wait:
             log.warning(

@@ -6,7 +6,8 @@ Protocol (each message one orjson document in a frame of queasy_py/frames.py):
                           data_length], ...]; trace: a W3C traceparent or ''
                         then each job's data as stored)
                         "stop"                              exit (sent when no job is left)
-                        "ping"                              answered "pong" (a worker with a
+                        "ping"                              answered "pong" from the event
+                                                            loop if any (a worker with a
                                                             timed-out job: is it stuck?)
   worker -> supervisor: "ready" | ["import-error", message]              once, at start
                         "pong"                                           to each "ping"
@@ -136,7 +137,8 @@ class Runner:
             self.send_lock.release()
 
     def pong(self) -> None:
-        """Answer a ping (the reader got the GIL, so the worker's other jobs can run)."""
+        """Answer a ping: the reader got the GIL and the event loop (if any) its turn, so
+        the worker's other jobs can go on (on the event loop when it has one)."""
         with self.send_lock:
             try:
                 self.pipe.send_frame(b'"pong"')
@@ -230,8 +232,12 @@ class Runner:
                     exit_with_everything()
                 if frame == b'"stop"':  # sent only to a worker with no jobs left
                     os._exit(0)
-                if frame == b'"ping"':  # it still reads: its jobs can go on
-                    self.pong()
+                if frame == b'"ping"':  # answered once the reader and the event loop run
+                    loop = self.loop
+                    if loop is None:
+                        self.pong()
+                    else:  # a coroutine that never yields stops every async job
+                        loop.call_soon_threadsafe(self.pong)
                     continue
                 with self.lock:
                     turn = self.reader
