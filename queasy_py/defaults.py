@@ -78,6 +78,10 @@ WORKER_UNITS = 100
 LOOP_REDIS_TIMEOUT = 2.0
 #: seconds a new worker has to import its handlers and say "ready" before it is killed
 WORKER_START_TIMEOUT = 60.0
+#: seconds a worker that a timeout made unhealthy, still running jobs that did not time out,
+#: has to answer a ping: one that does not (a timed-out job holds its GIL in C code, so none
+#: of its jobs can go on) is killed, those jobs handed back, not counted
+WORKER_PING_TIMEOUT = 2.0
 #: seconds after its run_at during which an id dispatched by the Spark sink (or
 #: Queue.dispatch_batch(dedup_window=...)) is not dispatched again: a retried task or a re-run
 #: of the whole write does not run it a second time

@@ -9,11 +9,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import redis
-from runtime_helpers import Runtime, max_units_in_flight, queue_spec, runtime, wait_for
+from runtime_helpers import (
+    ACT_ASYNC,
+    Runtime,
+    max_units_in_flight,
+    queue_spec,
+    runtime,
+    wait_for,
+)
 
-from queasy_py import Client, InvalidInput
+from queasy_py import Client, InvalidInput, defaults
 from queasy_py.store.keys import QueueKeys
 
 
@@ -168,3 +176,56 @@ def test_pushed_jobs_of_several_queues_never_overcommit_a_worker(rt: Runtime) ->
     for name in sizes:
         runs = runs_of(rt, name)
         assert runs and set(runs.values()) == {1}
+
+
+def test_a_job_stuck_holding_the_gil_is_killed_beside_a_job_of_a_longer_timeout(
+    rt: Runtime,
+) -> None:
+    """A job past its 1 s timeout that holds its worker's GIL (C code) beside a job of a
+    60 s timeout: the worker was killed only once that job ended or timed out, so the stuck
+    one ran on (here until its regex ended, 18 s) and the other, which could not run at all,
+    waited with it (a longer C call: counted as a timeout). A worker that no longer answers
+    a ping is killed at once; the job beside it is handed back, not counted."""
+    gil = "tests.runtime_handlers.gil"
+    sup = rt.start(
+        {
+            "hog": queue_spec(gil, timeout=1.0, min_backoff=0.0),
+            "ok": queue_spec(gil, timeout=60.0),
+        },
+        workers=1,
+    )
+    rt.queue("hog").dispatch({"tag": "stuck", "gil": 15.0})
+    (start,) = rt.wait_records(1, "start", tag="stuck", timeout=30)
+    ok = rt.queue("ok").dispatch({"tag": "ok"})  # sent to the stuck worker, never read
+    wait_for(lambda: not psutil.pid_exists(start["pid"]), timeout=40, what="the stuck worker")
+    killed_after = time.time() - start["t"]
+    assert killed_after <= 1.0 + defaults.WORKER_PING_TIMEOUT + 3.0, (killed_after, sup.log())
+    (end,) = rt.wait_records(1, "end", tag="ok", timeout=20)
+    assert end["pid"] != start["pid"] and end["id"] == ok
+    assert end["timeout_count"] == end["stall_count"] == end["retry_count"] == 0
+    assert "handed back to waiting, not counted" in sup.log()
+
+
+def test_an_async_job_blocking_the_event_loop_past_its_timeout_is_killed_beside_others(
+    rt: Runtime,
+) -> None:
+    """An async job past its 1 s timeout that never yields (a CPU loop in a coroutine)
+    blocks its worker's event loop: an async job of a longer timeout beside it could not
+    run, and the worker was killed only at that job's timeout (8 s), counting a timeout
+    against it. The ping is answered on the event loop, so the worker is killed at once."""
+    sup = rt.start(
+        {
+            "hog": queue_spec(ACT_ASYNC, timeout=1.0, min_backoff=0.0),
+            "ok": queue_spec(ACT_ASYNC, timeout=8.0),
+        },
+        workers=1,
+    )
+    rt.queue("hog").dispatch({"tag": "stuck", "spin": True, "times": 1})
+    (start,) = rt.wait_records(1, "start", tag="stuck", timeout=30)
+    ok = rt.queue("ok").dispatch({"tag": "ok", "sleep": 0.2})  # on the stuck worker's loop
+    wait_for(lambda: not psutil.pid_exists(start["pid"]), timeout=40, what="the stuck worker")
+    killed_after = time.time() - start["t"]
+    assert killed_after <= 1.0 + defaults.WORKER_PING_TIMEOUT + 3.0, (killed_after, sup.log())
+    (end,) = rt.wait_records(1, "end", tag="ok", timeout=20)
+    assert end["pid"] != start["pid"] and end["id"] == ok
+    assert end["timeout_count"] == end["stall_count"] == end["retry_count"] == 0

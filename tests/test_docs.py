@@ -71,6 +71,7 @@ def test_readme_tables_quote_the_defaults(marker: str, source: dict) -> None:
         "DASHBOARD_REFRESH",
         "RESULT_RECHECK",
         "REGISTRY_RETRY",
+        "WORKER_PING_TIMEOUT",
     ],
 )
 def test_readme_quotes_the_constants(name: str) -> None:

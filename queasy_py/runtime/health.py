@@ -78,11 +78,44 @@ class Health:
                         self.replaced["timeout"] += 1
                         self.ensure()
             proc.next_timeout = next_timeout
-            if not proc.healthy and all(j.timed_out for j in proc.jobs.values()):
+            if proc.healthy:
+                continue
+            if all(j.timed_out for j in proc.jobs.values()):
                 log.warning("killing worker %d (only timed-out jobs left)", proc.pid)
                 self.kill(proc)
                 self.requeue_held(proc, "timeout", "TimeoutError")
                 self.ensure()
+            else:
+                self._check_stuck(proc, now)
+
+    def _check_stuck(self: Workers, proc: WorkerProc, now: float) -> None:
+        """An unhealthy worker still running jobs that did not time out is pinged (again
+        WORKER_PING_TIMEOUT after each answer), answered on its event loop when it has one.
+        One that does not answer in time cannot run them either (a timed-out job holds its
+        GIL in C code, or its event loop in a coroutine that never yields): it is killed, at
+        once rather than when they reach their own timeouts, and they are handed back, not
+        counted."""
+        wait = defaults.WORKER_PING_TIMEOUT
+        if proc.ping_sent and now - proc.ping_sent >= wait:
+            log.warning(
+                "killing worker %d: it did not answer a ping for %.3gs after a timeout "
+                "(a timed-out job holds it); its other jobs are handed back",
+                proc.pid,
+                wait,
+            )
+            self.kill(proc)
+            why = f"worker {proc.pid} was stuck in a timed-out job beside it"
+            self.requeue_held(proc, "release", "WorkerStuck", why)
+            self.ensure()
+            return
+        if not proc.ping_sent and now >= proc.next_ping:
+            proc.ping_sent = now
+            try:
+                proc.pipe.send_frame(b'"ping"')
+            except OSError:
+                pass  # it died: its exit sentinel requeues what it held
+        due = proc.ping_sent + wait if proc.ping_sent else proc.next_ping
+        proc.next_timeout = min(proc.next_timeout, due)
 
     def check_memory(self: Workers, now: float) -> None:
         if not self.max_worker_memory or now < self.next_memory_check:

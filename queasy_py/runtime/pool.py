@@ -81,6 +81,9 @@ class WorkerProc:
     retiring: bool = False  # recycled: no new jobs, stopped once drained
     stop_sent: bool = False  # told to exit (it had drained)
     done: int = 0
+    #: monotonic: when the unanswered ping was sent (0: none); when the next one goes
+    ping_sent: float = 0.0
+    next_ping: float = 0.0
     #: monotonic: no job of it passes its timeout before (a lower bound: lowered as jobs are
     #: sent, made exact by Workers.check_timeouts once reached)
     next_timeout: float = float("inf")

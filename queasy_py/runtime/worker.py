@@ -6,7 +6,11 @@ Protocol (each message one orjson document in a frame of queasy_py/frames.py):
                           data_length], ...]; trace: a W3C traceparent or ''
                         then each job's data as stored)
                         "stop"                              exit (sent when no job is left)
+                        "ping"                              answered "pong" from the event
+                                                            loop if any (a worker with a
+                                                            timed-out job: is it stuck?)
   worker -> supervisor: "ready" | ["import-error", message]              once, at start
+                        "pong"                                           to each "ping"
                         [[seq, started_ms, error_or_null], ...]          results
                         ([seq, started_ms, null, value_json] for a queue storing results)
   error = {"name", "message", "kind": "permanent"|"retriable", "retry_at": secs|null,
@@ -132,6 +136,15 @@ class Runner:
         finally:
             self.send_lock.release()
 
+    def pong(self) -> None:
+        """Answer a ping: the reader got the GIL and the event loop (if any) its turn, so
+        the worker's other jobs can go on (on the event loop when it has one)."""
+        with self.send_lock:
+            try:
+                self.pipe.send_frame(b'"pong"')
+            except (OSError, ValueError):
+                exit_with_everything()  # the supervisor is gone
+
     def _flush_soon(self) -> None:
         """On the event loop: one flush for the async results of this loop iteration."""
         if not self.flush_pending:
@@ -219,6 +232,13 @@ class Runner:
                     exit_with_everything()
                 if frame == b'"stop"':  # sent only to a worker with no jobs left
                     os._exit(0)
+                if frame == b'"ping"':  # answered once the reader and the event loop run
+                    loop = self.loop
+                    if loop is None:
+                        self.pong()
+                    else:  # a coroutine that never yields stops every async job
+                        loop.call_soon_threadsafe(self.pong)
+                    continue
                 with self.lock:
                     turn = self.reader
                     self.running = True

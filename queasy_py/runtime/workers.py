@@ -210,6 +210,11 @@ class Workers(Health):
             self.start_failures = 0
             self.ensure()  # the next held back by start_at_once
             return
+        if message == "pong":  # unhealthy but not stuck: its other jobs go on (health.py)
+            proc.ping_sent = 0.0
+            proc.next_ping = time.monotonic() + defaults.WORKER_PING_TIMEOUT
+            proc.next_timeout = min(proc.next_timeout, proc.next_ping)
+            return
         if isinstance(message, list) and message and message[0] == "import-error":
             text = str(message[1]) if len(message) > 1 else "?"
             if text != self.import_error:  # once, not once per worker start
