@@ -35,10 +35,11 @@ from urllib.parse import quote
 from ..defaults import DATA_DIR_ENV
 from ..errors import ConfigError, QueasyError
 from .datadir import open_log, private_dir, stored_password
+from .resp import LOADING_PROBE_TIMEOUT
 from .resp import command as _command
 from .resp import info_server as _info_server
-from .resp import loading as _loading
 from .resp import ping as _ping
+from .resp import ping_answer as _ping_answer
 
 __all__ = ["EmbeddedServer", "find_server_binary", "free_port", "state_dir"]
 
@@ -290,6 +291,7 @@ class EmbeddedServer:
             pass  # it exited at once: reported below with its log
         deadline = time.monotonic() + self._start_timeout
         loading_logged = False
+        late_answers = 0  # PONGs of the last look (ours, or another server's: bounded)
         while True:
             if proc.poll() is not None:
                 self._proc = self.pid = None
@@ -309,14 +311,20 @@ class EmbeddedServer:
                     self.version = info.get("valkey_version") or info.get("redis_version", "")
                     return False
             remaining = deadline - time.monotonic()
-            if remaining <= 0 and _loading(self.address, self.password):
-                # its data takes longer to load than start_timeout (a large append-only
-                # file): it answers, and ends its load or exits, both seen here
-                if not loading_logged:
-                    log.info("valkey-server is loading its data on %s: waiting", self._where)
-                    loading_logged = True
-                deadline = time.monotonic() + 1.0
-                remaining = 1.0
+            if remaining <= 0 and late_answers < 3:
+                # a last look, as long as a loading server takes to answer: LOADING (its data
+                # takes longer to load than start_timeout, a large append-only file: it ends
+                # its load or exits, both seen here), or PONG (it ended its load while this
+                # look waited: the next look makes sure it is ours)
+                answer = _ping_answer(self.address, self.password, LOADING_PROBE_TIMEOUT)
+                if answer == "PONG":
+                    late_answers += 1
+                if answer is not None and (answer == "PONG" or answer.startswith("LOADING")):
+                    if not loading_logged and answer != "PONG":
+                        log.info("valkey-server is loading its data on %s: waiting", self._where)
+                        loading_logged = True
+                    deadline = time.monotonic() + 1.0
+                    remaining = 1.0
             if remaining <= 0:
                 self._kill(proc, 0.0)
                 self._proc = self.pid = None

@@ -72,22 +72,23 @@ def ping(address: int | str, password: str | None = None) -> bool:
         return False
 
 
-def ping_answer(address: int | str, password: str | None = None) -> str | None:
+def ping_answer(
+    address: int | str, password: str | None = None, timeout: float = 0.5
+) -> str | None:
     """What the server answers PING with: "PONG", or an error ("MISCONF Errors writing to the
     AOF file: ..." on a full disk, "LOADING ..."); None when it does not answer."""
     try:
-        return command(address, "PING", password=password, timeout=0.5)[1].decode(errors="replace")
+        answer = command(address, "PING", password=password, timeout=timeout)[1]
+        return answer.decode(errors="replace")
     except (OSError, ValueError):
         return None
 
 
-def loading(address: int | str, password: str | None = None) -> bool:
-    """Whether the server answers but is still loading its data (PING: -LOADING)."""
-    try:
-        kind, body = command(address, "PING", password=password, timeout=0.5)
-    except (OSError, ValueError):
-        return False
-    return kind == b"-" and body.startswith(b"LOADING")
+#: seconds a loading server has to answer: it reads its sockets only between batches of the
+#: data it loads (valkey: every 1024 commands of an append-only file), and the answer takes
+#: three of them (connect, AUTH, PING); on a loaded machine 0.5 s was not always enough, and
+#: a server loading its data was killed for it
+LOADING_PROBE_TIMEOUT = 2.0
 
 
 def info_server(address: int | str, password: str | None = None) -> dict[str, str]:
