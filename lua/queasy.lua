@@ -362,6 +362,65 @@ local function read_job(key)
   }
 end
 
+-- ---------------------------------------------------------------- records (5.0 layout)
+--[[ A living job's record (waiting, delayed or active: never renamed) is one field of the
+hash B:rec: id -> "<run_at> <enqueued_at> <retry_count> <stall_count> <timeout_count>
+<attempts>\t<trace>\t<data>". The six numbers are integer strings as the library writes
+them (enqueued_at '-' when unknown: a record upgraded from a 4.x one without it); attempts
+counts the leases before the current one (an active job's lease is not in it, as 4.x);
+trace is '' or a traceparent (trace_like: no tab); data is last and may hold anything.
+The numbers come first, in the order of a lease line of 4.1.0 (lease_line), so a lease is
+"<token> " .. the first five .. " <attempts + 1> <leased_at>". ]]
+
+-- The record string of the given parts (numbers as integer strings; trace '' for none).
+local function rec_pack(run_at_s, enqueued_s, retry_s, stall_s, timeout_s, attempts_s, trace,
+    data)
+  return run_at_s .. ' ' .. enqueued_s .. ' ' .. retry_s .. ' ' .. stall_s .. ' ' .. timeout_s
+    .. ' ' .. attempts_s .. '\t' .. trace .. '\t' .. data
+end
+
+-- A record string's three parts: its numbers ("<run_at> ... <attempts>"), its trace and its
+-- data; nil for a value that is not a record (written around the library).
+local function rec_parts(v)
+  if not v then
+    return nil
+  end
+  local t1 = find(v, '\t', 1, true)
+  local t2 = t1 and find(v, '\t', t1 + 1, true)
+  if not t2 then
+    return nil
+  end
+  return string.sub(v, 1, t1 - 1), string.sub(v, t1 + 1, t2 - 1), string.sub(v, t2 + 1)
+end
+
+-- A record string as a job table, as 4.x's read_job gave it: {id, data, run_at,
+-- retry_count, stall_count, timeout_count (numbers), attempts (an integer string), trace,
+-- enqueued_at (digits, or false when unknown)}; nil for a value that is not a record. A
+-- number garbled around the library reads as 0 (field_int), as 4.x read its fields.
+local function rec_job(id, v)
+  local nums, trace, data = rec_parts(v)
+  if nums == nil then
+    return nil
+  end
+  local r, e, rc, sc, tc, a = string.match(nums, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
+  if r == nil then
+    r, e, rc, sc, tc, a = '0', '-', '0', '0', '0', '0'
+  end
+  return {
+    id = id, data = data, run_at = field_int(r, MAX_MS), retry_count = field_int(rc, MAX_MS),
+    stall_count = field_int(sc, MAX_MS), timeout_count = field_int(tc, MAX_MS),
+    attempts = int(field_int(a, MAX_MS)), trace = trace,
+    enqueued_at = (#e <= 15 and find(e, '^%d+$')) and e or false,
+  }
+end
+
+-- The record string of a job table (rec_job's shape; enqueued_at false/nil: '-').
+local function rec_of(job)
+  return rec_pack(int(job.run_at), job.enqueued_at or '-', int(job.retry_count),
+    int(job.stall_count), int(job.timeout_count), job.attempts or '0', job.trace or '',
+    job.data or '')
+end
+
 -- Whether the string `v` is 1-15 decimal digits (a number as the library writes it). The
 -- strings found so are kept (the library's state lives as long as it is loaded; emptied at
 -- 1,024, a few dozen kilobytes): a value met again (a batch's run_at and enqueued_at, a
