@@ -127,7 +127,7 @@ than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond
 call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '4.4.0'
+local VERSION = '5.0.0'
 -- the functions called per job, as locals (a global is two table lookups per use); the
 -- globals exist only while a function runs: `entry` (registration) sets them
 local call, format, find = nil, nil, nil
@@ -966,16 +966,273 @@ local function check_error(args, i, n)
   text(args[i + 2], 'traceback', n)
 end
 
--- The migration guard's read (see `guard`) joined to the first read of a function: EXISTS
--- of `key` and the guard's two keys of B (never written, so the count is `key`'s), or nil
--- while B's slot moves: the function refuses with moving(B), nothing read or written (it
--- is registered with entry(fn, true): no read of the guard before it).
-local function guarded_exists(B, key)
-  local read, found = pcall(call, 'EXISTS', key, B .. ':guard:1', B .. ':guard:2')
-  if read then
-    return found
+-- ---------------------------------------------------------------- upgrade of 4.x data (5.0)
+--[[ A queue's keys written by library 4.x (B:job:<id>, B:active:<id>, the set B:blocked,
+the error fields of a record, leases of 3.x/4.0.0) are converted into the 5.0 layout by the
+first write calls on B after this library is loaded (entry: layout_of), UPGRADE_BUDGET
+records per call, in order: the records of B:waiting (from the rank kept in B:upgrade's
+field `waiting`), the set B:blocked (read whole: it becomes the hash), then the active
+records of the leases of each client of B:expiry (B:upgrade's `client`: the clients done).
+Every write call is refused (TRYAGAIN, nothing else done) until the last record is
+converted: then B:layout is set to '5' and B:upgrade goes. Converting is idempotent: a 4.x
+key converted is deleted in the same call, and one already gone is skipped. ]]
+
+local UPGRADE_BUDGET = 500 -- 4.x records converted per call
+
+-- The hash `key` as a table field -> value, or nil when it does not exist.
+local function hash_of(key)
+  local flat = call('HGETALL', key)
+  if #flat == 0 then
+    return nil
   end
-  return nil
+  local t = {}
+  for i = 1, #flat, 2 do
+    t[flat[i]] = flat[i + 1]
+  end
+  return t
+end
+
+-- The 5.0 parts of a 4.x record `f` (hash_of): its record string, its last error as B:err
+-- holds it (or nil), and the numbers a lease of 4.1.0 repeats: "<run_at> <enqueued_at>
+-- <retry_count> <stall_count> <timeout_count>" (nil when it has no enqueued_at: its lease
+-- stays "<token> <leased_at>") and its attempts before the current lease. `legacy`: an
+-- active record of 3.x, whose attempts count its lease. A number garbled around the library
+-- reads as 0 (as 4.x read it); a trace with a tab (not one: written around it) is dropped.
+local function upgraded(f, legacy)
+  local attempts = field_int(f.attempts, MAX_MS)
+  if legacy and attempts > 0 then
+    attempts = attempts - 1
+  end
+  local trace = f.trace or ''
+  if find(trace, '\t', 1, true) then
+    trace = ''
+  end
+  local enqueued = digits(f.enqueued_at)
+  local run_at, retry = passed(f.run_at), passed(f.retry_count)
+  local stall, timeout = passed(f.stall_count), passed(f.timeout_count)
+  local v = rec_pack(run_at, enqueued == '' and '-' or enqueued, retry, stall, timeout,
+    int(attempts), trace, f.data or '')
+  local err = nil
+  if f.error_name or f.error_kind or f.error_message or f.traceback or f.error_at then
+    err = cjson.encode({name = f.error_name or '', kind = f.error_kind or '',
+      message = f.error_message or '', traceback = f.traceback or '',
+      at = int(field_int(f.error_at, MAX_MS))})
+  end
+  local numbers_ = nil
+  if enqueued ~= '' then
+    numbers_ = run_at .. ' ' .. enqueued .. ' ' .. retry .. ' ' .. stall .. ' ' .. timeout
+  end
+  return v, err, numbers_, attempts
+end
+
+-- A 4.x bound of a blocked job's run_at update ('' or missing: none) as 5.0 writes it.
+local function bound(v)
+  local n = tonumber(v)
+  if n == nil or n ~= n or n < 0 or n > MAX_MS then
+    return '-'
+  end
+  return int(math.floor(n))
+end
+
+-- The value of B:blocked (5.0) for the blocked 4.x record `f` with record string `v`: its
+-- update fields composed as 4.4.0 applies them (a plain mode of 1.1, 'if_later' or
+-- 'if_earlier', is a clamp at the record's run_at; 'keep' or none, a clamp without bounds).
+local function blocked_value(f, v)
+  local mode, lo, hi = f.u_run_at, '-', '-'
+  if mode == 'replace' then
+    mode = 'replace'
+  elseif mode == 'if_later' then
+    mode, lo = 'clamp', passed(f.run_at)
+  elseif mode == 'if_earlier' then
+    mode, hi = 'clamp', passed(f.run_at)
+  elseif mode == 'clamp' then
+    lo, hi = bound(f.u_lo), bound(f.u_hi)
+  else
+    mode = 'clamp'
+  end
+  return (f.u_data == '1' and '1' or '0') .. ' ' .. (f.u_reset == '1' and '1' or '0') .. ' '
+    .. mode .. ' ' .. lo .. ' ' .. hi .. '\t' .. v
+end
+
+-- Convert the 4.x records of the ids of B:waiting from rank `from`, at most `budget` ids:
+-- returns how many were converted and the rank reached.
+local function upgrade_waiting(B, from, budget)
+  local ids = call('ZRANGE', B .. ':waiting', from, from + budget - 1)
+  local n, gone = 0, {}
+  for _, id in ipairs(ids) do
+    local jkey = B .. ':job:' .. id
+    local f = hash_of(jkey)
+    if f ~= nil then
+      local v, err = upgraded(f, false)
+      if call('HSETNX', B .. ':rec', id, v) == 1 and err ~= nil then
+        call('HSET', B .. ':err', id, err)
+      end
+      gone[#gone + 1] = jkey
+      n = n + 1
+    end
+  end
+  if #gone > 0 then
+    call('DEL', unpack(gone))
+  end
+  return n, from + #ids
+end
+
+-- Convert the set B:blocked of 4.x (its records in B:job:<id>) into the hash of 5.0, whole.
+-- Returns how many records were converted (0 when B:blocked is not a set).
+local function upgrade_blocked(B)
+  local bkey = B .. ':blocked'
+  if call('TYPE', bkey)['ok'] ~= 'set' then
+    return 0
+  end
+  local values, gone = {}, {}
+  for _, id in ipairs(call('SMEMBERS', bkey)) do
+    local jkey = B .. ':job:' .. id
+    local f = hash_of(jkey)
+    if f ~= nil then -- (its last error, if any, is the active job's: B:err)
+      values[#values + 1] = id
+      values[#values + 1] = blocked_value(f, (upgraded(f, false)))
+      gone[#gone + 1] = jkey
+    end
+  end
+  call('DEL', bkey)
+  if #values > 0 then
+    call('HSET', bkey, unpack(values))
+    call('DEL', unpack(gone))
+  end
+  return #values / 2
+end
+
+-- Convert the active records (B:active:<id>) of the leases of `client`, at most `budget`:
+-- returns how many were converted and whether the client is done. A lease of 3.x ("<token>",
+-- its leased_at in the record) or of 4.0.0 ("<token> <leased_at>") is written in the form of
+-- 4.1.0 when the record has an enqueued_at (else a lease of 3.x becomes one of 4.0.0). An id
+-- whose waiting record was converted too (4.x held both: its dequeue would have blocked it)
+-- is blocked behind the active one.
+local function upgrade_leases(B, client, budget)
+  local lkey = B .. ':lease:' .. client
+  local flat = call('HGETALL', lkey)
+  local n = 0
+  for i = 1, #flat, 2 do
+    local id, held = flat[i], flat[i + 1]
+    local akey = B .. ':active:' .. id
+    local f = hash_of(akey)
+    if f ~= nil then
+      if n >= budget then
+        return n, false
+      end
+      local legacy = not find(held, ' ', 1, true)
+      local v, err, nums, attempts = upgraded(f, legacy)
+      local waiting = call('HGET', B .. ':rec', id)
+      if waiting then
+        call('ZREM', B .. ':waiting', id)
+        if call('HEXISTS', B .. ':blocked', id) == 0 then
+          call('HSET', B .. ':blocked', id, '0 0 clamp - -\t' .. waiting)
+        end
+      end
+      call('HSET', B .. ':rec', id, v)
+      if err ~= nil then
+        call('HSET', B .. ':err', id, err)
+      elseif waiting then
+        call('HDEL', B .. ':err', id)
+      end
+      local token = string.match(held, '^%S*')
+      local at = legacy and (f.leased_at or '') or string.match(held, ' (%S*)$')
+      local line = held
+      if nums ~= nil and (legacy or not find(held, ' %S+ ')) then -- 3.x or 4.0.0
+        line = token .. ' ' .. nums .. ' ' .. int(attempts + 1) .. ' '
+          .. int(field_int(at, MAX_MS))
+      elseif legacy then
+        line = token .. ' ' .. int(field_int(at, MAX_MS))
+      end
+      if line ~= held then
+        call('HSET', lkey, id, line)
+      end
+      call('DEL', akey)
+      n = n + 1
+    end
+  end
+  return n, true
+end
+
+-- One step of the upgrade of B (B:layout missing): converts up to UPGRADE_BUDGET 4.x
+-- records. Returns how many were converted, and how many are left at most (0: B is marked
+-- '5' now; more: a count of the ids and leases not looked at yet).
+local function upgrade_step(B)
+  local ukey = B .. ':upgrade'
+  local n = 0
+  if call('EXISTS', B .. ':waiting', B .. ':blocked', B .. ':expiry') > 0 then
+    local from = tonumber(call('HGET', ukey, 'waiting')) or 0
+    local total = call('ZCARD', B .. ':waiting')
+    if from < total then
+      n, from = upgrade_waiting(B, from, UPGRADE_BUDGET)
+      call('HSET', ukey, 'waiting', int(from))
+      if from < total then
+        return n, total - from
+      end
+    end
+    n = n + upgrade_blocked(B)
+    local clients = call('ZRANGE', B .. ':expiry', 0, -1)
+    local done = tonumber(call('HGET', ukey, 'client')) or 0
+    for i = done + 1, #clients do
+      local converted, whole_ = upgrade_leases(B, clients[i], UPGRADE_BUDGET - n)
+      n = n + converted
+      call('HSET', ukey, 'client', int(whole_ and i or i - 1))
+      if not whole_ then
+        local left = 0
+        for j = i, #clients do
+          left = left + call('HLEN', B .. ':lease:' .. clients[j])
+        end
+        return n, left
+      end
+    end
+    call('DEL', ukey)
+  end
+  call('SET', B .. ':layout', '5')
+  return n, 0
+end
+
+local function upgrading(B, detail)
+  return redis.error_reply('TRYAGAIN upgrading ' .. B .. ' to library 5.0: ' .. detail)
+end
+
+-- Make sure that B is in the 5.0 layout, B:layout being missing (the caller read it): a
+-- write call converts a step of it (upgrade_step) and goes on when that was the last, else it
+-- is refused (nothing else done); a read-only call (`reads`) cannot write: refused while B
+-- holds keys of 4.x to convert, else it reads as 5.0. Returns nil to go on, else the reply.
+local function layout_of(B, reads)
+  if reads then
+    if call('EXISTS', B .. ':waiting', B .. ':blocked', B .. ':expiry') == 0 then
+      return nil
+    end
+    return upgrading(B, 'a write call or queasy_upgrade converts its records first')
+  end
+  local n, left = upgrade_step(B)
+  if left == 0 then
+    return nil
+  end
+  return upgrading(B, int(n) .. ' records converted, more to go')
+end
+
+-- The migration guard's read (see `guard`) joined to the first read of a function and to
+-- the layout's (layout_of): EXISTS of `key` (counted twice), B:layout and the guard's two
+-- keys of B (never written), so the count says both whether `key` exists and whether B is in
+-- the 5.0 layout; nil while B's slot moves: the function refuses with moving(B), nothing
+-- read or written (it is registered with entry(fn, true): no read of the guard before it).
+-- A queue not in the 5.0 layout yet is upgraded first (a step of it: a call refused with
+-- TRYAGAIN upgrading when more is left, nothing else done).
+local function guarded_exists(B, key)
+  local read, found = pcall(call, 'EXISTS', key, key, B .. ':layout', B .. ':guard:1',
+    B .. ':guard:2')
+  if not read then
+    return nil
+  elseif found % 2 == 1 then
+    return (found - 1) / 2
+  end
+  local refused = layout_of(B, false)
+  if refused ~= nil then
+    error(refused)
+  end
+  return call('EXISTS', key)
 end
 
 local function moving(B)
@@ -2279,6 +2536,46 @@ local function describe(key, with_data, ending_, id)
   return out
 end
 
+-- The fields of the living record `v` of `id` (a record string of B:rec, see "records (5.0
+-- layout)") as library 4.4.0's describe gave those of its hash: id, data (with `with_data`),
+-- run_at, enqueued_at (absent when unknown), trace (absent when none), the counts, attempts,
+-- and its last error (`err`: its value in B:err, a cjson string, or false) as error_name,
+-- error_kind, error_message, traceback, error_at; nil for a value that is not a record
+-- (written around the library).
+local function describe_rec(id, v, err, with_data)
+  local job = rec_job(id, v)
+  if job == nil then
+    return nil
+  end
+  local out = {'id', id}
+  if with_data then
+    out[3], out[4] = 'data', job.data
+  end
+  out[#out + 1], out[#out + 2] = 'run_at', int(job.run_at)
+  if job.enqueued_at then
+    out[#out + 1], out[#out + 2] = 'enqueued_at', int(field_int(job.enqueued_at, MAX_MS))
+  end
+  if job.trace ~= '' then
+    out[#out + 1], out[#out + 2] = 'trace', job.trace
+  end
+  out[#out + 1], out[#out + 2] = 'retry_count', int(job.retry_count)
+  out[#out + 1], out[#out + 2] = 'stall_count', int(job.stall_count)
+  out[#out + 1], out[#out + 2] = 'timeout_count', int(job.timeout_count)
+  out[#out + 1], out[#out + 2] = 'attempts', job.attempts
+  local ok, e = pcall(cjson.decode, err or '')
+  if err and ok and type(e) == 'table' then
+    local function s(x) -- (a value garbled around the library: '')
+      return type(x) == 'string' and x or ''
+    end
+    out[#out + 1], out[#out + 2] = 'error_name', s(e.name)
+    out[#out + 1], out[#out + 2] = 'error_kind', s(e.kind)
+    out[#out + 1], out[#out + 2] = 'error_message', s(e.message)
+    out[#out + 1], out[#out + 2] = 'traceback', s(e.traceback)
+    out[#out + 1], out[#out + 2] = 'error_at', int(field_int(e.at, MAX_MS))
+  end
+  return out
+end
+
 local function lookup(fields, name)
   for i = 1, #fields, 2 do
     if fields[i] == name then
@@ -2288,14 +2585,15 @@ local function lookup(fields, name)
   return nil
 end
 
--- The fields of the active record of `id` (as describe) with its lease (library 4.0.0
--- keeps it in B:lease:<client> only): client, leased_at, and attempts counting this lease.
--- `client` and `held` (its value in B:lease:<client>) when the caller knows them, else the
--- live clients' leases are looked up. A record of 3.x holds its lease fields itself.
-local function describe_active(B, id, with_data, client, held)
-  local rec = describe(B .. ':active:' .. id, with_data)
-  if rec == nil or lookup(rec, 'client') ~= nil then
-    return rec
+-- The fields of the active record `v` of `id` (a record string of B:rec; `err` its last
+-- error or false: as describe_rec) with its lease (in B:lease:<client>): client, leased_at,
+-- and attempts counting this lease. `client` and `held` (its value in B:lease:<client>) when
+-- the caller knows them, else the live clients' leases are looked up; a record no client
+-- holds (written around the library) shows without them, as 4.4.0 showed it.
+local function describe_active(B, id, with_data, v, err, client, held)
+  local rec = describe_rec(id, v, err, with_data)
+  if rec == nil then
+    return nil
   end
   if client == nil then
     for _, c in ipairs(call('ZRANGE', B .. ':expiry', 0, -1)) do
@@ -2306,7 +2604,7 @@ local function describe_active(B, id, with_data, client, held)
       end
     end
     if client == nil then
-      return rec -- no client holds it (written around the library)
+      return rec
     end
   end
   for i = 1, #rec, 2 do
@@ -2321,18 +2619,35 @@ local function describe_active(B, id, with_data, client, held)
   return rec
 end
 
--- {state, fields} of the waiting, delayed or blocked record of `id`, or nil.
-local function queued(B, id, now, with_data)
-  local rec = describe(B .. ':job:' .. id, with_data)
-  if rec == nil then
-    return nil
+-- The record string of a value of the hash B:blocked ("<u_data> <u_reset> <u_run_at> <u_lo>
+-- <u_hi>\t<record string>"), or nil.
+local function blocked_record(b)
+  local tab = b and find(b, '\t', 1, true)
+  return tab and string.sub(b, tab + 1) or nil
+end
+
+-- {state, fields} of the living record of `id` (B:rec: active, or waiting or delayed by its
+-- run_at, as 4.4.0 told them; a blocked one behind an active one shows the active one), else
+-- of the blocked one without an active one (written around the library), or nil.
+local function living(B, id, now, with_data)
+  local v = call('HGET', B .. ':rec', id)
+  if v then
+    local err = call('HGET', B .. ':err', id)
+    if call('ZSCORE', B .. ':waiting', id) == false then
+      local rec = describe_active(B, id, with_data, v, err)
+      if rec ~= nil then
+        return {'active', rec}
+      end
+    else
+      local rec = describe_rec(id, v, err, with_data)
+      if rec ~= nil then
+        return {field_int(lookup(rec, 'run_at'), MAX_MS) > now and 'delayed' or 'waiting', rec}
+      end
+    end
   end
-  if call('SISMEMBER', B .. ':blocked', id) == 1 then
-    return {'blocked', rec}
-  elseif field_int(lookup(rec, 'run_at'), MAX_MS) > now then
-    return {'delayed', rec}
-  end
-  return {'waiting', rec}
+  local rec = describe_rec(id, blocked_record(call('HGET', B .. ':blocked', id)), false,
+    with_data)
+  return rec and {'blocked', rec} or nil
 end
 
 -- {state, fields} of an ended record `key` (its state field), or nil.
@@ -2358,11 +2673,7 @@ local function get_job(keys, args)
   local B = keys[1]
   local now = clock(args[1])
   local id = args[2]
-  local rec = describe_active(B, id, true)
-  if rec ~= nil then
-    return {'active', rec}
-  end
-  return queued(B, id, now, true) or ended(B, id, true)
+  return living(B, id, now, true) or ended(B, id, true)
 end
 
 --[[ queasy_jobs: one page of the jobs of a state (read-only: each call bounded; a listing
@@ -2401,9 +2712,16 @@ local function jobs(keys, args)
     while i <= #clients and #out - 1 < limit and calls < 10 do
       calls = calls + 1
       local scan = call('HSCAN', B .. ':lease:' .. clients[i], c, 'COUNT', limit)
+      local ids = {}
       for k = 1, #scan[2], 2 do
-        local rec = describe_active(B, scan[2][k], with_data, clients[i], scan[2][k + 1])
-        if rec ~= nil then
+        ids[#ids + 1] = scan[2][k]
+      end
+      local recs = #ids > 0 and call('HMGET', B .. ':rec', unpack(ids)) or {}
+      local errs = #ids > 0 and call('HMGET', B .. ':err', unpack(ids)) or {}
+      for k, id in ipairs(ids) do
+        local rec = recs[k] and describe_active(B, id, with_data, recs[k], errs[k], clients[i],
+          scan[2][2 * k])
+        if rec then
           out[#out + 1] = {'active', rec}
         end
       end
@@ -2419,10 +2737,10 @@ local function jobs(keys, args)
   end
   local at = whole(cursor, 'cursor', MAX_MS)
   if state == 'blocked' then
-    local scan = call('SSCAN', B .. ':blocked', cursor, 'COUNT', limit)
+    local scan = call('HSCAN', B .. ':blocked', cursor, 'COUNT', limit)
     out[1] = scan[1]
-    for _, id in ipairs(scan[2]) do
-      local rec = describe(B .. ':job:' .. id, with_data)
+    for k = 1, #scan[2], 2 do
+      local rec = describe_rec(scan[2][k], blocked_record(scan[2][k + 1]), false, with_data)
       if rec ~= nil then
         out[#out + 1] = {'blocked', rec}
       end
@@ -2442,10 +2760,14 @@ local function jobs(keys, args)
     if first < total then
       ids = call('ZRANGE', B .. ':waiting', first, math.min(first + limit, total) - 1)
     end
-    for _, id in ipairs(ids) do
-      local rec = describe(B .. ':job:' .. id, with_data)
-      if rec ~= nil then
-        out[#out + 1] = {state, rec}
+    if #ids > 0 then
+      local recs = call('HMGET', B .. ':rec', unpack(ids))
+      local errs = call('HMGET', B .. ':err', unpack(ids))
+      for k, id in ipairs(ids) do
+        local rec = describe_rec(id, recs[k], errs[k], with_data)
+        if rec ~= nil then
+          out[#out + 1] = {state, rec}
+        end
       end
     end
   elseif END_STATES[state] then
@@ -2487,7 +2809,7 @@ local function counts(keys, args)
   local out = {
     call('ZCOUNT', B .. ':waiting', '-inf', int(now)),
     call('ZCOUNT', B .. ':waiting', '(' .. int(now), '+inf'),
-    call('SCARD', B .. ':blocked'),
+    call('HLEN', B .. ':blocked'),
     active,
   }
   local minute = math.floor(now / 60000)
@@ -2544,10 +2866,10 @@ local function schedule_info(keys, args)
   if v[1] == false then
     return nil
   end
-  local state = occurrence_state(B)
-  if state == 'waiting'
-      and field_int(call('HGET', B .. ':job:' .. SCHEDULE_ID, 'run_at'), MAX_MS) > now then
-    state = 'delayed'
+  local state = ''
+  local occurrence = living(B, SCHEDULE_ID, now, false)
+  if occurrence ~= nil and occurrence[1] ~= 'blocked' then
+    state = occurrence[1]
   end
   return {v[1], v[2] or '', state, v[3] or '', v[4] or '', v[5] or '', v[6] or '0'}
 end
@@ -2569,6 +2891,23 @@ local function library()
   return OWNER .. ' ' .. VERSION
 end
 
+--[[ queasy_upgrade: convert a step of B's keys of library 4.x into the 5.0 layout (see
+"upgrade of 4.x data"); a read-only call refused with 'TRYAGAIN upgrading' calls it, then
+tries again. Every write call converts so too, before anything else.
+KEYS[1]  B
+ARGV[1]  now (ms or '')
+Returns: how many 4.x records are left to convert, at most (0: B is in the 5.0 layout).
+]]
+local function upgrade(keys, args)
+  local B = keys[1]
+  clock(args[1])
+  if call('EXISTS', B .. ':layout') == 1 then
+    return 0
+  end
+  local _, left = upgrade_step(B)
+  return left
+end
+
 -- ---------------------------------------------------------------- registration
 
 -- The migration guard: while B's slot moves between two nodes of a Redis Cluster (resharding),
@@ -2577,28 +2916,59 @@ end
 -- nodes then (ASK on the source, TRYAGAIN on the target for a multi-key read of missing
 -- keys): the call is refused with TRYAGAIN before any read or write, and the caller tries
 -- again after a backoff. On a single server, or a slot that is not moving, it reads nothing.
-local function guard(B)
-  if not pcall(call, 'EXISTS', B .. ':guard:1', B .. ':guard:2') then
-    return moving(B)
+-- The one read is joined to B:layout's (5.0): EXISTS counts 1 on a queue in the 5.0 layout;
+-- 0: layout_of upgrades it (or refuses). `keys` are the call's keys: each is a queue's base
+-- key (queasy_fail's second is its fail queue, which it writes too). Returns nil to go on,
+-- else the reply (a refusal).
+local function guard(keys, reads)
+  local read = {}
+  for i, B in ipairs(keys) do
+    read[i] = B .. ':layout'
+  end
+  read[#read + 1] = keys[1] .. ':guard:1'
+  read[#read + 1] = keys[1] .. ':guard:2'
+  local ok, marked = pcall(call, 'EXISTS', unpack(read))
+  if not ok then
+    return moving(keys[1])
+  elseif marked == #keys then
+    return nil
+  end
+  for _, B in ipairs(keys) do
+    if call('EXISTS', B .. ':layout') == 0 then
+      local refused = layout_of(B, reads)
+      if refused ~= nil then
+        return refused
+      end
+    end
   end
   return nil
 end
 
 -- An entry point as registered: `call` is redis.call while it runs. A call with keys passes
--- the migration guard first (nothing is read or written when it refuses); with `guarded`,
--- the function reads the guard's keys itself, with its first read (guarded_exists: dequeue,
--- finish).
-local function entry(fn, guarded)
+-- the migration guard and the layout's check first (nothing is read or written when it
+-- refuses, but a step of the upgrade of 4.x data); with `guarded`, the function reads them
+-- itself, with its first read (guarded_exists: dequeue, finish). `reads`: a read-only
+-- function (it cannot upgrade: it refuses while there are 4.x records to convert).
+local function entry(fn, guarded, reads)
   return function(keys, args)
     call, format, find = redis.call, string.format, string.find
     if keys[1] ~= nil and not guarded then
-      local refused = guard(keys[1])
+      local refused = guard(keys, reads)
       if refused ~= nil then
         return refused
       end
     end
     return fn(keys, args)
   end
+end
+
+-- queasy_upgrade: the migration guard only (it does what layout_of would)
+local function upgrade_entry(keys, args)
+  call, format, find = redis.call, string.format, string.find
+  if not pcall(call, 'EXISTS', keys[1] .. ':guard:1', keys[1] .. ':guard:2') then
+    return moving(keys[1])
+  end
+  return upgrade(keys, args)
 end
 
 redis.register_function('queasy_dispatch', entry(dispatch))
@@ -2616,15 +2986,16 @@ redis.register_function('queasy_leave', entry(leave))
 redis.register_function('queasy_unpark', entry(unpark))
 redis.register_function('queasy_schedule', entry(schedule))
 redis.register_function('queasy_unschedule', entry(unschedule))
-redis.register_function{function_name = 'queasy_get_job', callback = entry(get_job),
+redis.register_function('queasy_upgrade', upgrade_entry)
+redis.register_function{function_name = 'queasy_get_job', callback = entry(get_job, false, true),
   flags = {'no-writes'}}
-redis.register_function{function_name = 'queasy_counts', callback = entry(counts),
+redis.register_function{function_name = 'queasy_counts', callback = entry(counts, false, true),
   flags = {'no-writes'}}
-redis.register_function{function_name = 'queasy_jobs', callback = entry(jobs),
+redis.register_function{function_name = 'queasy_jobs', callback = entry(jobs, false, true),
   flags = {'no-writes'}}
-redis.register_function{function_name = 'queasy_schedule_info', callback = entry(schedule_info),
-  flags = {'no-writes'}}
-redis.register_function{function_name = 'queasy_leases', callback = entry(leases),
+redis.register_function{function_name = 'queasy_schedule_info',
+  callback = entry(schedule_info, false, true), flags = {'no-writes'}}
+redis.register_function{function_name = 'queasy_leases', callback = entry(leases, false, true),
   flags = {'no-writes'}}
 redis.register_function{function_name = 'queasy_version', callback = entry(version),
   flags = {'no-writes'}}

@@ -1,0 +1,364 @@
+"""Library 5.0.0 over the stored state of 4.4.0: every job carries on as 4.4.0 would have
+carried it (layout5.md, "Upgrade").
+
+4.4.0 kept each living record in a hash of its own (B:job:<id> while waiting, delayed or
+blocked, renamed B:active:<id> while leased), the blocked ids in a set, a job's last error in
+its record. 5.0.0 keeps every living record as one field of B:rec, the blocked ones in the
+hash B:blocked, the last errors in B:err, and marks a queue in that layout with B:layout. The
+state is built here with the real 4.4.0 library (tests/fixtures/queasy-4.4.0.lua, main's file
+before 5.0), then 5.0.0 is loaded over it and the queue converted (queasy_upgrade, or the
+first write calls): the readers must answer exactly as 4.4.0 answered.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from queasy_py.store.embedded import EmbeddedServer
+from queasy_py.store.library import bundled_version, source
+from tests.lua_calls import EXPIRY, NOW, Leased, Lua, schedule, schedule_info
+
+FIXTURES = Path(__file__).parent / "fixtures"
+OLD = "4.4.0"
+BUDGET = 500  # lua/queasy.lua UPGRADE_BUDGET
+TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+STATES = ("waiting", "delayed", "blocked", "active", "finished", "failed", "cancelled")
+
+
+def load(r: redis.Redis, version: str | None) -> None:
+    """Load library `version` (a fixture) or, for None, the bundled one (5.0), replacing it."""
+    text = source() if version is None else (FIXTURES / f"queasy-{version}.lua").read_text()
+    r.function_load(text, replace=True)
+    assert r.fcall("queasy_library", 0) == f"queasy_py {version or bundled_version()}"
+
+
+@pytest.fixture
+def r(own_server: EmbeddedServer) -> Iterator[redis.Redis]:
+    conn = redis.Redis.from_url(own_server.url, decode_responses=True)
+    conn.flushall()
+    load(conn, OLD)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def upgrade(lua: Lua, now: int = NOW) -> int:
+    """queasy_upgrade until it says 0 left; returns how many calls it took."""
+    for calls in range(1, 1000):
+        if lua.call("queasy_upgrade", [lua.B], now) == 0:
+            return calls
+    raise AssertionError("queasy_upgrade never ended")
+
+
+def build(lua: Lua) -> dict[str, Any]:
+    """4.x state of every kind, made by 4.4.0's own functions; returns the leases taken."""
+    r = lua.r
+    a1 = lua.take("a1")  # active, a lease of 4.1.0
+    b1 = lua.take("b1", client="c2")  # active, with a blocked job composed of two dispatches
+    assert lua.dispatch(("b1", '"b1 again"', NOW + 5_000), update_data=False) == [3]
+    assert lua.dispatch(
+        ("b1", '"b1 third"', NOW + 2_000), run_at_mode="if_earlier", reset=True
+    ) == [4]
+    b2 = lua.take("b2")  # a blocked job with if_later bounds
+    assert lua.dispatch(("b2", '"b2 again"', NOW + 7_000), run_at_mode="if_later") == [3]
+    old = lua.take("old", client="c2")  # a lease of 4.0.0's form, written raw
+    r.hset(lua.B + ":lease:c2", "old", f"{old.token} {NOW}")
+    x1 = lua.take("x1")  # a retried job with its last error (waiting again, delayed)
+    assert lua.retry("c1", x1, NOW + 30_000) == 0
+    x2 = lua.take("x2")  # a retried job leased again: active, its last error kept
+    assert lua.retry("c1", x2, NOW - 100) == 0
+    (x2,) = lua.dequeue("c1", limit=1, now=NOW + 1).jobs
+    assert x2.id == "x2"
+    f1 = lua.take("f1")  # ends kept whole: a failure, a result
+    assert lua.fail("c1", f1, with_fail_queue=False) == 0
+    e1 = lua.take("e1")
+    assert lua.finish("c1", e1, result='{"ok": true}') == 0
+    n1 = lua.take("n1")  # an end not kept whole
+    assert lua.finish("c1", n1) == 0
+    lua.dispatch(("k1", '"cancel me"', NOW + 99_000))
+    assert lua.cancel("k1") == 1
+    assert schedule(lua, None, NOW + 3_000).code == 2  # the schedule's occurrence (delayed)
+    lua.dispatch(("w1", '{"a": 1}', ""), ("w2", '"two"', NOW - 10))  # waiting
+    lua.dispatch(("d1", '"later"', NOW + 60_000))  # delayed
+    lua.dispatch(("tr", '"traced"', ""), trace=TRACE)  # with a trace
+    lua.dispatch(("noenq", '"no enqueued_at"', ""))  # a record of 3.x/4.0.0's age
+    r.hdel(lua.B + ":job:noenq", "enqueued_at")
+    return {"a1": a1, "b1": b1, "b2": b2, "old": old, "x2": x2}
+
+
+IDS = ("w1", "w2", "d1", "tr", "a1", "b1", "b2", "old", "x1", "x2", "f1", "e1", "n1", "k1")
+IDS += ("schedule", "noenq", "nothing")
+
+
+def readers(lua: Lua, now: int = NOW) -> dict[str, Any]:
+    """What every reader replies about the queue, with data (raw replies, in their order)."""
+    out: dict[str, Any] = {}
+    for id in IDS:
+        out["get_job " + id] = lua.call("queasy_get_job", [lua.B], now, id)
+    for state in STATES:
+        for with_data in ("0", "1"):
+            rows = lua.call("queasy_jobs", [lua.B], now, state, "0", 100, with_data)
+            out[f"jobs {state} {with_data}"] = rows
+    out["counts"] = lua.call("queasy_counts", [lua.B], now)
+    for client in ("c1", "c2", "c3"):
+        out["leases " + client] = sorted(lua.call("queasy_leases", [lua.B], now, client))
+    out["schedule_info"] = schedule_info(lua, now)
+    return out
+
+
+def as_dicts(replies: dict[str, Any]) -> dict[str, Any]:
+    """`replies` with each job's fields as a dict (their order aside)."""
+
+    def job(row: Any) -> Any:
+        if isinstance(row, list) and len(row) == 2 and isinstance(row[1], list):
+            return (row[0], dict(zip(row[1][0::2], row[1][1::2], strict=True)))
+        return row
+
+    out = {}
+    for name, reply in replies.items():
+        if name.startswith("get_job"):
+            out[name] = job(reply)
+        elif name.startswith("jobs"):
+            out[name] = [reply[0], sorted((job(row) for row in reply[1:]), key=repr)]
+        else:
+            out[name] = reply
+    return out
+
+
+def keys_of(r: redis.Redis, B: str) -> set[str]:
+    return set(r.scan_iter(match=B.replace("{", "[{]").replace("}", "[}]") + ":*"))
+
+
+def test_every_job_of_4_4_0_reads_the_same_after_the_upgrade(r: redis.Redis) -> None:
+    lua = Lua(r, "up5")
+    build(lua)
+    before = readers(lua)
+    assert before["get_job b1"][0] == "active" and before["get_job x1"][0] == "delayed"
+    load(r, None)
+    assert upgrade(lua) == 1
+    after = readers(lua)
+    assert as_dicts(after) == as_dicts(before)
+    assert after == before  # the fields in 4.4.0's order too
+
+
+def test_the_upgraded_keys_are_the_5_0_layout(r: redis.Redis) -> None:
+    lua = Lua(r, "up5")
+    leased = build(lua)
+    old_keys = keys_of(r, lua.B)
+    assert any(":job:" in key for key in old_keys) and any(":active:" in key for key in old_keys)
+    load(r, None)
+    upgrade(lua)
+    B = lua.B
+    keys = keys_of(r, B)
+    assert not [key for key in keys if key.startswith((B + ":job:", B + ":active:"))]
+    assert B + ":upgrade" not in keys
+    assert r.get(B + ":layout") == "5"
+    rec = r.hgetall(B + ":rec")
+    living = {"w1", "w2", "d1", "tr", "a1", "b1", "b2", "old", "x1", "x2", "schedule", "noenq"}
+    assert set(rec) == living
+    assert rec["w1"] == f'{NOW} {NOW} 0 0 0 0\t\t{{"a": 1}}'
+    assert rec["tr"] == f'{NOW} {NOW} 0 0 0 0\t{TRACE}\t"traced"'
+    assert rec["noenq"] == f'{NOW} - 0 0 0 0\t\t"no enqueued_at"'
+    # x1 was leased once and retried: its attempts count that lease; x2 is leased again
+    assert rec["x1"] == f'{NOW + 30_000} {NOW} 1 0 0 1\t\t"x"'
+    assert rec["x2"] == f'{NOW - 100} {NOW} 1 0 0 1\t\t"x"'
+    assert r.type(B + ":blocked") == "hash"
+    blocked = r.hgetall(B + ":blocked")
+    # b1: data kept (the first dispatch did not update it, the second did: the union is
+    # '1'), counts reset, run_at: replace then if_earlier composes to a constant
+    assert blocked == {
+        "b1": f'1 1 replace - -\t{NOW + 2_000} {NOW} 0 0 0 0\t\t"b1 third"',
+        "b2": f'1 1 clamp {NOW + 7_000} -\t{NOW + 7_000} {NOW} 0 0 0 0\t\t"b2 again"',
+    }
+    errors = {id: json.loads(v) for id, v in r.hgetall(B + ":err").items()}
+    assert set(errors) == {"x1", "x2"}
+    assert errors["x1"] == {
+        "name": "ValueError",
+        "kind": "retriable",
+        "message": "bad value",
+        "traceback": "Traceback ...\nValueError: bad value\n",
+        "at": str(NOW),
+    }
+    # the lease of 4.0.0 is in 4.1.0's form now; those of 4.1.0 are as they were
+    old = leased["old"]
+    assert r.hget(B + ":lease:c2", "old") == f"{old.token} {NOW} {NOW} 0 0 0 1 {NOW}"
+    a1 = leased["a1"]
+    assert r.hget(B + ":lease:c1", "a1") == f"{a1.token} {NOW} {NOW} 0 0 0 1 {NOW}"
+    # ends kept whole are as 4.4.0 wrote them
+    assert r.hget(B + ":ended:f1", "error_name") == "KeyError"
+    assert r.hget(B + ":ended:e1", "result") == '{"ok": true}'
+
+
+def test_a_lease_of_3_x_form_is_rewritten_with_the_numbers_of_its_record(
+    r: redis.Redis,
+) -> None:
+    """A record leased by library 3.x holds client, token and leased_at, and counts its
+    lease in attempts; its lease is the token alone (tests/test_upgrade.py)."""
+    lua = Lua(r, "up5")
+    job = lua.take("l3")
+    akey = lua.B + ":active:l3"
+    r.hset(akey, mapping={"client": "c1", "token": job.token, "leased_at": NOW - 7, "attempts": 1})
+    r.hset(lua.B + ":lease:c1", "l3", job.token)
+    before = lua.call("queasy_get_job", [lua.B], NOW, "l3")
+    load(r, None)
+    upgrade(lua)
+    assert r.hget(lua.B + ":lease:c1", "l3") == f"{job.token} {NOW} {NOW} 0 0 0 1 {NOW - 7}"
+    assert r.hget(lua.B + ":rec", "l3") == f'{NOW} {NOW} 0 0 0 0\t\t"x"'
+    after = lua.call("queasy_get_job", [lua.B], NOW, "l3")
+    assert as_dicts({"get_job": after}) == as_dicts({"get_job": before})
+
+
+def test_a_queue_larger_than_the_budget_converts_over_several_calls(r: redis.Redis) -> None:
+    lua = Lua(r, "big")
+    n = 2 * BUDGET + 200
+    for start in range(0, n, 1000):
+        lua.dispatch(*[(f"j{i}", f'"{i}"', NOW + i) for i in range(start, min(n, start + 1000))])
+    took = [lua.dequeue("c1", limit=300, now=NOW + n).jobs]  # active ones too
+    assert len(took[0]) == 300
+    before = readers(lua, NOW + n)
+    load(r, None)
+    B = lua.B
+
+    # a read refuses while there is 4.x data to convert (it cannot write)
+    with pytest.raises(redis.exceptions.TryAgainError, match="upgrading"):
+        lua.call("queasy_get_job", [B], NOW, "j1")
+    # a write call converts a step and is refused with nothing else done
+    with pytest.raises(redis.exceptions.TryAgainError, match="500 records converted, more to go"):
+        lua.dispatch(("new", '"new"', ""))
+    assert r.hlen(B + ":rec") == BUDGET
+    assert r.zscore(B + ":waiting", "new") is None
+    assert not r.exists(B + ":job:new") and not r.hexists(B + ":rec", "new")
+    assert not r.exists(B + ":layout")
+    left = lua.call("queasy_upgrade", [B], NOW)
+    assert 0 < left <= n - 2 * BUDGET + 300
+    with pytest.raises(redis.exceptions.TryAgainError, match="upgrading"):
+        lua.call("queasy_counts", [B], NOW)
+    assert upgrade(lua) >= 1
+    assert r.get(B + ":layout") == "5"
+    assert r.hlen(B + ":rec") == n
+    assert not [k for k in keys_of(r, B) if k.startswith((B + ":job:", B + ":active:"))]
+    assert readers(lua, NOW + n) == before
+    assert lua.call("queasy_upgrade", [B], NOW) == 0  # marked: nothing to do
+
+
+def test_many_leases_convert_over_several_calls(r: redis.Redis) -> None:
+    lua = Lua(r, "leases")
+    n = BUDGET + 100
+    lua.dispatch(*[(f"j{i}", f'"{i}"', "") for i in range(n)])
+    for client in ("c1", "c2"):
+        lua.dequeue(client, limit=n // 2, now=NOW)
+    before = readers(lua)
+    load(r, None)
+    calls = upgrade(lua)
+    assert calls == 2
+    assert readers(lua) == before
+
+
+def test_a_fresh_queue_is_marked_by_its_first_write_call(r: redis.Redis) -> None:
+    load(r, None)
+    lua = Lua(r, "fresh")
+    assert lua.call("queasy_get_job", [lua.B], NOW, "j") is None  # a read marks nothing
+    assert lua.counts() == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
+    assert not r.exists(lua.B + ":layout")
+    lua.bump("c1")
+    assert r.get(lua.B + ":layout") == "5"
+
+
+def test_a_queue_with_ends_only_reads_without_an_upgrade(r: redis.Redis) -> None:
+    lua = Lua(r, "ends")
+    job = lua.take("e")
+    assert lua.finish("c1", job, result='"r"') == 0
+    lua.leave("c1")  # no client left: no B:expiry
+    before = readers(lua)
+    load(r, None)
+    assert readers(lua) == before
+
+
+def test_the_fail_queue_of_queasy_fail_is_upgraded_too(r: redis.Redis) -> None:
+    lua = Lua(r, "fq")
+    r.set(lua.B + ":layout", "5")  # B itself is upgraded
+    lua.r.hset(lua.F + ":job:x", mapping={"id": "x", "data": '"x"', "run_at": NOW})
+    lua.r.zadd(lua.F + ":waiting", {"x": NOW})
+    load(r, None)
+    lua.call("queasy_fail", [lua.B, lua.F], NOW, "c1", 10, 1, 1, "h", 0)  # (no job)
+    assert r.get(lua.F + ":layout") == "5"
+    assert r.hget(lua.F + ":rec", "x") == f'{NOW} - 0 0 0 0\t\t"x"'
+
+
+def test_a_client_of_library_4_meeting_5_0_refuses(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from queasy_py.errors import VersionMismatch
+    from queasy_py.store import library
+
+    load(r, None)
+    monkeypatch.setattr(library, "bundled_version", lambda: OLD)
+    with pytest.raises(VersionMismatch, match="newer major"):
+        library.ensure_loaded(r)
+    assert r.fcall("queasy_library", 0) == f"queasy_py {bundled_version()}"
+
+
+# ---------------------------------------------------------------- end to end (5.0 writes)
+
+
+def write_path_is_5_0(r: redis.Redis) -> bool:
+    """Whether the bundled library's write path keeps its records in B:rec (the branches
+    l5-a1 and l5-a2 merged): a job dispatched, leased and finished on a scratch queue."""
+    load(r, None)
+    lua = Lua(r, "probe")
+    lua.add("p")
+    in_rec = r.hexists(lua.B + ":rec", "p")
+    (job,) = lua.dequeue("c1", limit=1).jobs
+    finished = lua.finish("c1", job) == 0 and not r.hexists(lua.B + ":rec", "p")
+    r.flushall()
+    return bool(in_rec and finished)
+
+
+def carry_on(lua: Lua, leased: dict[str, Leased]) -> dict[str, Any]:
+    """Carry every job of build() on (finish, fail, retry, the blocked ones promoted, the
+    waiting ones leased, a dead client swept); what each call replied, and the queue after."""
+    out: dict[str, Any] = {}
+    later = NOW + 10_000
+    out["finish a1"] = lua.finish("c1", leased["a1"], now=later)
+    out["finish old"] = lua.finish("c2", leased["old"], now=later)
+    out["retry b1"] = lua.retry("c2", leased["b1"], later + 1, now=later)
+    out["fail x2"] = lua.fail("c1", leased["x2"], now=later)
+    out["finish b2"] = lua.finish("c1", leased["b2"], now=later)
+    out["readers after acks"] = readers(lua, later)
+    took = lua.dequeue("c3", limit=100, now=NOW + 100_000)
+    out["dequeue"] = [(j.id, j.data, j.run_at, j.retry_count) for j in took.jobs]
+    out["readers after dequeue"] = readers(lua, NOW + 100_000)
+    # c3 dies: its jobs go back to waiting, stalled
+    out["swept"] = lua.dequeue("c4", limit=0, now=NOW + 100_000 + EXPIRY + 1).status
+    out["readers after sweep"] = readers(lua, NOW + 100_000 + EXPIRY + 1)
+    out["events"] = lua.events()
+    out["ends"] = lua.r.hgetall(lua.B + ":ends")
+    out["ended"] = {
+        key.rsplit(":", 1)[1]: lua.r.hgetall(key)
+        for key in lua.r.scan_iter(match=lua.B.replace("{", "[{]").replace("}", "[}]") + ":ended:*")
+    }
+    return out
+
+
+def test_every_upgraded_job_carries_on_as_4_4_0_would(r: redis.Redis) -> None:
+    if not write_path_is_5_0(r):
+        pytest.skip("the 5.0 write path (branches l5-a1, l5-a2) is not in this library yet")
+    load(r, OLD)
+    expected_lua = Lua(r, "e2e")
+    expected = carry_on(expected_lua, build(expected_lua))  # all of it by 4.4.0
+    r.flushall()
+    load(r, OLD)
+    lua = Lua(r, "e2e")
+    leased = build(lua)
+    load(r, None)  # then 5.0, converting as the first write call goes
+    got = carry_on(lua, leased)
+    assert r.get(lua.B + ":layout") == "5"
+    for name in expected:
+        assert got[name] == expected[name], name
