@@ -362,3 +362,70 @@ def test_every_upgraded_job_carries_on_as_4_4_0_would(r: redis.Redis) -> None:
     assert r.get(lua.B + ":layout") == "5"
     for name in expected:
         assert got[name] == expected[name], name
+
+
+# ---------------------------------------------------------------- queasy_py's calls
+
+
+def big_4x_queue(r: redis.Redis, queue: str, n: int = 2 * BUDGET + 200) -> Lua:
+    """A queue of `n` waiting jobs written by 4.4.0 (then 5.0 loaded over it by a client)."""
+    lua = Lua(r, "qp", queue)
+    for start in range(0, n, 1000):
+        lua.dispatch(*[(f"j{i}", f'"{i}"', "") for i in range(start, min(n, start + 1000))])
+    return lua
+
+
+def test_a_client_reads_a_queue_of_4_x_after_converting_it(
+    r: redis.Redis, own_server: EmbeddedServer
+) -> None:
+    from queasy_py import Client
+
+    lua = big_4x_queue(r, "reads")
+    before = lua.counts()
+    client = Client(own_server.url, prefix="qp")  # its handshake loads 5.0 over 4.4.0
+    try:
+        queue = client.queue("reads")
+        assert queue.counts()["waiting"] == before["waiting"] == 2 * BUDGET + 200
+        assert r.fcall("queasy_library", 0) == f"queasy_py {bundled_version()}"
+        assert r.get(lua.B + ":layout") == "5"
+        job = queue.get_job("j7")
+        assert job is not None and job.data == "7"
+    finally:
+        client.close()
+
+
+def test_a_producer_write_on_a_queue_of_4_x_is_sent_again_once_converted(
+    r: redis.Redis, own_server: EmbeddedServer
+) -> None:
+    from queasy_py import Client
+
+    one = big_4x_queue(r, "one")
+    many = big_4x_queue(r, "many")
+    client = Client(own_server.url, prefix="qp")
+    try:
+        client.queue("one").dispatch({"x": 1}, id="new")  # refused (a step), then sent again
+        assert r.get(one.B + ":layout") == "5"
+        ids = client.queue("many").dispatch_many(
+            [{"data": i, "id": f"n{i}"} for i in range(2500)]  # three pipelined calls
+        )
+        assert len(ids) == 2500 and r.get(many.B + ":layout") == "5"
+        assert r.zcard(many.B + ":waiting") == 2 * BUDGET + 200 + 2500
+    finally:
+        client.close()
+
+
+def test_the_async_client_reads_a_queue_of_4_x_after_converting_it(
+    r: redis.Redis, own_server: EmbeddedServer
+) -> None:
+    import asyncio
+
+    from queasy_py.aio import AsyncClient
+
+    lua = big_4x_queue(r, "async")
+
+    async def main() -> dict[str, int]:
+        async with AsyncClient(own_server.url, prefix="qp") as client:
+            return await client.queue("async").counts()
+
+    assert asyncio.run(main())["waiting"] == 2 * BUDGET + 200
+    assert r.get(lua.B + ":layout") == "5"

@@ -34,6 +34,10 @@ from .library import (
     raise_first,
     run_handshake_async,
     sent_again_if_gone_async,
+    sent_again_if_upgrading_async,
+    upgrade_call,
+    upgraded_async,
+    upgrading_calls,
 )
 
 log = logging.getLogger("queasy_py")
@@ -48,9 +52,13 @@ class AsyncReloadingRedis(aioredis.Redis):
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         send = functools.partial(super().execute_command, *args, **options)
-        if library_key(args) is None:
+        key = library_key(args)
+        if key is None:
             return await send()
-        return await sent_again_if_gone_async(send, lambda: self.load_library(gone=True))
+        return await sent_again_if_upgrading_async(
+            lambda: sent_again_if_gone_async(send, lambda: self.load_library(gone=True)),
+            functools.partial(super().execute_command, *upgrade_call(key)),
+        )
 
     async def load_library(self, key: str | None = None, gone: bool = False) -> str:
         """ReloadingRedis.load_library: the version handshake; its version."""
@@ -70,7 +78,7 @@ class AsyncWrites:
     async def __call__(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """FCALL `name`: its reply (a ResponseError raised as it is)."""
         command = ("FCALL", name, len(keys), *keys, *args)
-        return (await self._send([command], name))[0]
+        return (await self._send([command], name, keys))[0]
 
     async def command(self, *parts: Any) -> Any:
         """Any other write (DEL)."""
@@ -80,18 +88,34 @@ class AsyncWrites:
         """FCALL `name` once per chunk of arguments, pipelined in one round trip: their
         replies, or the first error reply raised once all were read."""
         commands = [("FCALL", name, len(keys), *keys, *args) for args in chunks]
-        return await self._send(commands, f"{len(chunks)} pipelined {name} calls")
+        return await self._send(commands, f"{len(chunks)} pipelined {name} calls", keys)
 
-    async def _send(self, commands: list[tuple[Any, ...]], what: str) -> list[Any]:
+    async def _send(
+        self, commands: list[tuple[Any, ...]], what: str, keys: list[str] | None = None
+    ) -> list[Any]:
         """Their replies, or the first error reply raised once all were read; the calls
         refused because the server lost the library (none of them ran) sent again, in their
-        order, once it is loaded."""
+        order, once it is loaded; so are those refused while the queues of `keys` were being
+        upgraded from library 4.x, once they are (queasy_upgrade)."""
         replies = await self._replies(commands, what)
         gone = gone_calls(replies)
         if gone:
             await self._redis.load_library(gone=True)
             put_back(replies, gone, await self._replies([commands[i] for i in gone], what))
+        refused = upgrading_calls(replies)
+        if refused and keys:
+            for key in keys:
+                await upgraded_async(lambda key=key: self._upgrade(key, what))
+            put_back(replies, refused, await self._replies([commands[i] for i in refused], what))
         return raise_first(replies)
+
+    async def _upgrade(self, key: str, what: str) -> Any:
+        """One call of queasy_upgrade on the queue of `key`: the records left (an error
+        reply raised)."""
+        reply = (await self._replies([upgrade_call(key)], what))[0]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     async def _replies(self, commands: list[tuple[Any, ...]], what: str) -> list[Any]:
         """One round trip: the replies, an error reply in its place."""

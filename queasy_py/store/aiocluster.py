@@ -9,6 +9,7 @@ primary. The URL is the sync client's (`redis+cluster://...`, parse_cluster_url)
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any
@@ -29,6 +30,7 @@ from .cluster import (
     passed_over,
     refused_credentials,
     slot_busy,
+    upgrading_read,
 )
 from .connection import producer_options
 from .library import (
@@ -39,6 +41,8 @@ from .library import (
     parse_version,
     run_handshake_async,
     sent_again_if_gone_async,
+    upgrade_call,
+    upgraded_async,
 )
 
 log = logging.getLogger("queasy_py")
@@ -100,8 +104,10 @@ class AsyncClusterClient(RedisCluster):
         if key is None or "target_nodes" in kwargs:
             return await self._waiting(*args, **kwargs)
         await self.check_library(key)
+        read = key if str(args[0]).upper() == "FCALL_RO" else None
         return await sent_again_if_gone_async(
-            lambda: self._waiting(*args, **kwargs), lambda: self.load_library(key, gone=True)
+            lambda: self._waiting(*args, _read_key=read, **kwargs),
+            lambda: self.load_library(key, gone=True),
         )
 
     async def check_library(self, key: str) -> None:
@@ -118,13 +124,19 @@ class AsyncClusterClient(RedisCluster):
             log.warning(library_reloaded(f"Redis Cluster primary {node.name}", version))
         return version
 
-    async def _waiting(self, *args: Any, **kwargs: Any) -> Any:
+    async def _waiting(self, *args: Any, _read_key: str | None = None, **kwargs: Any) -> Any:
+        """ClusterClient._waiting (a read of a queue being upgraded from library 4.x too)."""
         deadline = time.monotonic() + self.slot_wait
         delay = 0.02
         while True:
             try:
                 return await super().execute_command(*args, **kwargs)
             except (*SLOT_BUSY, ClusterError) as exc:
+                if _read_key is not None and upgrading_read(exc):
+                    upgrade = functools.partial(self._waiting, *upgrade_call(_read_key))
+                    _read_key = None
+                    await upgraded_async(upgrade)
+                    continue
                 if not slot_busy(exc) or time.monotonic() + delay > deadline:
                     raise  # CLUSTERDOWN still: ConnectionFailed naming the call (connfailed)
                 await asyncio.sleep(delay)

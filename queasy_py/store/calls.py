@@ -19,7 +19,9 @@ kernel). A reply lost after the command was sent, or a pipeline whose send faile
 commands may have gone), is never retried (the server may have applied it); it raises
 ConnectionFailed saying so (marked `_reply_lost`: connfailed.py names the public call). A
 call the server refused with "Function not found" did not run: it is sent again once the
-library is loaded (the version handshake, store/reloading.py).
+library is loaded (the version handshake, store/reloading.py); so is a call refused with
+'TRYAGAIN upgrading' (its queue's keys of library 4.x being converted: nothing ran but a step
+of that), once queasy_upgrade has converted the rest.
 
 The connection of a thread that ended goes back to the pool (the next thread to need one
 takes it): a thread per request left one open connection per thread ever started.
@@ -42,7 +44,16 @@ import hiredis
 import redis
 
 from ..errors import ConnectionFailed
-from .library import gone_calls, put_back, raise_first, sent_again_if_gone
+from .library import (
+    gone_calls,
+    put_back,
+    raise_first,
+    sent_again_if_gone,
+    sent_again_if_upgrading,
+    upgrade_call,
+    upgraded,
+    upgrading_calls,
+)
 
 if TYPE_CHECKING:
     from .reloading import ReloadingRedis
@@ -71,7 +82,19 @@ class FastCall:
         """FCALL `name`: its reply (a ResponseError raised as it is). Refused because the
         server lost the library (nothing ran): sent again once it is loaded (_reload)."""
         packed = hiredis.pack_command(("FCALL", name, len(keys), *keys, *args))
-        return sent_again_if_gone(lambda: self._one(packed, name), self._reload)
+        return sent_again_if_upgrading(
+            lambda: sent_again_if_gone(lambda: self._one(packed, name), self._reload),
+            lambda: self._upgrade_all(keys),
+        )
+
+    def _upgrade_all(self, keys: list[str]) -> int:
+        """Upgrade the queues of `keys` from library 4.x (queasy_upgrade until each is): a
+        call refused with 'TRYAGAIN upgrading' did nothing but a step of it. 0: all are."""
+        for key in keys:
+            upgraded(
+                lambda key=key: self._one(hiredis.pack_command(upgrade_call(key)), "queasy_upgrade")
+            )
+        return 0
 
     def command(self, *parts: Any) -> Any:
         """Any other write (DEL), sent as an FCALL is."""
@@ -87,6 +110,10 @@ class FastCall:
         if gone:
             self._reload()
             put_back(replies, gone, self._pipelined(name, keys, [chunks[i] for i in gone]))
+        refused = upgrading_calls(replies)  # (the queue's upgrade from library 4.x: none ran)
+        if refused:
+            self._upgrade_all(keys)
+            put_back(replies, refused, self._pipelined(name, keys, [chunks[i] for i in refused]))
         return raise_first(replies)
 
     def _reload(self) -> None:

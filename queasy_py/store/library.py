@@ -328,6 +328,76 @@ async def sent_again_if_gone_async(
     return await send()
 
 
+#: calls of queasy_upgrade that one call refused with 'TRYAGAIN upgrading' makes at most
+#: (each converts up to 500 records of library 4.x: lua/queasy.lua UPGRADE_BUDGET)
+MAX_UPGRADE_STEPS = 100_000
+
+
+def upgrading(exc: BaseException) -> bool:
+    """Whether `exc` is the library's refusal of a call on a queue whose keys of library 4.x
+    are being converted into 5.0's ('TRYAGAIN upgrading <queue> ...'): nothing ran but a
+    step of the conversion, so the call may be sent again once it is done."""
+    return isinstance(exc, redis.exceptions.TryAgainError) and "upgrading " in str(exc)
+
+
+def upgrade_call(key: str) -> tuple[Any, ...]:
+    """The command of queasy_upgrade on the queue of base key `key` (now: the server's)."""
+    return ("FCALL", "queasy_upgrade", 1, key, "")
+
+
+def upgraded(upgrade: Callable[[], Any]) -> None:
+    """Call queasy_upgrade (`upgrade()`, its reply the records left) until the queue is in
+    the 5.0 layout (0 left); each call converts a step (README, "Upgrading to 5.0")."""
+    for _ in range(MAX_UPGRADE_STEPS):
+        if int(upgrade()) == 0:
+            return
+    raise QueasyError(
+        f"the queue's upgrade to library 5.0 did not end in {MAX_UPGRADE_STEPS} steps"
+    )
+
+
+async def upgraded_async(upgrade: Callable[[], Awaitable[Any]]) -> None:
+    """upgraded, awaitable."""
+    for _ in range(MAX_UPGRADE_STEPS):
+        if int(await upgrade()) == 0:
+            return
+    raise QueasyError(
+        f"the queue's upgrade to library 5.0 did not end in {MAX_UPGRADE_STEPS} steps"
+    )
+
+
+def sent_again_if_upgrading(send: Callable[[], Any], upgrade: Callable[[], Any]) -> Any:
+    """send() (a library call); when it was refused because its queue is being upgraded from
+    library 4.x (nothing ran), upgraded(upgrade) and send() once more."""
+    try:
+        return send()
+    except redis.exceptions.TryAgainError as exc:
+        if not upgrading(exc):
+            raise
+    upgraded(upgrade)
+    return send()
+
+
+async def sent_again_if_upgrading_async(
+    send: Callable[[], Awaitable[Any]], upgrade: Callable[[], Awaitable[Any]]
+) -> Any:
+    """sent_again_if_upgrading, awaitable."""
+    try:
+        return await send()
+    except redis.exceptions.TryAgainError as exc:
+        if not upgrading(exc):
+            raise
+    await upgraded_async(upgrade)
+    return await send()
+
+
+def upgrading_calls(replies: list[Any]) -> list[int]:
+    """The indexes of a pipeline's replies (errors in place) refused while their queue was
+    being upgraded from library 4.x (none of them ran: those after the step that ended the
+    upgrade did; they are sent again after them, as the calls that found the library gone)."""
+    return [i for i, reply in enumerate(replies) if upgrading(reply)]
+
+
 def gone_calls(replies: list[Any]) -> list[int]:
     """The indexes of a pipeline's replies (errors in place) that found the library gone."""
     return [i for i, reply in enumerate(replies) if library_gone(reply)]

@@ -9,6 +9,10 @@ connect (store/library.py: VersionMismatch for a newer major or a foreign librar
 'queasy', never replaced), logs one WARNING, and is sent again once. The handshake's own
 keyless probes are left alone (their "not found" is an answer). The writes that are sent
 once (store/calls.FastCall) reload through load_library too.
+
+A library call refused because its queue's keys of library 4.x are being converted into 5.0's
+('TRYAGAIN upgrading': nothing ran but a step of that) calls queasy_upgrade until the queue is
+converted, then is sent again (a read cannot convert: FCALL_RO).
 """
 
 from __future__ import annotations
@@ -19,7 +23,14 @@ from typing import Any
 
 import redis
 
-from .library import ensure_loaded, library_key, library_reloaded, sent_again_if_gone
+from .library import (
+    ensure_loaded,
+    library_key,
+    library_reloaded,
+    sent_again_if_gone,
+    sent_again_if_upgrading,
+    upgrade_call,
+)
 
 log = logging.getLogger("queasy_py")
 
@@ -32,9 +43,13 @@ class ReloadingRedis(redis.Redis):
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         send = functools.partial(super().execute_command, *args, **options)
-        if library_key(args) is None:
+        key = library_key(args)
+        if key is None:
             return send()
-        return sent_again_if_gone(send, lambda: self.load_library(gone=True))
+        return sent_again_if_upgrading(
+            lambda: sent_again_if_gone(send, lambda: self.load_library(gone=True)),
+            functools.partial(super().execute_command, *upgrade_call(key)),
+        )
 
     def load_library(self, key: str | None = None, gone: bool = False) -> str:
         """The version handshake (store/library.py), which loads the library when it is
