@@ -13,21 +13,30 @@ derive the keys below from it (same slot, so cluster routing holds).
 
   key                  type    holds
   B:waiting            zset    id -> run_at (ms) of waiting and delayed jobs (not blocked)
-  B:job:<id>           hash    the waiting/delayed/blocked record of <id>:
-                               id, data, run_at, retry_count, stall_count, timeout_count,
-                               enqueued_at (ms of the dispatch that made it), attempts (times
-                               leased before: an active job's lease is not counted in it,
-                               readers add it; the counts and attempts are absent while 0,
-                               read as 0: 4.0.0), trace (the W3C traceparent current at its
-                               dispatch, when there was one: OpenTelemetry), and after a
-                               failed attempt its last error: error_name,
-                               error_kind, error_message, traceback, error_at (ms)
-                               (+ u_data, u_reset, u_run_at 'replace'|'clamp', u_lo, u_hi:
-                               the composed updates of a blocked job, see run_at_update)
-  B:active:<id>        hash    the active record of <id>: the same hash, renamed as it is (its
-                               lease is in B:lease:<client>; a record leased by library 3.x
-                               also holds client, token, leased_at, and attempts counts that
-                               lease: read as such)
+  B:rec                hash    id -> the record of each living job (waiting, delayed or active;
+                               never renamed: 5.0.0), one string (see the section "records
+                               (5.0 layout)"): "<run_at> <enqueued_at> <retry_count>
+                               <stall_count> <timeout_count> <attempts>\t<trace>\t<data>":
+                               enqueued_at (ms of the dispatch that made it, '-' unknown: a
+                               record of 3.x upgraded), attempts (times leased before: an
+                               active job's lease is not counted in it, readers add it), trace
+                               (the W3C traceparent current at its dispatch, '' none:
+                               OpenTelemetry). A job is active when it has a record and a
+                               lease and is not in B:waiting
+  B:err                hash    id -> the last error of a living job that failed an attempt:
+                               cjson of {name, kind, message, traceback, at (ms, an integer
+                               string)}; copied into B:ended:<id> (error_name, error_kind,
+                               error_message, traceback, error_at) when the job ends (5.0.0)
+  B:blocked            hash    id -> the job dispatched while its id is active, waiting for the
+                               active one to end: "<u_data> <u_reset> <u_run_at> <u_lo>
+                               <u_hi>\t<record string>" (the composed updates of its
+                               dispatches, see run_at_update: u_data, u_reset '0'|'1', u_run_at
+                               'replace'|'clamp', u_lo/u_hi digits or '-' for no bound) (5.0.0;
+                               4.x: a set of ids whose record was B:job:<id>)
+  B:layout             string  '5': B's keys are in the layout of library 5 (see "upgrade of
+                               4.x data"); missing on a queue of 4.x not converted yet
+  B:upgrade            hash    the progress of that conversion (waiting: the rank reached in
+                               B:waiting; client: the clients of B:expiry done); gone after it
   B:ends               hash    id -> the end of each job kept after its end, one line:
                                "<state> <ended_at> <started_at> <pid> <attempts> <run_at>
                                <enqueued_at> <retry_count> <stall_count> <timeout_count>
@@ -37,9 +46,12 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:ended:<id>         hash    the record of an ended job kept whole: a failed or cancelled
                                one, a finished one with a result (a queue that stores them)
                                or an earlier failed attempt; the active (or, cancelled,
-                               waiting) record as it was, + a failure's error fields, result
-                               (the handler's JSON return value). Other finished jobs keep
-                               their end only (no data): the cheap path of every no-op job
+                               waiting) record as it was, field by field as library 4.x kept
+                               it (id, data, run_at, retry_count, stall_count, timeout_count,
+                               enqueued_at, attempts, trace), + its last error's fields
+                               (error_name, error_kind, error_message, traceback, error_at),
+                               result (the handler's JSON return value). Other finished jobs
+                               keep their end only (no data): the cheap path of every no-op job
   B:finished           zset    id -> ended_at (ms) of each end kept in that state: the index
   B:failed             zset    the retention trims (oldest first, a few per call) and listings
   B:cancelled          zset    page through. An id that ended again in another state may stay
@@ -47,7 +59,6 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:stats              hash    finished, failed: totals since a reset; finished:<minute>,
                                failed:<minute>: jobs that ended in that minute (epoch ms //
                                60000), the last hour's kept
-  B:blocked            set     ids whose record in B:job:<id> waits for the active one
   B:expiry             zset    client id -> expiry (ms) of each client holding leases here
   B:fresh              zset    client id -> until when (ms) it is fresh: half its expiry window
                                after its last dequeue or bump; pushes go to fresh clients only
@@ -56,9 +67,10 @@ derive the keys below from it (same slot, so cluster routing holds).
                                job this client has checked out: its lease, with the numbers of
                                its active record (which does not change while active; attempts
                                counting this lease), which an ack reads instead of the record
-                               (4.1.0; 4.0.0 wrote "<token> <leased_at>", 3.x the token alone,
-                               a record without enqueued_at gets "<token> <leased_at>": their
-                               acks read the record)
+                               (4.1.0; a record without enqueued_at gets 4.0.0's "<token>
+                               <leased_at>": its ack reads the record; the upgrade rewrites the
+                               leases of 3.x, the token alone, and of 4.0.0 in 4.1.0's form
+                               when their record has the numbers)
   B:swept              zset    client id -> time it was swept (tombstones, kept 24 h)
   B:parked             hash    client id -> free slots it has parked here: an idle client's
                                dequeue leaves them, and dispatch leases a ready job straight
@@ -98,6 +110,13 @@ derive the keys below from it (same slot, so cluster routing holds).
                                (ids hold no whitespace; data is last and may hold anything)
   B:guard:1, B:guard:2 never written: the migration guard reads them (see `entry`)
 
+Library 5.0.0 (issue 14: a job's server cost) keeps every living record in the one hash
+B:rec, the blocked jobs in the hash B:blocked and the last errors in B:err, where 4.x kept a
+hash per record (B:job:<id> while waiting or blocked, renamed B:active:<id> while leased) and
+a set of blocked ids; every reply, event, end, lease and channel is as 4.4.0's. A queue's keys
+of 4.x are converted by the first write calls on it after 5.0.0 is loaded (see "upgrade of
+4.x data": B:layout, queasy_upgrade).
+
 Channels are sharded (SPUBLISH; subscribers use SSUBSCRIBE on the primary that owns B's
 slot): on a Redis Cluster a message reaches the subscribers of its shard only, and PUBSUB
 SHARDNUMSUB counts exactly them (PUBLISH counts the executing node's subscribers but delivers
@@ -113,7 +132,10 @@ ids): 1-256 characters, no whitespace or control character.
 
 Refused calls: an error reply 'INVALID <what is wrong>' (queasy_py raises InvalidInput), and
 nothing written; 'TRYAGAIN ...' while the queue's hash slot moves between cluster nodes (the
-migration guard of `entry`: nothing read or written, the caller retries after a backoff).
+migration guard of `entry`: nothing read or written, the caller retries after a backoff);
+'TRYAGAIN upgrading <B> ...' while the queue's keys of library 4.x are converted (a write call
+converted a step of them and did nothing else; a read-only call cannot convert: queasy_py
+calls queasy_upgrade until it returns 0, then tries again).
 
 Result codes (queasy_py/store/library.py maps them to an enum):
   dispatch: 1 created, 2 updated (waiting job), 3 blocked (new), 4 blocked (updated)
@@ -1058,21 +1080,30 @@ end
 -- returns how many were converted and the rank reached.
 local function upgrade_waiting(B, from, budget)
   local ids = call('ZRANGE', B .. ':waiting', from, from + budget - 1)
-  local n, gone = 0, {}
-  for _, id in ipairs(ids) do
+  if #ids == 0 then
+    return 0, from
+  end
+  local there = call('HMGET', B .. ':rec', unpack(ids)) -- (converted already: skipped)
+  local n, gone, recs, errs = 0, {}, {}, {}
+  for k, id in ipairs(ids) do
     local jkey = B .. ':job:' .. id
-    local f = hash_of(jkey)
-    if f ~= nil then
+    local f = not there[k] and hash_of(jkey)
+    if f then
       local v, err = upgraded(f, false)
-      if call('HSETNX', B .. ':rec', id, v) == 1 and err ~= nil then
-        call('HSET', B .. ':err', id, err)
+      recs[#recs + 1], recs[#recs + 2] = id, v
+      if err ~= nil then
+        errs[#errs + 1], errs[#errs + 2] = id, err
       end
       gone[#gone + 1] = jkey
       n = n + 1
     end
   end
-  if #gone > 0 then
+  if n > 0 then
+    call('HSET', B .. ':rec', unpack(recs))
     call('DEL', unpack(gone))
+  end
+  if #errs > 0 then
+    call('HSET', B .. ':err', unpack(errs))
   end
   return n, from + #ids
 end
@@ -1081,7 +1112,8 @@ end
 -- Returns how many records were converted (0 when B:blocked is not a set).
 local function upgrade_blocked(B)
   local bkey = B .. ':blocked'
-  if call('TYPE', bkey)['ok'] ~= 'set' then
+  local set, members = pcall(call, 'SCARD', bkey) -- (the hash of 5.0 already: WRONGTYPE)
+  if not set or members == 0 then
     return 0
   end
   local values, gone = {}, {}
@@ -1125,7 +1157,7 @@ local function upgrade_leases(B, client, budget)
       local waiting = call('HGET', B .. ':rec', id)
       if waiting then
         call('ZREM', B .. ':waiting', id)
-        if call('HEXISTS', B .. ':blocked', id) == 0 then
+        if not call('HGET', B .. ':blocked', id) then
           call('HSET', B .. ':blocked', id, '0 0 clamp - -\t' .. waiting)
         end
       end

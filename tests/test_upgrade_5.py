@@ -369,7 +369,7 @@ def test_every_upgraded_job_carries_on_as_4_4_0_would(r: redis.Redis) -> None:
 
 def big_4x_queue(r: redis.Redis, queue: str, n: int = 2 * BUDGET + 200) -> Lua:
     """A queue of `n` waiting jobs written by 4.4.0 (then 5.0 loaded over it by a client)."""
-    lua = Lua(r, "qp", queue)
+    lua = Lua(r, "qp", queue)  # (B: "qp:{<queue>}:<queue>")
     for start in range(0, n, 1000):
         lua.dispatch(*[(f"j{i}", f'"{i}"', "") for i in range(start, min(n, start + 1000))])
     return lua
@@ -429,3 +429,30 @@ def test_the_async_client_reads_a_queue_of_4_x_after_converting_it(
 
     assert asyncio.run(main())["waiting"] == 2 * BUDGET + 200
     assert r.get(lua.B + ":layout") == "5"
+
+
+def test_a_cluster_client_reads_and_writes_a_queue_of_4_x_after_converting_it(
+    cluster: Any,
+) -> None:
+    """On a Redis Cluster redis-py follows the TRYAGAIN itself (as a moving slot's) until its
+    TTL runs out, and drops its text: the client's calls convert the queue first."""
+    from queasy_py import Client
+
+    old = (FIXTURES / f"queasy-{OLD}.lua").read_text()
+    for port in cluster.primary_ports():
+        cluster.node(port).function_load(old, replace=True)
+    lua: dict[str, Lua] = {}
+    for name in ("reads", "writes"):
+        port = cluster.owner(Lua(redis.Redis(), "qp", name).B)  # (a base key only)
+        node = redis.Redis(port=port, password=cluster.password, decode_responses=True)
+        lua[name] = big_4x_queue(node, name)
+    client = Client(cluster.url, workers=0, prefix="qp")  # loads 5.0 on every primary
+    try:
+        assert client.queue("reads").counts()["waiting"] == 2 * BUDGET + 200
+        client.queue("writes").dispatch({"x": 1}, id="new")
+        for name in ("reads", "writes"):
+            assert lua[name].r.get(lua[name].B + ":layout") == "5"
+    finally:
+        client.close()
+        for one in lua.values():
+            one.r.close()

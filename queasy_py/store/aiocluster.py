@@ -30,7 +30,7 @@ from .cluster import (
     passed_over,
     refused_credentials,
     slot_busy,
-    upgrading_read,
+    upgrading_queue,
 )
 from .connection import producer_options
 from .library import (
@@ -104,9 +104,8 @@ class AsyncClusterClient(RedisCluster):
         if key is None or "target_nodes" in kwargs:
             return await self._waiting(*args, **kwargs)
         await self.check_library(key)
-        read = key if str(args[0]).upper() == "FCALL_RO" else None
         return await sent_again_if_gone_async(
-            lambda: self._waiting(*args, _read_key=read, **kwargs),
+            lambda: self._waiting(*args, _queue=key, **kwargs),
             lambda: self.load_library(key, gone=True),
         )
 
@@ -124,7 +123,7 @@ class AsyncClusterClient(RedisCluster):
             log.warning(library_reloaded(f"Redis Cluster primary {node.name}", version))
         return version
 
-    async def _waiting(self, *args: Any, _read_key: str | None = None, **kwargs: Any) -> Any:
+    async def _waiting(self, *args: Any, _queue: str | None = None, **kwargs: Any) -> Any:
         """ClusterClient._waiting (a read of a queue being upgraded from library 4.x too)."""
         deadline = time.monotonic() + self.slot_wait
         delay = 0.02
@@ -132,9 +131,9 @@ class AsyncClusterClient(RedisCluster):
             try:
                 return await super().execute_command(*args, **kwargs)
             except (*SLOT_BUSY, ClusterError) as exc:
-                if _read_key is not None and upgrading_read(exc):
-                    upgrade = functools.partial(self._waiting, *upgrade_call(_read_key))
-                    _read_key = None
+                if _queue is not None and upgrading_queue(exc):
+                    upgrade = functools.partial(self._waiting, *upgrade_call(_queue))
+                    _queue = None
                     await upgraded_async(upgrade)
                     continue
                 if not slot_busy(exc) or time.monotonic() + delay > deadline:

@@ -146,10 +146,10 @@ def slot_busy(exc: BaseException) -> bool:
     )
 
 
-def upgrading_read(exc: BaseException) -> bool:
-    """Whether a read of the library refused with `exc` may have been refused because its
-    queue is being upgraded from library 4.x: 'TRYAGAIN upgrading', or redis-py's
-    redirections ran out (it follows a TRYAGAIN as a moving slot's, and drops its text)."""
+def upgrading_queue(exc: BaseException) -> bool:
+    """Whether a library call refused with `exc` may have been refused because its queue is
+    being upgraded from library 4.x: 'TRYAGAIN upgrading', or redis-py's redirections ran
+    out (it follows a TRYAGAIN as a moving slot's, and drops its text)."""
     return upgrading(exc) or (isinstance(exc, ClusterError) and "TTL exhausted" in str(exc))
 
 
@@ -213,9 +213,8 @@ class ClusterClient(RedisCluster):
         if key is None or not self.reloads_library:
             return self._waiting(*args, **kwargs)
         self.check_library(key)
-        read = key if str(args[0]).upper() == "FCALL_RO" else None
         return sent_again_if_gone(
-            lambda: self._waiting(*args, _read_key=read, **kwargs),
+            lambda: self._waiting(*args, _queue=key, **kwargs),
             lambda: self.load_library(key, gone=True),
         )
 
@@ -234,11 +233,11 @@ class ClusterClient(RedisCluster):
             log.warning(library_reloaded(f"Redis Cluster primary {node.name}", version))
         return version
 
-    def _waiting(self, *args: Any, _read_key: str | None = None, **kwargs: Any) -> Any:
-        """The command, sent again while its slot is busy (up to slot_wait). A read of the
-        library (FCALL_RO on the queue of `_read_key`) refused with 'TRYAGAIN upgrading'
-        (its queue's keys of library 4.x not converted yet: a read cannot convert them),
-        which redis-py follows as a moving slot's TRYAGAIN until its TTL runs out, makes
+    def _waiting(self, *args: Any, _queue: str | None = None, **kwargs: Any) -> Any:
+        """The command, sent again while its slot is busy (up to slot_wait). A library
+        call on the queue `_queue` refused with 'TRYAGAIN upgrading' (its keys of library
+        4.x not converted yet: a read cannot convert them, a write converts a step), which
+        redis-py follows as a moving slot's TRYAGAIN until its TTL runs out, makes
         queasy_upgrade convert them first (it answers 0 at once for a queue converted)."""
         deadline = time.monotonic() + self.slot_wait
         delay = 0.02
@@ -246,9 +245,9 @@ class ClusterClient(RedisCluster):
             try:
                 return super().execute_command(*args, **kwargs)
             except (*SLOT_BUSY, ClusterError) as exc:
-                if _read_key is not None and upgrading_read(exc):
-                    upgraded(functools.partial(self._waiting, *upgrade_call(_read_key)))
-                    _read_key = None  # (converted: once is enough)
+                if _queue is not None and upgrading_queue(exc):
+                    upgraded(functools.partial(self._waiting, *upgrade_call(_queue)))
+                    _queue = None  # (converted: once is enough)
                     continue
                 if not slot_busy(exc) or time.monotonic() + delay > deadline:
                     raise  # CLUSTERDOWN still: ConnectionFailed naming the call (connfailed)
