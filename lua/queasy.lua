@@ -1187,12 +1187,14 @@ local function upgrade_leases(B, client, budget)
 end
 
 -- One step of the upgrade of B (B:layout missing): converts up to UPGRADE_BUDGET 4.x
--- records. Returns how many were converted, and how many are left at most (0: B is marked
--- '5' now; more: a count of the ids and leases not looked at yet).
+-- records. Returns how many were converted, how many are left at most (0: B is marked '5'
+-- now; more: a count of the ids and leases not looked at yet), and whether B was fresh (none
+-- of B:waiting, B:blocked, B:expiry: marked at once).
 local function upgrade_step(B)
   local ukey = B .. ':upgrade'
   local n = 0
-  if call('EXISTS', B .. ':waiting', B .. ':blocked', B .. ':expiry') > 0 then
+  local fresh = call('EXISTS', B .. ':waiting', B .. ':blocked', B .. ':expiry') == 0
+  if not fresh then
     local from = tonumber(call('HGET', ukey, 'waiting')) or 0
     local total = call('ZCARD', B .. ':waiting')
     if from < total then
@@ -1220,7 +1222,7 @@ local function upgrade_step(B)
     call('DEL', ukey)
   end
   call('SET', B .. ':layout', '5')
-  return n, 0
+  return n, 0, fresh
 end
 
 local function upgrading(B, detail)
@@ -1230,7 +1232,8 @@ end
 -- Make sure that B is in the 5.0 layout, B:layout being missing (the caller read it): a
 -- write call converts a step of it (upgrade_step) and goes on when that was the last, else it
 -- is refused (nothing else done); a read-only call (`reads`) cannot write: refused while B
--- holds keys of 4.x to convert, else it reads as 5.0. Returns nil to go on, else the reply.
+-- holds keys of 4.x to convert, else it reads as 5.0. Returns nil to go on, else the reply;
+-- and whether B was fresh (marked now, with nothing to convert).
 local function layout_of(B, reads)
   if reads then
     if call('EXISTS', B .. ':waiting', B .. ':blocked', B .. ':expiry') == 0 then
@@ -1238,9 +1241,9 @@ local function layout_of(B, reads)
     end
     return upgrading(B, 'a write call or queasy_upgrade converts its records first')
   end
-  local n, left = upgrade_step(B)
+  local n, left, fresh = upgrade_step(B)
   if left == 0 then
-    return nil
+    return nil, fresh
   end
   return upgrading(B, int(n) .. ' records converted, more to go')
 end
@@ -2951,7 +2954,7 @@ end
 -- The one read is joined to B:layout's (5.0): EXISTS counts 1 on a queue in the 5.0 layout;
 -- 0: layout_of upgrades it (or refuses). `keys` are the call's keys: each is a queue's base
 -- key (queasy_fail's second is its fail queue, which it writes too). Returns nil to go on,
--- else the reply (a refusal).
+-- else the reply (a refusal); and the keys of the fresh queues it marked, if any.
 local function guard(keys, reads)
   local read = {}
   for i, B in ipairs(keys) do
@@ -2965,15 +2968,32 @@ local function guard(keys, reads)
   elseif marked == #keys then
     return nil
   end
+  local marked = nil
   for _, B in ipairs(keys) do
     if call('EXISTS', B .. ':layout') == 0 then
-      local refused = layout_of(B, reads)
+      local refused, fresh = layout_of(B, reads)
       if refused ~= nil then
         return refused
+      elseif fresh then
+        marked = marked or {}
+        marked[#marked + 1] = B
       end
     end
   end
-  return nil
+  return nil, marked
+end
+
+-- The first write call on the fresh queues `marked` (their B:layout set by this call): one
+-- refused (INVALID: nothing written) leaves no mark either, so a refusal writes nothing.
+local function first_call(fn, keys, args, marked)
+  local ok, reply = pcall(fn, keys, args)
+  if not ok then
+    for _, B in ipairs(marked) do
+      call('DEL', B .. ':layout')
+    end
+    error(reply, 0)
+  end
+  return reply
 end
 
 -- An entry point as registered: `call` is redis.call while it runs. A call with keys passes
@@ -2985,9 +3005,11 @@ local function entry(fn, guarded, reads)
   return function(keys, args)
     call, format, find = redis.call, string.format, string.find
     if keys[1] ~= nil and not guarded then
-      local refused = guard(keys, reads)
+      local refused, marked = guard(keys, reads)
       if refused ~= nil then
         return refused
+      elseif marked ~= nil then
+        return first_call(fn, keys, args, marked)
       end
     end
     return fn(keys, args)
