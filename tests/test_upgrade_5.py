@@ -97,10 +97,10 @@ IDS = ("w1", "w2", "d1", "tr", "a1", "b1", "b2", "old", "x1", "x2", "f1", "e1", 
 IDS += ("schedule", "noenq", "nothing")
 
 
-def readers(lua: Lua, now: int = NOW) -> dict[str, Any]:
+def readers(lua: Lua, now: int = NOW, ids: tuple[str, ...] = IDS) -> dict[str, Any]:
     """What every reader replies about the queue, with data (raw replies, in their order)."""
     out: dict[str, Any] = {}
-    for id in IDS:
+    for id in ids:
         out["get_job " + id] = lua.call("queasy_get_job", [lua.B], now, id)
     for state in STATES:
         for with_data in ("0", "1"):
