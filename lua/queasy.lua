@@ -501,10 +501,91 @@ local function new_record(key, id, data, run_at, now, trace)
 end
 
 -- The error of an attempt that failed: {name, kind, message, traceback} (strings), or nil.
--- It is written into the job's record as its last error, at `now`.
-local function write_error(key, err, now)
-  call('HSET', key, 'error_name', err.name, 'error_kind', err.kind,
-    'error_message', err.message, 'traceback', err.traceback, 'error_at', int(now))
+-- It becomes the job's last error, at `now`: the value of B:err for its id (5.0), the JSON
+-- {name, kind, message, traceback, at} (`at` an integer string). The caller writes it
+-- (write_errors: one HSET per call).
+local function write_error(errs, id, err, now)
+  errs[#errs + 1] = id
+  errs[#errs + 1] = cjson.encode({name = err.name, kind = err.kind, message = err.message,
+    traceback = err.traceback, at = int(now)})
+end
+
+local function write_errors(B, errs)
+  if #errs > 0 then
+    call('HSET', B .. ':err', unpack(errs))
+  end
+end
+
+-- The fields of 4.x's last error (B:ended:<id> keeps them so) and their names in B:err.
+local ERROR_NAMES = {{'error_name', 'name'}, {'error_kind', 'kind'},
+  {'error_message', 'message'}, {'traceback', 'traceback'}, {'error_at', 'at'}}
+
+-- The hash B:ended:<id> of a record kept whole, as {field, value, ...} for one HSET: the
+-- fields library 4.x's record hash held, in its order, built from the record string `v`
+-- (id, data, run_at, enqueued_at when known, trace when there is one, and the counts and
+-- attempts once the job was requeued: 4.x wrote them then, and left them absent while 0
+-- before), the last error `errv` (B:err's JSON, or false: error_name, error_kind,
+-- error_message, traceback, error_at), then the `extra` pairs (a later pair of a field
+-- replaces its value in place, as 4.x's HSET on the renamed record did). A value garbled
+-- around the library (not a record, not JSON) gives only the fields it can.
+local function ended_fields(id, v, errv, extra)
+  local out = {'id', id}
+  local job = rec_job(id, v)
+  if job ~= nil then
+    out[3], out[4], out[5], out[6] = 'data', job.data, 'run_at', int(job.run_at)
+    if job.enqueued_at then
+      out[#out + 1], out[#out + 2] = 'enqueued_at', job.enqueued_at
+    end
+    if job.trace ~= '' then
+      out[#out + 1], out[#out + 2] = 'trace', job.trace
+    end
+    if job.attempts ~= '0' or job.retry_count ~= 0 or job.stall_count ~= 0
+        or job.timeout_count ~= 0 then
+      local n = #out
+      out[n + 1], out[n + 2] = 'retry_count', int(job.retry_count)
+      out[n + 3], out[n + 4] = 'stall_count', int(job.stall_count)
+      out[n + 5], out[n + 6] = 'timeout_count', int(job.timeout_count)
+      out[n + 7], out[n + 8] = 'attempts', job.attempts
+    end
+  end
+  if errv then
+    local ok, e = pcall(cjson.decode, errv)
+    if ok and type(e) == 'table' then
+      for _, f in ipairs(ERROR_NAMES) do
+        local x = e[f[2]]
+        if type(x) == 'number' then
+          x = int(x)
+        end
+        if type(x) == 'string' then
+          out[#out + 1], out[#out + 2] = f[1], x
+        end
+      end
+    end
+  end
+  if extra ~= nil then
+    for k = 1, #extra do
+      out[#out + 1] = extra[k]
+    end
+  end
+  return out
+end
+
+-- A value of the hash B:blocked: "<u_data> <u_reset> <u_run_at> <u_lo> <u_hi>\t<record>"
+-- (see run_at_update; u_lo, u_hi '-' for no bound) as u_data, u_reset, u_run_at, u_lo, u_hi
+-- ('' for no bound, as run_at_update reads them) and the record string; nil for a value
+-- that is not one (written around the library).
+local function blocked_parts(bv)
+  local d, r, mode, lo, hi, p = string.match(bv or '', '^(%S+) (%S+) (%S+) (%S+) (%S+)\t()')
+  if d == nil then
+    return nil
+  end
+  return d, r, mode, lo == '-' and '' or lo, hi == '-' and '' or hi, string.sub(bv, p)
+end
+
+-- The value of B:blocked of a record string `rec` with its composed update.
+local function blocked_value(u_data, u_reset, kind, lo, hi, rec)
+  return (u_data and '1' or '0') .. ' ' .. (u_reset and '1' or '0') .. ' ' .. kind .. ' '
+    .. (lo and int(lo) or '-') .. ' ' .. (hi and int(hi) or '-') .. '\t' .. rec
 end
 
 local RUN_AT_MODES = {replace = true, keep = true, if_later = true, if_earlier = true}
@@ -618,43 +699,57 @@ local function outcome_event(B, maxlen, now, outcome, job, pid, started_at, err)
   return at, counts
 end
 
--- Put `job` (leaving the active state; from leased()) back in waiting at run_at, merging the
--- update of a blocked job with its id, if any, so one job with that id remains. Its record
--- moves (the fields it gathered stay: enqueued_at, the last error), counting this lease in
--- attempts; `err` (or nil) becomes its last error, at `now`.
-local function requeue(B, job, run_at, err, now)
+-- Put `job` (leaving the active state; from leased(): its numbers, `attempts` counting this
+-- lease, `v` its record string) back in waiting at run_at, merging the update of the blocked
+-- job with its id, if any (`bv`: its value in B:blocked, or false), so one job with that id
+-- remains. Its record keeps what it gathered (enqueued_at, trace, the last error in B:err);
+-- `err` (or nil) becomes its last error, at `now`. The writes go into `out` ({recs, scored,
+-- errs, unblocked}: requeued() writes them, one command each per call).
+local function requeue(job, run_at, err, now, bv, out)
   local id = job.id
-  local bkey = B .. ':job:' .. id
-  local blocked = call('HMGET', bkey, 'data', 'run_at', 'u_data', 'u_run_at', 'u_reset',
-    'u_lo', 'u_hi')
-  if blocked[1] ~= false then
-    if blocked[3] == '1' then
-      job.data = blocked[1] -- else its data stays as it is in the record
+  local data = job.data
+  if bv then
+    local u_data, u_reset, mode, lo, hi, brec = blocked_parts(bv)
+    local b = brec and rec_job(id, brec)
+    if b ~= nil then
+      if u_data == '1' then
+        data = b.data -- else its data stays as it is in the record
+      end
+      local kind, lo_n, hi_n = run_at_update(mode, lo, hi, b.run_at)
+      run_at = apply_update(kind, lo_n, hi_n, b.run_at, run_at)
+      if u_reset == '1' then
+        job.retry_count, job.stall_count, job.timeout_count = 0, 0, 0
+      end
     end
-    local record_run_at = field_int(blocked[2], MAX_MS)
-    local kind, lo, hi = run_at_update(blocked[4], blocked[6], blocked[7], record_run_at)
-    run_at = apply_update(kind, lo, hi, record_run_at, run_at)
-    if blocked[5] == '1' then
-      job.retry_count, job.stall_count, job.timeout_count = 0, 0, 0
-    end
-    call('DEL', bkey)
-    call('SREM', B .. ':blocked', id)
+    out.unblocked[#out.unblocked + 1] = id -- (a value that is not one is dropped: no job)
   end
   job.run_at = run_at
-  call('RENAME', B .. ':active:' .. id, bkey)
-  if job.legacy then
-    call('HDEL', bkey, 'client', 'token', 'leased_at') -- a record leased by 3.x
-  end
-  call('HSET', bkey, 'run_at', int(run_at), 'retry_count', int(job.retry_count),
-    'stall_count', int(job.stall_count), 'timeout_count', int(job.timeout_count),
-    'attempts', job.attempts)
-  if job.data ~= nil then
-    call('HSET', bkey, 'data', job.data)
-  end
+  local recs, scored, run_at_s = out.recs, out.scored, int(run_at)
+  recs[#recs + 1] = id
+  recs[#recs + 1] = rec_pack(run_at_s, job.enqueued_at or '-', int(job.retry_count),
+    int(job.stall_count), int(job.timeout_count), job.attempts, job.trace, data)
+  scored[#scored + 1] = run_at_s
+  scored[#scored + 1] = id
   if err ~= nil then
-    write_error(bkey, err, now)
+    write_error(out.errs, id, err, now)
   end
-  call('ZADD', B .. ':waiting', int(run_at), id)
+end
+
+local function requeue_batch()
+  return {recs = list(), scored = list(), errs = list(), unblocked = list()}
+end
+
+-- Write the requeues gathered in `out` (requeue): the records, B:waiting, the last errors,
+-- and the blocked jobs merged.
+local function requeued(B, out)
+  if #out.recs > 0 then
+    call('HSET', B .. ':rec', unpack(out.recs))
+    call('ZADD', B .. ':waiting', unpack(out.scored))
+  end
+  write_errors(B, out.errs)
+  if #out.unblocked > 0 then
+    call('HDEL', B .. ':blocked', unpack(out.unblocked))
+  end
 end
 
 -- The state of an end (its first word, see B:ends), or nil.
@@ -673,31 +768,42 @@ end
 local END_FIELDS = {'state', 'ended_at', 'started_at', 'pid', 'attempts', 'run_at',
   'enqueued_at', 'retry_count', 'stall_count', 'timeout_count', 'client', 'host'}
 
--- A job's record `key` ends. Kept whole (`whole`: a failure, a cancel, a result, a job with
--- an earlier failed attempt) it becomes B:ended:<id>, with the `extra` field-value pairs if
--- any; else it goes, and its end alone (in B:ends) is what is kept of it. A record of an
--- earlier end of that id is replaced or dropped; its id may stay in the index of another
--- state (readers go by B:ends). `keep` false (a retention of 0): nothing is kept. The caller
--- writes the end into B:ends and the id into B:<state> (once per call: retain). `gone`, if
--- given, collects the keys to delete for one DEL per call (the caller's; nothing reads them
--- before it), else they go now.
-local function end_record(B, key, id, keep, whole, extra, gone)
+-- Job `id` ends. Kept whole (`fields`, from ended_fields: a failure, a cancel, a result, a
+-- job with an earlier failed attempt) its record becomes B:ended:<id> (one HSET); else
+-- (`fields` nil) its end alone (in B:ends) is what is kept of it. A record of an earlier
+-- end of that id is replaced or dropped; its id may stay in the index of another state
+-- (readers go by B:ends). `keep` false (a retention of 0): nothing is kept. The caller
+-- writes the end into B:ends and the id into B:<state> (once per call: retain), and drops
+-- the living record from B:rec and its last error from B:err (drop_living: one HDEL each
+-- per call). `out` gathers the keys to delete (`gone`: one DEL per call, the caller's;
+-- nothing reads them before it) and the ids whose end goes from B:ends (`unended`:
+-- unended()).
+local function end_record(B, id, keep, fields, out)
   local ekey = B .. ':ended:' .. id
-  if keep and whole then
-    call('RENAME', key, ekey)
-    if extra ~= nil then
-      call('HSET', ekey, unpack(extra))
-    end
+  if keep and fields ~= nil then
+    call('DEL', ekey)
+    call('HSET', ekey, unpack(fields))
     return
   end
-  if gone ~= nil then
-    gone[#gone + 1] = key
-    gone[#gone + 1] = ekey
-  else
-    call('DEL', key, ekey)
-  end
+  out.gone[#out.gone + 1] = ekey
   if not keep then
-    call('HDEL', B .. ':ends', id)
+    out.unended[#out.unended + 1] = id
+  end
+end
+
+-- Drop the ends of the ids gathered by end_record (a retention of 0).
+local function unended(B, out)
+  if #out.unended > 0 then
+    call('HDEL', B .. ':ends', unpack(out.unended))
+  end
+end
+
+-- The living records of the jobs `ids` that ended leave B:rec, and their last errors B:err:
+-- one HDEL each per call.
+local function drop_living(B, ids)
+  if #ids > 0 then
+    call('HDEL', B .. ':rec', unpack(ids))
+    call('HDEL', B .. ':err', unpack(ids))
   end
 end
 
@@ -802,28 +908,21 @@ local function holds(held, token)
 end
 
 -- Check the lease of `client` on `id`: `held` is its value in B:lease:<client> (or false; a
--- swept client's leases are gone). Returns the active record (its numbers as integer
--- strings, passed on as they are; `attempts` counting this lease) or nil when stale. The caller
--- drops the lease from B:lease:<client> (each_leased: one HDEL per call). A lease taken by
--- 3.x (`legacy`: its value is the token alone) has an active record that holds client,
--- token and leased_at and counts the lease in attempts: read as such.
-local function leased(B, client, id, token, held)
-  if not holds(held, token) then
+-- swept client's leases are gone), `v` its record in B:rec (or false). Returns the active
+-- job (rec_job's table: its numbers, data, trace, enqueued_at; `attempts` counting this
+-- lease; `client`, `held`) or nil when stale (no lease, another token, no record). The
+-- caller drops the lease from B:lease:<client> (each_leased: one HDEL per call). A record
+-- garbled around the library (not a record string) reads as one of numbers 0, no data.
+-- (A lease of 3.x, the token alone, is read as one of 4.0.0: the upgrade to 5.0 made its
+-- record's attempts not count it.)
+local function leased(client, id, token, held, v)
+  if not v or not holds(held, token) then
     return nil
   end
-  local v = call('HMGET', B .. ':active:' .. id, 'run_at', 'retry_count', 'stall_count',
-    'timeout_count', 'enqueued_at', 'attempts')
-  if v[1] == false then -- no active record (written around the library): stale
-    return nil
-  end
-  local legacy = #held == #token
-  return {
-    id = id, run_at_s = passed(v[1]), retry_s = passed(v[2]), stall_s = passed(v[3]),
-    timeout_s = passed(v[4]), client = client, enqueued_at = v[5],
-    attempts = legacy and passed(v[6]) or (v[6] == false and '1')
-      or int(field_int(v[6], MAX_MS) + 1), held = held,
-    legacy = legacy,
-  }
+  local job = rec_job(id, v) or rec_job(id, '0 - 0 0 0 0\t\t')
+  job.attempts = int(tonumber(job.attempts) + 1)
+  job.client, job.held = client, held
+  return job
 end
 
 -- The lease `held` of `client` on `id` when it is `token`'s and as library 4.1.0 writes it
@@ -831,7 +930,8 @@ end
 -- <enqueued_at> <retry_count> <stall_count> <timeout_count>", as an event line has them;
 -- `attempts` counting this lease), without reading its record. Else nil: the caller reads
 -- the record (leased(): a lease of 4.0.0 or 3.x, one garbled around the library, a stale
--- token). The caller checks that the active record exists (each_leased: one EXISTS).
+-- token). The caller checks that the active record exists (each_leased: one HMGET of B:rec
+-- per call).
 local function lease_of(client, id, token, held)
   if not held or string.byte(held, #token + 1) ~= 32 or find(held, token, 1, true) ~= 1 then
     return nil
@@ -843,7 +943,7 @@ local function lease_of(client, id, token, held)
     '^(%d+() %d+() %d+() %d+() %d+) (%d+) ', s)
   -- a number longer than the library writes (15 digits: MAX_MS), garbled around it, would go
   -- into the event and the end as it is (a reader's float of it overflows): the record's
-  -- numbers are read instead (leased(): passed() reads such a field as 0)
+  -- numbers are read instead (leased(): rec_job reads such a number as 0)
   if counts == nil or a - s > 15 or b - a > 16 or c - b > 16 or d - c > 16
       or s + #counts - d > 16 or #attempts > 15 then
     return nil
@@ -852,30 +952,20 @@ local function lease_of(client, id, token, held)
 end
 
 -- When the lease of `job` (from leased() or lease_of()) was taken (ms, as written).
-local function leased_at(B, job)
-  if job.legacy then
-    return call('HGET', B .. ':active:' .. job.id, 'leased_at') or ''
-  end
+local function leased_at(job)
   -- a value garbled around the library ('<token> 1\t2': no match) is '' (reads as 0)
   return string.match(job.held, ' (%S*)$') or ''
 end
 
--- The numbers of a job from leased(), to count or compare (its strings go: stale after that).
-local function numbers(job)
-  job.run_at, job.retry_count = tonumber(job.run_at_s), tonumber(job.retry_s)
-  job.stall_count, job.timeout_count = tonumber(job.stall_s), tonumber(job.timeout_s)
-  job.run_at_s, job.retry_s, job.stall_s, job.timeout_s = nil, nil, nil, nil
-  return job
-end
-
 -- The loop of finish, retry and fail: for each group of `width` ARGV from index `from` (id
 -- and token first), `act(job, i)` runs on the job when `client` still holds its lease (when
--- `usable(i)` is true, if given; else the lease is left alone). The leases are checked
--- first, then acted on in order. With `quick` (finish), a lease of 4.1.0 gives the job's
--- numbers (lease_of: no read of its record; one EXISTS per call checks that the records
--- are there, as leased() does). The leases taken leave B:lease:<client> in one HDEL after
--- the loop; an id acked twice in one call is stale the second time (its active record may
--- be deleted only at the end of the call). Returns one code per job: 0 ok, 1 stale.
+-- `usable(i)` is true, if given; else the lease is left alone) and its record is in B:rec
+-- (one HMGET per call of the ids whose lease holds: `job.v` is the record string). The
+-- leases are checked first, then acted on in order. With `quick` (finish), a lease of 4.1.0
+-- gives the job's numbers (lease_of: the record is not parsed); else leased(). The leases
+-- taken leave B:lease:<client> in one HDEL after the loop; an id acked twice in one call is
+-- stale the second time (its record leaves B:rec only at the end of the call). Returns one
+-- code per job: 0 ok, 1 stale.
 local function each_leased(B, client, args, from, width, act, usable, quick)
   local codes, taken, seen, ids = list(), list(), {}, list()
   local lkey = B .. ':lease:' .. client
@@ -883,28 +973,28 @@ local function each_leased(B, client, args, from, width, act, usable, quick)
     ids[#ids + 1] = args[i]
   end
   local held = #ids > 0 and call('HMGET', lkey, unpack(ids)) or {}
-  local jobs, akeys, quicks = list(), list(), list()
+  local cands, at = list(), list()
   for k, id in ipairs(ids) do
     local i = from + (k - 1) * width
-    if (usable == nil or usable(i)) and not seen[id] then
-      local job = quick and lease_of(client, id, args[i + 1], held[k])
-      if job then
-        job.akey = B .. ':active:' .. id
-        akeys[#akeys + 1] = job.akey
-        quicks[#quicks + 1] = k
-      else
-        job = leased(B, client, id, args[i + 1], held[k])
-      end
-      if job ~= nil then
-        seen[id] = true
-        jobs[k] = job
-      end
+    if (usable == nil or usable(i)) and not seen[id] and holds(held[k], args[i + 1]) then
+      seen[id] = true
+      cands[#cands + 1] = id
+      at[#cands] = k
     end
   end
-  if #akeys > 0 and call('EXISTS', unpack(akeys)) < #akeys then
-    for n, k in ipairs(quicks) do -- a record gone (written around the library): stale
-      if call('EXISTS', akeys[n]) == 0 then
-        jobs[k] = nil
+  local jobs = list()
+  if #cands > 0 then
+    local recs = call('HMGET', B .. ':rec', unpack(cands))
+    for c, id in ipairs(cands) do
+      local k, v = at[c], recs[c]
+      local token = args[from + (k - 1) * width + 1]
+      local job = v and quick and lease_of(client, id, token, held[k])
+      if not job then -- (no record: written around the library, stale)
+        job = leased(client, id, token, held[k], v)
+      end
+      if job then
+        job.v = v
+        jobs[k] = job
       end
     end
   end
@@ -983,26 +1073,37 @@ local function moving(B)
 end
 
 -- Sweep one dead client (expiry passed), other than `self`: its active jobs go back to
--- waiting with stall_count + 1. Bounded: at most one client per call.
+-- waiting with stall_count + 1 (a blocked job's update merged, as requeue does), one
+-- 'stalled' event each, their last error a StallError. Bounded: at most one client per call;
+-- its records in one HMGET of B:rec and one of B:blocked, written back in one HSET.
 local function sweep_one(B, now, self, maxlen)
   local dead = call('ZRANGE', B .. ':expiry', '-inf', int(now), 'BYSCORE', 'LIMIT', 0, 2)
   for _, client in ipairs(dead) do
     if client ~= self then
       local lkey = B .. ':lease:' .. client
       local leases = call('HGETALL', lkey)
-      for k = 1, #leases, 2 do
-        local id, held = leases[k], leases[k + 1]
-        local token = string.match(held, '^[^ ]*') -- (as holds() reads it: to the first space)
-        local job = leased(B, client, id, token, held)
-        if job ~= nil then
-          numbers(job)
-          job.stall_count = job.stall_count + 1
-          local err = {name = 'StallError', kind = 'stall', traceback = '',
-            message = 'its supervisor (client ' .. client .. ') was swept as dead: no heartbeat '
-              .. 'for its expiry'}
-          outcome_event(B, maxlen, int(now), 'stalled', job, '', '', err)
-          requeue(B, job, now, err, now)
+      if #leases > 0 then
+        local ids = {}
+        for k = 1, #leases, 2 do
+          ids[#ids + 1] = leases[k]
         end
+        local recs = call('HMGET', B .. ':rec', unpack(ids))
+        local blocked = call('HMGET', B .. ':blocked', unpack(ids))
+        local out = requeue_batch()
+        for n, id in ipairs(ids) do
+          local held = leases[2 * n]
+          local token = string.match(held, '^[^ ]*') -- (as holds() reads it: to the first space)
+          local job = leased(client, id, token, held, recs[n])
+          if job ~= nil then
+            job.stall_count = job.stall_count + 1
+            local err = {name = 'StallError', kind = 'stall', traceback = '',
+              message = 'its supervisor (client ' .. client .. ') was swept as dead: no '
+                .. 'heartbeat for its expiry'}
+            outcome_event(B, maxlen, int(now), 'stalled', job, '', '', err)
+            requeue(job, now, err, now, blocked[n], out)
+          end
+        end
+        requeued(B, out)
       end
       call('DEL', lkey)
       call('HDEL', B .. ':parked', client)
@@ -1526,22 +1627,45 @@ local function cancel(keys, args)
   local id = args[3]
   local keep_count = whole(args[4], 'keep count', MAX_COUNT)
   local keep_ms = whole(args[5], 'keep ms', MAX_MS)
-  local jkey = B .. ':job:' .. id
-  local job = read_job(jkey)
-  if job == nil then
-    return 0
+  -- the blocked job of an active id first (4.x's one B:job:<id> was that one), else the
+  -- record of B:rec while it is waiting or delayed (not active: in B:waiting)
+  local v, errv = call('HGET', B .. ':blocked', id), false
+  local is_blocked = v ~= false
+  if is_blocked then
+    v = select(6, blocked_parts(v)) or false -- (a value that is not one: no job)
+    if not v then
+      return 0
+    end
+  else
+    v = call('HGET', B .. ':rec', id)
+    if not v or call('ZSCORE', B .. ':waiting', id) == false then
+      return 0
+    end
   end
-  job.enqueued_at = call('HGET', jkey, 'enqueued_at')
-  call('ZREM', B .. ':waiting', id)
-  if call('SREM', B .. ':blocked', id) == 1 then
-    call('HDEL', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
+  local job = rec_job(id, v) or rec_job(id, '0 - 0 0 0 0\t\t')
+  local keep = keep_count > 0 and keep_ms > 0
+  if is_blocked then
+    call('HDEL', B .. ':blocked', id)
+  else
+    if keep then
+      errv = call('HGET', B .. ':err', id)
+    end
+    call('ZREM', B .. ':waiting', id)
+    drop_living(B, {id})
   end
   local at, counts = outcome_event(B, maxlen, int(now), 'cancelled', job, '', '', nil)
-  end_record(B, jkey, id, keep_count > 0 and keep_ms > 0, true, nil)
+  local out = {gone = {}, unended = {}}
+  end_record(B, id, keep, ended_fields(id, v, errv, nil), out)
+  unended(B, out)
+  if #out.gone > 0 then
+    call('DEL', unpack(out.gone))
+  end
   retain(B, 'cancelled', now, keep_count, keep_ms, {int(now), id},
     {id, ending('cancelled', at, counts, job.attempts, '')})
   call('SPUBLISH', B .. ':done:' .. id, 'cancelled')
-  schedule_ended(B, id, now, 'cancelled')
+  if not is_blocked then -- (a blocked copy cancelled while its id is active is no end)
+    schedule_ended(B, id, now, 'cancelled', true)
+  end
   return 1
 end
 
@@ -1607,10 +1731,21 @@ local function requeue_failed(keys, args)
     if end_state(call('HGET', B .. ':ends', id)) ~= 'failed' then
       call('ZREM', B .. ':failed', id) -- an id that ended again since, in another state
     else
-      if call('EXISTS', B .. ':job:' .. id) == 0 then -- new: waiting, or blocked if active
-        local data = call('HGET', ekey, 'data') or 'null'
-        if put_job(B, id, data, now, true, 'replace', true, now) == 1 then
-          wake = true
+      -- a new job (counts 0, data of the record, now), unless one with its id waits (in
+      -- B:waiting, or blocked): waiting, or blocked behind the active one (its update as a
+      -- dispatch's that replaces data and run_at and resets the counts)
+      if call('HEXISTS', B .. ':blocked', id) == 0 then
+        local lives = call('HEXISTS', B .. ':rec', id) == 1 -- (waiting or active)
+        if not lives or call('ZSCORE', B .. ':waiting', id) == false then
+          local rec = rec_pack(int(now), int(now), '0', '0', '0', '0', '',
+            call('HGET', ekey, 'data') or 'null')
+          if lives then -- active
+            call('HSET', B .. ':blocked', id, blocked_value(true, true, 'replace', nil, nil, rec))
+          else
+            call('HSET', B .. ':rec', id, rec)
+            call('ZADD', B .. ':waiting', int(now), id)
+            wake = true
+          end
         end
       end
       call('DEL', ekey)
@@ -1649,25 +1784,27 @@ local function purge(keys, args)
   local state = args[2]
   local limit = page(args[3], 'limit')
   local counted = args[4] ~= nil and args[4] ~= '' and flag(args[4], 'counted')
-  local ids, records, left, dropped
+  local ids, left, dropped
   if state == 'waiting' or state == 'delayed' then
     local low, high = '-inf', int(now)
     if state == 'delayed' then
       low, high = '(' .. int(now), '+inf'
     end
     ids = call('ZRANGE', B .. ':waiting', low, high, 'BYSCORE', 'LIMIT', 0, limit)
-    records = ':job:'
+    dropped = 0
     if #ids > 0 then
       call('ZREM', B .. ':waiting', unpack(ids))
+      dropped = call('HDEL', B .. ':rec', unpack(ids)) -- (an id in B:waiting is not active)
+      call('HDEL', B .. ':err', unpack(ids))
     end
     left = call('ZCOUNT', B .. ':waiting', low, high)
   elseif state == 'blocked' then
-    ids = call('SRANDMEMBER', B .. ':blocked', limit)
-    records = ':job:'
+    ids = call('HRANDFIELD', B .. ':blocked', limit)
+    dropped = 0
     if #ids > 0 then
-      call('SREM', B .. ':blocked', unpack(ids))
+      dropped = call('HDEL', B .. ':blocked', unpack(ids))
     end
-    left = call('SCARD', B .. ':blocked')
+    left = call('HLEN', B .. ':blocked')
   elseif END_STATES[state] then
     ids = call('ZRANGE', B .. ':' .. state, 0, limit - 1)
     dropped = drop_ends(B, state, ids)
@@ -1678,16 +1815,6 @@ local function purge(keys, args)
   else
     invalid('state must be waiting, delayed, blocked, finished, failed or cancelled, got '
       .. shown(state))
-  end
-  if records then
-    dropped = 0
-    if #ids > 0 then
-      local dels = {}
-      for i, id in ipairs(ids) do
-        dels[i] = B .. records .. id
-      end
-      dropped = call('DEL', unpack(dels))
-    end
   end
   if counted then
     return {#ids, left, dropped}
@@ -1826,7 +1953,8 @@ local function finish(keys, args)
   local any_blocked = found > 0
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
-  local scored, done, gone = list(), list(), list()
+  local scored, done, taken, wholes = list(), list(), list(), nil
+  local out = {gone = list(), unended = list()}
   local events, host, pending = B .. ':events', ends.host, nil
   local codes = each_leased(B, client, args, 8, 5, function(job, i)
     local result, line, failed_before = args[i + 4], nil, nil
@@ -1854,24 +1982,25 @@ local function finish(keys, args)
       end
       local at, counts = outcome_event(B, maxlen, ended, 'finished', job, args[i + 2], args[i + 3])
       line = ending('finished', at, counts, job.attempts, host)
-      failed_before = job.retry_s ~= '0' or job.stall_s ~= '0' or job.timeout_s ~= '0'
+      failed_before = job.retry_count ~= 0 or job.stall_count ~= 0 or job.timeout_count ~= 0
     end
-    local extra = nil -- a record kept whole: its lease's fields, and the result if any
-    if result ~= '' or failed_before then
-      extra = {'leased_at', leased_at(B, job), 'attempts', job.attempts}
+    if keep and (result ~= '' or failed_before) then
+      -- kept whole (after the loop: its last error is read for all in one HMGET): the
+      -- record, its lease's fields, and the result if any
+      local extra = {'leased_at', leased_at(job), 'attempts', job.attempts}
       if result ~= '' then
         extra[5], extra[6] = 'result', result
       end
+      wholes = wholes or {}
+      wholes[#wholes + 1] = {job, extra}
+    else
+      end_record(B, job.id, keep, nil, out)
     end
-    end_record(B, job.akey or B .. ':active:' .. job.id, job.id, keep, extra ~= nil, extra,
-      gone)
+    taken[#taken + 1] = job.id
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
     done[#done + 1] = line
-    if any_blocked then
-      promote(B, job.id, true)
-    end
     if job.id == SCHEDULE_ID then
       schedule_ended(B, job.id, now, 'finished', true)
     end
@@ -1882,10 +2011,27 @@ local function finish(keys, args)
   if pending then -- (MAXLEN ~, as each XADD of outcome_event)
     call('XADD', events, 'MAXLEN', '~', maxlen, '*', 'event', pending)
   end
+  if wholes ~= nil then
+    local wids = {}
+    for n, w in ipairs(wholes) do
+      wids[n] = w[1].id
+    end
+    local errs = call('HMGET', B .. ':err', unpack(wids))
+    for n, w in ipairs(wholes) do
+      end_record(B, w[1].id, keep, ended_fields(w[1].id, w[1].v, errs[n], w[2]), out)
+    end
+  end
+  drop_living(B, taken)
+  unended(B, out)
+  if any_blocked then -- (after the records left B:rec: a promoted job takes its id's place)
+    for _, id in ipairs(taken) do
+      promote(B, id, true)
+    end
+  end
   -- the records of the trimmed ends join `gone`: one DEL for all (nothing reads them between)
-  retain(B, 'finished', now, ends.count, ends.ms, scored, done, gone)
-  if #gone > 0 then
-    call('DEL', unpack(gone))
+  retain(B, 'finished', now, ends.count, ends.ms, scored, done, out.gone)
+  if #out.gone > 0 then
+    call('DEL', unpack(out.gone))
   end
   tally(B, 'finished', now, #scored / 2)
   return codes
@@ -1926,8 +2072,21 @@ local function retry(keys, args)
     run_ats[i] = run_at_from(args[i + 2], now, 'retry run_at')
     check_error(args, i + 6, (i + 5) / 9)
   end
-  return each_leased(B, client, args, 4, 9, function(job, i)
-    numbers(job)
+  local out = requeue_batch()
+  local blocked = nil -- B:blocked's value of each id of the call (false: none), read once
+  local codes = each_leased(B, client, args, 4, 9, function(job, i)
+    if blocked == nil then
+      local ids = {}
+      for k = 4, #args, 9 do
+        ids[#ids + 1] = args[k]
+      end
+      blocked = {}
+      for n, bv in ipairs(call('HMGET', B .. ':blocked', unpack(ids))) do
+        if bv then
+          blocked[ids[n]] = bv
+        end
+      end
+    end
     local kind = RETRY_KINDS[args[i + 3]]
     if kind[1] ~= nil then
       job[kind[1]] = job[kind[1]] + 1
@@ -1937,7 +2096,7 @@ local function retry(keys, args)
     if kind[2] ~= nil then
       outcome_event(B, maxlen, int(now), kind[2], job, args[i + 4], args[i + 5], err)
     end
-    requeue(B, job, run_ats[i], kind[3] ~= '' and err or nil, now)
+    requeue(job, run_ats[i], kind[3] ~= '' and err or nil, now, blocked[job.id], out)
     if kind[2] == nil then
       call('HDEL', B .. ':parked', client)
       call('SPUBLISH', B .. ':wake', int(job.run_at))
@@ -1945,6 +2104,51 @@ local function retry(keys, args)
   end, function(i)
     return RETRY_KINDS[args[i + 3]] ~= nil -- an unknown kind must not consume the lease
   end)
+  requeued(B, out)
+  return codes
+end
+
+-- The fail jobs of a queasy_fail call (the groups at ARGV `at`: fail job id at i + 2, its
+-- data at i + 3) enter the fail queue F, waiting now, in one HMGET, HSET and ZADD of F per
+-- call; SPUBLISH F:wake. A fail job id that has a job in F already (written around the
+-- library: the supervisor makes a new id per failure) is as library 4.x left it: a
+-- waiting one gets the new data and run_at (its counts, attempts and trace stay); an active
+-- one gets a blocked job with the new record behind it (no update of the active one).
+local function dispatch_fails(F, now, args, at)
+  local now_s = int(now)
+  local fids = {}
+  for n, i in ipairs(at) do
+    fids[n] = args[i + 2]
+  end
+  local have = call('HMGET', F .. ':rec', unpack(fids))
+  local recs, scored, blocks = {}, {}, {}
+  for n, i in ipairs(at) do
+    local fid, v = fids[n], have[n]
+    local old = v and rec_job(fid, v)
+    if old and call('ZSCORE', F .. ':waiting', fid) == false then -- active
+      blocks[#blocks + 1] = fid
+      blocks[#blocks + 1] = blocked_value(false, false, 'clamp', nil, nil,
+        rec_pack(now_s, now_s, '0', '0', '0', '0', '', args[i + 3]))
+    else
+      recs[#recs + 1] = fid
+      if old then
+        recs[#recs + 1] = rec_pack(now_s, now_s, int(old.retry_count), int(old.stall_count),
+          int(old.timeout_count), old.attempts, old.trace, args[i + 3])
+      else
+        recs[#recs + 1] = rec_pack(now_s, now_s, '0', '0', '0', '0', '', args[i + 3])
+      end
+      scored[#scored + 1] = now_s
+      scored[#scored + 1] = fid
+    end
+  end
+  if #recs > 0 then
+    call('HSET', F .. ':rec', unpack(recs))
+    call('ZADD', F .. ':waiting', unpack(scored))
+  end
+  if #blocks > 0 then
+    call('HSET', F .. ':blocked', unpack(blocks))
+  end
+  call('SPUBLISH', F .. ':wake', now_s)
 end
 
 --[[ queasy_fail: jobs failed for good; each fail job is dispatched in the same call.
@@ -1984,31 +2188,42 @@ local function fail(keys, args)
   local any_blocked = call('EXISTS', B .. ':blocked') == 1
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
-  local scored, done = {}, {}
+  local scored, done, taken, fails = {}, {}, {}, {}
+  local out = {gone = {}, unended = {}}
   local codes = each_leased(B, client, args, 8, 10, function(job, i)
     local err = {name = args[i + 6], kind = args[i + 7], message = args[i + 8],
       traceback = args[i + 9]}
     local at, counts = outcome_event(B, maxlen, ended, 'failed', job, args[i + 4], args[i + 5], err)
-    end_record(B, B .. ':active:' .. job.id, job.id, keep, true, {'error_name', err.name,
-      'error_kind', err.kind, 'error_message', err.message, 'traceback', err.traceback,
-      'error_at', ended, 'leased_at', leased_at(B, job), 'attempts', job.attempts})
+    -- kept whole: the record with this error (its last error, replaced: not read), its lease
+    end_record(B, job.id, keep, keep and ended_fields(job.id, job.v, false, {'error_name',
+      err.name, 'error_kind', err.kind, 'error_message', err.message, 'traceback',
+      err.traceback, 'error_at', ended, 'leased_at', leased_at(job), 'attempts',
+      job.attempts}) or nil, out)
+    taken[#taken + 1] = job.id
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
     done[#done + 1] = ending('failed', at, counts, job.attempts, ends.host)
-    promote(B, job.id, any_blocked)
     schedule_ended(B, job.id, now, 'failed', true)
     if ends.notify then
       call('SPUBLISH', B .. ':done:' .. job.id, 'failed')
     end
     if F ~= nil then
-      local fid = args[i + 2]
-      new_record(F .. ':job:' .. fid, fid, args[i + 3], now, now)
-      call('ZADD', F .. ':waiting', int(now), fid)
+      fails[#fails + 1] = i
     end
   end)
-  if F ~= nil and #scored > 0 then
-    call('SPUBLISH', F .. ':wake', int(now))
+  drop_living(B, taken)
+  unended(B, out)
+  if #out.gone > 0 then
+    call('DEL', unpack(out.gone))
+  end
+  if any_blocked then -- (after the records left B:rec: a promoted job takes its id's place)
+    for _, id in ipairs(taken) do
+      promote(B, id, true)
+    end
+  end
+  if #fails > 0 then
+    dispatch_fails(F, now, args, fails)
   end
   retain(B, 'failed', now, ends.count, ends.ms, scored, done)
   tally(B, 'failed', now, #scored / 2)

@@ -1,0 +1,285 @@
+"""Library 5.0: the end of an attempt (finish, retry, fail, cancel, the sweep, requeue, purge)
+on the one-hash layout replies and stores exactly as 4.4.0 does for the same calls.
+
+Each test makes a queue's state with 4.4.0's own calls, copies it into 5.0's layout (as the
+upgrade would: tests/layout5_twin.py), then runs the same calls on both libraries and
+compares every reply and every stored key (events, ends, kept records, records, last
+errors, leases, stats)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from layout5_twin import Twin, load_both
+
+from queasy_py.store.library import source
+
+NOW = 1_700_000_000_000
+EXPIRY = 10_000
+MAXLEN = 1000
+KEEP = (100, 3_600_000)
+TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.fixture(scope="module")
+def conn(own_server: Any) -> Iterator[redis.Redis]:
+    r = redis.Redis.from_url(own_server.url, decode_responses=True)
+    load_both(r, source())
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+@pytest.fixture
+def twin(conn: redis.Redis) -> Twin:
+    return Twin(conn, f"t{uuid.uuid4().hex[:8]}")
+
+
+# ---------------------------------------------------------------- 4.4.0's calls (p4 only)
+
+
+def dispatch(
+    t: Twin, *ids: str, now: int = NOW, run_at: Any = "", trace: str = "", **f: Any
+) -> Any:
+    flags = [f.get("update_data", 1), f.get("mode", "replace"), f.get("reset", 1), trace]
+    flat = [x for id in ids for x in (id, f'"{id} {f.get("tag", "")}"', run_at)]
+    return t.old("dispatch", now, *flags, *flat)
+
+
+def dequeue(t: Twin, client: str, nonce: str, limit: int = 10, now: int = NOW) -> dict[str, str]:
+    """Leases for `client`: id -> token."""
+    row = t.old("dequeue", now, client, nonce, limit, EXPIRY, MAXLEN, 0)
+    return {row[i]: row[i + 1] for i in range(2, len(row), 8)}
+
+
+def retried(
+    t: Twin, client: str, tokens: dict[str, str], kinds: dict[str, str], now: int = NOW
+) -> None:
+    args = []
+    for id, kind in kinds.items():
+        args += [id, tokens[id], now, kind, "7", now - 3, "ValueError", f"bad {id}", f"tb {id}\n"]
+    assert t.old("retry", now, client, MAXLEN, *args) == [0] * len(kinds)
+
+
+# ---------------------------------------------------------------- calls on both
+
+
+def finish(
+    t: Twin,
+    client: str,
+    acks: list[tuple[str, str, str]],
+    now: int = NOW + 10,
+    keep: tuple[int, int] = KEEP,
+    notify: int = 0,
+) -> list[int]:
+    """acks: (id, token, result) each."""
+    args = [x for id, token, result in acks for x in (id, token, "42", now - 5, result)]
+    return t.both("finish", now, client, MAXLEN, *keep, "host a b", notify, *args)
+
+
+def retry(
+    t: Twin, client: str, acks: list[tuple[str, str, Any, str]], now: int = NOW + 10
+) -> list[int]:
+    """acks: (id, token, run_at, kind) each."""
+    args = []
+    for id, token, run_at, kind in acks:
+        args += [id, token, run_at, kind, "43", now - 5, "OSError", f"no {id}", f"Traceback {id}\n"]
+    return t.both("retry", now, client, MAXLEN, *args)
+
+
+def fail(
+    t: Twin,
+    client: str,
+    acks: list[tuple[str, str]],
+    now: int = NOW + 10,
+    keep: tuple[int, int] = KEEP,
+    with_f: bool = True,
+    notify: int = 0,
+) -> list[int]:
+    args = []
+    for id, token in acks:
+        fid, fdata = (f"f-{id}", f'["{id}"]') if with_f else ("", "")
+        args += [id, token, fid, fdata, "44", now - 5, "KeyError", "permanent", f"k {id}", "tb\n"]
+    return t.both("fail", now, client, MAXLEN, *keep, "host", notify, *args, fail_queue=with_f)
+
+
+# ---------------------------------------------------------------- tests
+
+
+def made(t: Twin, copy: bool = True) -> dict[str, str]:
+    """a..f leased by c1: a, e fresh (a with a trace), b retried once, c released once, d
+    timed out once; e's lease of 4.0.0's form "<token> <leased_at>"; w delayed, x waiting."""
+    dispatch(t, "a", trace=TRACE)
+    dispatch(t, "b", "c", "d", "e", "f")
+    dispatch(t, "w", run_at=NOW + 100_000)
+    first = dequeue(t, "c1", "n1", limit=6)
+    retried(t, "c1", first, {"b": "retry", "c": "release", "d": "timeout"})
+    tokens = first | dequeue(t, "c1", "n2", limit=3)
+    dispatch(t, "x", now=NOW + 1)
+    t.r.hset(t.B4 + ":lease:c1", "e", f"{tokens['e']} {NOW}")
+    if copy:
+        t.to_layout5()
+        t.check()  # the copy is as the comparison reads it
+    return tokens
+
+
+def test_finish_replies_and_stores_as_4_4_0(twin: Twin) -> None:
+    tok = made(twin)
+    codes = finish(
+        twin,
+        "c1",
+        [
+            ("a", tok["a"], ""),  # a no-op job: its end only
+            ("b", tok["b"], '{"r": 1}'),  # failed before, with a result: kept whole
+            ("c", tok["c"], ""),  # released before (no count): its end only
+            ("d", tok["d"], ""),  # timed out before: kept whole with its last error
+            ("e", tok["e"], '"e"'),  # a lease of 4.0.0: its numbers from the record
+            ("a", tok["a"], ""),  # the same lease twice in one call: stale
+            ("f", "n9.9", ""),  # another token: stale
+            ("zz", "n1.1", ""),  # no lease
+        ],
+    )
+    assert codes == [0, 0, 0, 0, 0, 1, 1, 1]
+    twin.check()
+    assert finish(twin, "c1", [("f", tok["f"], "[1]")], keep=(0, 0), notify=1) == [0]
+    twin.check()
+    assert sorted(twin.r.hkeys(twin.B5 + ":rec")) == ["w", "x"]  # the others ended
+
+
+def test_finish_of_an_id_kept_whole_before_drops_that_record(twin: Twin) -> None:
+    tok = made(twin, copy=False)
+    assert fail(twin, "c1", [("a", tok["a"]), ("b", tok["b"])]) == [0, 0]
+    dispatch(twin, "a", "b", now=NOW + 11)
+    tok |= dequeue(twin, "c1", "n3", now=NOW + 11)
+    twin.to_layout5()
+    twin.check()
+    assert finish(twin, "c1", [("a", tok["a"], ""), ("b", tok["b"], "2")], now=NOW + 12) == [0, 0]
+    twin.check()
+
+
+def test_retry_of_every_kind_replies_and_stores_as_4_4_0(twin: Twin) -> None:
+    tok = made(twin)
+    codes = retry(
+        twin,
+        "c1",
+        [
+            ("a", tok["a"], NOW + 500, "retry"),
+            ("b", tok["b"], "+250", "timeout"),
+            ("c", tok["c"], NOW, "stall"),
+            ("d", tok["d"], NOW, "release"),
+            ("e", tok["e"], NOW + 1, "return"),  # a lease of 4.0.0
+            ("f", tok["f"], NOW, "bogus"),  # an unknown kind: stale, its lease kept
+            ("a", tok["a"], NOW, "retry"),  # twice in one call: stale
+        ],
+    )
+    assert codes == [0, 0, 0, 0, 0, 1, 1]
+    twin.check()
+    assert finish(twin, "c1", [("f", tok["f"], "")]) == [0]
+    twin.check()
+
+
+def test_retry_applies_a_blocked_jobs_composed_update_as_4_4_0(twin: Twin) -> None:
+    dispatch(twin, "a", "b", "c", "d")
+    tok = dequeue(twin, "c1", "n1")
+    # blocked copies: a's composed (if_later then if_earlier, data and reset), b's a replace,
+    # c's a keep without data, d none
+    dispatch(twin, "a", run_at=NOW + 300, mode="if_later", tag="1", update_data=0, reset=0)
+    dispatch(twin, "a", run_at=NOW + 200, mode="if_earlier", tag="2")
+    dispatch(twin, "b", run_at=NOW + 700, mode="replace", tag="3", reset=0)
+    dispatch(twin, "c", run_at=NOW + 900, mode="keep", tag="4", update_data=0, reset=0)
+    retried(twin, "c1", tok, {"c": "release"})  # (by 4.4.0: c's blocked job merged)
+    twin.to_layout5()
+    twin.check()
+    codes = retry(
+        twin,
+        "c1",
+        [
+            ("a", tok["a"], NOW + 100, "retry"),
+            ("b", tok["b"], NOW + 100, "stall"),
+            ("d", tok["d"], NOW + 100, "timeout"),
+        ],
+    )
+    assert codes == [0, 0, 0]
+    twin.check()
+
+
+def test_fail_replies_and_stores_as_4_4_0(twin: Twin) -> None:
+    tok = made(twin)
+    assert fail(
+        twin, "c1", [("a", tok["a"]), ("b", tok["b"]), ("a", tok["a"]), ("e", tok["e"])]
+    ) == [0, 0, 1, 0]
+    twin.check()
+    assert fail(twin, "c1", [("c", tok["c"])], with_f=False) == [0]
+    assert fail(twin, "c1", [("d", tok["d"])], keep=(0, 0), notify=1) == [0]
+    twin.check()
+
+
+def test_requeue_of_failed_jobs_as_4_4_0(twin: Twin) -> None:
+    tok = made(twin, copy=False)
+    assert fail(twin, "c1", [("a", tok["a"]), ("b", tok["b"]), ("c", tok["c"])]) == [0, 0, 0]
+    # a fails again while a new a is active (its requeue: blocked), b is waiting again (kept)
+    dispatch(twin, "a", now=NOW + 11)
+    tok |= dequeue(twin, "c1", "n3", now=NOW + 11)
+    assert "a" in tok and "x" in tok
+    dispatch(twin, "b", now=NOW + 11)
+    twin.to_layout5()
+    twin.check()
+    assert twin.both("requeue", NOW + 20, "", 10) == [3, NOW + 20, 3]
+    twin.check()
+    assert twin.both("requeue", NOW + 21, "", 10, "a", "b", "zz") == [0, NOW + 21, 3]
+    assert retry(twin, "c1", [("a", tok["a"], NOW + 30, "retry")]) == [0]
+    twin.check()
+
+
+def test_cancel_as_4_4_0(twin: Twin) -> None:
+    tok = made(twin, copy=False)
+    assert retry(twin, "c1", [("b", tok["b"], NOW + 50_000, "retry")]) == [0]
+    dispatch(twin, "a", tag="blocked")
+    dispatch(twin, "a", tag="again", run_at=NOW + 5)
+    twin.to_layout5()
+    for id, keep in (("x", KEEP), ("w", KEEP), ("b", KEEP), ("a", KEEP), ("c", KEEP), ("zz", KEEP)):
+        twin.both("cancel", NOW + 30, MAXLEN, id, *keep)
+        twin.check()
+    assert twin.both("cancel", NOW + 30, MAXLEN, "a", *KEEP) == 0  # the active one
+    assert finish(twin, "c1", [("c", tok["c"], "")], keep=(0, 1)) == [0]
+    twin.check()
+
+
+def test_cancel_keeping_nothing_as_4_4_0(twin: Twin) -> None:
+    made(twin)
+    assert twin.both("cancel", NOW + 30, MAXLEN, "x", 0, 0) == 1
+    assert twin.both("cancel", NOW + 30, 0, "w", 1, 0) == 1
+    twin.check()
+
+
+def test_sweep_as_4_4_0(twin: Twin) -> None:
+    tok = made(twin, copy=False)
+    dispatch(twin, "b", tag="blocked", mode="if_later", run_at=NOW + 40_000)
+    dispatch(twin, "g")
+    tok |= dequeue(twin, "c2", "m1")
+    twin.to_layout5()
+    twin.check()
+    # c1 and c2 are dead past their expiry: a bump sweeps one per call
+    assert twin.both("bump", NOW + EXPIRY + 1, "c3", EXPIRY, MAXLEN) == 0
+    twin.check()
+    assert twin.both("bump", NOW + EXPIRY + 2, "c3", EXPIRY, MAXLEN) == 0
+    twin.check()
+    assert finish(twin, "c1", [("a", tok["a"], "")]) == [1]  # a zombie's ack
+    assert twin.both("bump", NOW + EXPIRY + 3, "c1", EXPIRY, MAXLEN) == 2
+    twin.check()
+
+
+def test_purge_as_4_4_0(twin: Twin) -> None:
+    tok = made(twin, copy=False)
+    assert finish(twin, "c1", [("b", tok["b"], "")]) == [0]
+    dispatch(twin, "a", tag="blocked")
+    twin.to_layout5()
+    for state in ("waiting", "delayed", "blocked", "finished", "cancelled"):
+        twin.both("purge", NOW + 30, state, 100, 1)
+        twin.check()
+    assert twin.both("purge", NOW + 30, "active", 100) is not None
