@@ -573,17 +573,24 @@ end
 -- A value of the hash B:blocked: "<u_data> <u_reset> <u_run_at> <u_lo> <u_hi>\t<record>"
 -- (see run_at_update; u_lo, u_hi '-' for no bound) as u_data, u_reset, u_run_at, u_lo, u_hi
 -- ('' for no bound, as run_at_update reads them) and the record string; nil for a value
--- that is not one (written around the library).
-local function blocked_parts(bv)
-  local d, r, mode, lo, hi, p = string.match(bv or '', '^(%S+) (%S+) (%S+) (%S+) (%S+)\t()')
-  if d == nil then
+-- whose record is not one (written around the library). Flags garbled around the library
+-- read as none ('0', 'keep', no bound: as 4.x read garbage u_* fields).
+local function blocked_update(bv)
+  local t = bv and find(bv, '\t', 1, true)
+  local rec = t and string.sub(bv, t + 1)
+  if not rec or rec_parts(rec) == nil then
     return nil
   end
-  return d, r, mode, lo == '-' and '' or lo, hi == '-' and '' or hi, string.sub(bv, p)
+  local d, r, mode, lo, hi = string.match(string.sub(bv, 1, t - 1),
+    '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+  if d == nil then
+    return '0', '0', 'keep', '', '', rec
+  end
+  return d, r, mode, lo == '-' and '' or lo, hi == '-' and '' or hi, rec
 end
 
 -- The value of B:blocked of a record string `rec` with its composed update.
-local function blocked_value(u_data, u_reset, kind, lo, hi, rec)
+local function blocked_string(u_data, u_reset, kind, lo, hi, rec)
   return (u_data and '1' or '0') .. ' ' .. (u_reset and '1' or '0') .. ' ' .. kind .. ' '
     .. (lo and int(lo) or '-') .. ' ' .. (hi and int(hi) or '-') .. '\t' .. rec
 end
@@ -709,7 +716,7 @@ local function requeue(job, run_at, err, now, bv, out)
   local id = job.id
   local data = job.data
   if bv then
-    local u_data, u_reset, mode, lo, hi, brec = blocked_parts(bv)
+    local u_data, u_reset, mode, lo, hi, brec = blocked_update(bv)
     local b = brec and rec_job(id, brec)
     if b ~= nil then
       if u_data == '1' then
@@ -1632,7 +1639,7 @@ local function cancel(keys, args)
   local v, errv = call('HGET', B .. ':blocked', id), false
   local is_blocked = v ~= false
   if is_blocked then
-    v = select(6, blocked_parts(v)) or false -- (a value that is not one: no job)
+    v = select(6, blocked_update(v)) or false -- (a value that is not one: no job)
     if not v then
       return 0
     end
@@ -1740,7 +1747,8 @@ local function requeue_failed(keys, args)
           local rec = rec_pack(int(now), int(now), '0', '0', '0', '0', '',
             call('HGET', ekey, 'data') or 'null')
           if lives then -- active
-            call('HSET', B .. ':blocked', id, blocked_value(true, true, 'replace', nil, nil, rec))
+            call('HSET', B .. ':blocked', id,
+              blocked_string(true, true, 'replace', nil, nil, rec))
           else
             call('HSET', B .. ':rec', id, rec)
             call('ZADD', B .. ':waiting', int(now), id)
@@ -2127,7 +2135,7 @@ local function dispatch_fails(F, now, args, at)
     local old = v and rec_job(fid, v)
     if old and call('ZSCORE', F .. ':waiting', fid) == false then -- active
       blocks[#blocks + 1] = fid
-      blocks[#blocks + 1] = blocked_value(false, false, 'clamp', nil, nil,
+      blocks[#blocks + 1] = blocked_string(false, false, 'clamp', nil, nil,
         rec_pack(now_s, now_s, '0', '0', '0', '0', '', args[i + 3]))
     else
       recs[#recs + 1] = fid

@@ -283,3 +283,79 @@ def test_purge_as_4_4_0(twin: Twin) -> None:
         twin.both("purge", NOW + 30, state, 100, 1)
         twin.check()
     assert twin.both("purge", NOW + 30, "active", 100) is not None
+
+
+# ---------------------------------------------------------------- cost (issue 14)
+
+#: commands sent by the test itself between its two looks, not run inside an FCALL
+OUTSIDE = {"fcall", "info"}
+
+
+def commands(r: redis.Redis) -> dict[str, int]:
+    stats = r.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
+def active(r: redis.Redis, B: str, n: int, client: str = "c1") -> list[str]:
+    """n active no-op jobs of `client` written in 5.0's layout (as a dequeue leaves them):
+    returns the finish ARGV of their acks."""
+    ids = [f"j{i}" for i in range(n)]
+    r.hset(B + ":rec", mapping={id: f"{NOW} {NOW} 0 0 0 0\t\t1" for id in ids})
+    r.hset(B + ":lease:" + client, mapping={id: f"t.{id} {NOW} {NOW} 0 0 0 1 {NOW}" for id in ids})
+    r.zadd(B + ":expiry", {client: NOW + EXPIRY})
+    return [x for id in ids for x in (id, f"t.{id}", "42", NOW + 1, "")]
+
+
+def test_finish_of_no_op_jobs_runs_no_command_per_job_but_its_event(twin: Twin) -> None:
+    """A no-op job (no result, no earlier failed attempt) costs finish its event's XADD
+    only: the leases, the records (B:rec), the last errors (B:err) go in one HDEL each per
+    call, whatever the number of jobs."""
+    ran = {}
+    for n in (10, 40):
+        B = f"{twin.B5}{n}"
+        acks = active(twin.r, B, n)
+        before = commands(twin.r)
+        head = [NOW + 5, "c1", MAXLEN, *KEEP, "h", 0]
+        assert twin.r.fcall("queasy_finish", 1, B, *head, *acks) == [0] * n
+        after = commands(twin.r)
+        ran[n] = {k: v - before.get(k, 0) for k, v in after.items() if k not in OUTSIDE}
+        ran[n] = {k: v for k, v in ran[n].items() if v}
+        assert twin.r.exists(B + ":rec", B + ":lease:c1") == 0
+        assert twin.r.hlen(B + ":ends") == n and twin.r.xlen(B + ":events") == n
+    assert ran[10]["xadd"] == 10 and ran[40]["xadd"] == 40
+    assert {k: v for k, v in ran[10].items() if k != "xadd"} == {
+        k: v for k, v in ran[40].items() if k != "xadd"
+    }
+    assert ran[10]["hdel"] == 3  # the leases, the records, the last errors
+    assert ran[10]["hmget"] == 3  # the leases, the records, the stats
+    assert ran[10]["exists"] == 1  # the migration guard's, with B:blocked
+
+
+# ---------------------------------------------------------------- garbled around the library
+
+
+def test_a_value_garbled_around_the_library_fails_no_call(twin: Twin) -> None:
+    """A B:rec value that is not a record string, a B:blocked value that is not one: the
+    acks go on as 4.x went on with garbage fields (numbers 0), nothing fails half-way."""
+    r, B = twin.r, twin.B5
+    acks = active(r, B, 4)
+    r.hset(B + ":rec", mapping={"j0": "garbage", "j1": "x y", "j2": "1 2\t\t3", "j3": "junk"})
+    r.hset(B + ":lease:c1", "j1", f"t.j1 {NOW}")  # a lease of 4.0.0: the record's numbers
+    head = [NOW + 5, "c1", MAXLEN, *KEEP, "h", 0]
+    # j0: its lease's numbers; j1: a lease of 4.0.0 on a garbled record reads numbers 0
+    assert r.fcall("queasy_finish", 1, B, *head, *acks[:10]) == [0, 0]
+    r.hset(B + ":blocked", mapping={"j2": "no tab", "j3": "1 1 replace - -\tnot a record"})
+    retry_args = [
+        x for id in ("j2", "j3") for x in (id, f"t.{id}", NOW, "retry", "", "", "E", "m", "")
+    ]
+    assert r.fcall("queasy_retry", 1, B, NOW + 6, "c1", MAXLEN, *retry_args) == [0, 0]
+    lines = [f["event"] for _, f in r.xrange(B + ":events")]
+    assert lines[0] == f"finished j0 {NOW + 5} {NOW + 1} 42 {NOW} {NOW} 0 0 0 c1"
+    assert lines[1] == f"finished j1 {NOW + 5} {NOW + 1} 42 0 - 0 0 0 c1"
+    assert lines[2] == f"retried j2 {NOW + 6} - - 0 - 1 0 0 c1"
+    # requeued with what could be read; the blocked values that are no job are dropped
+    assert r.hget(B + ":rec", "j2") == f"{NOW} - 1 0 0 1\t\t3"
+    assert r.hget(B + ":rec", "j3") == f"{NOW} - 1 0 0 1\t\t"
+    assert r.exists(B + ":blocked") == 0
+    assert r.zrange(B + ":waiting", 0, -1) == ["j2", "j3"]
+    assert r.fcall("queasy_cancel", 1, B, NOW, MAXLEN, "j2", *KEEP) == 1
