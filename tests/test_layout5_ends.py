@@ -285,6 +285,33 @@ def test_purge_as_4_4_0(twin: Twin) -> None:
     assert twin.both("purge", NOW + 30, "active", 100) is not None
 
 
+def test_finish_and_fail_promote_a_blocked_job_as_4_4_0(twin: Twin) -> None:
+    """A blocked job (composed updates) becomes waiting when its active one ends: the
+    promotion (l5-a1's promote()) runs after the ended records left B:rec."""
+    dispatch(twin, "a", "b", "c")
+    tok = dequeue(twin, "c1", "n1")
+    dispatch(twin, "a", run_at=NOW + 300, mode="if_later", tag="1", update_data=0, reset=0)
+    dispatch(twin, "a", run_at=NOW + 200, mode="if_earlier", tag="2")
+    dispatch(twin, "b", run_at=NOW + 700, tag="3")
+    dispatch(twin, "c", run_at=NOW + 900, tag="4")
+    twin.to_layout5()
+    assert finish(twin, "c1", [("a", tok["a"], ""), ("b", tok["b"], "[2]")]) == [0, 0]
+    twin.check()
+    assert fail(twin, "c1", [("c", tok["c"])]) == [0]
+    twin.check()
+    assert twin.both("cancel", NOW + 30, MAXLEN, "c", *KEEP) == 1  # waiting now
+    twin.check()
+
+
+def test_the_end_of_a_schedules_occurrence_is_noted_as_4_4_0(twin: Twin) -> None:
+    assert twin.old("schedule", NOW, "every 1s", "", NOW, "", 0, 0)[0] == 2
+    tok = dequeue(twin, "c1", "n1", now=NOW)
+    assert list(tok) == ["schedule"]
+    twin.to_layout5()
+    assert finish(twin, "c1", [("schedule", tok["schedule"], "")]) == [0]
+    twin.check()
+
+
 # ---------------------------------------------------------------- cost (issue 14)
 
 #: commands sent by the test itself between its two looks, not run inside an FCALL
@@ -303,6 +330,7 @@ def active(r: redis.Redis, B: str, n: int, client: str = "c1") -> list[str]:
     r.hset(B + ":rec", mapping={id: f"{NOW} {NOW} 0 0 0 0\t\t1" for id in ids})
     r.hset(B + ":lease:" + client, mapping={id: f"t.{id} {NOW} {NOW} 0 0 0 1 {NOW}" for id in ids})
     r.zadd(B + ":expiry", {client: NOW + EXPIRY})
+    r.set(B + ":layout", "5")  # (the upgrade's mark: a queue in 5.0's layout)
     return [x for id in ids for x in (id, f"t.{id}", "42", NOW + 1, "")]
 
 
