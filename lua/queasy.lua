@@ -463,29 +463,94 @@ local function passed(v)
   return int(field_int(v, MAX_MS))
 end
 
--- The value of a lease in B:lease:<client> (library 4.1.0): "<token> <run_at> <enqueued_at>
--- <retry_count> <stall_count> <timeout_count> <attempts> <leased_at>", the numbers of the
--- record it leases (integer strings as passed() gives them; `enqueued` its field as read)
--- and its attempts counting this lease (`before`: the record's field as read, or false), so
--- that an ack reads them here and not in the record (which does not change while active).
--- A record without enqueued_at, or with one longer than 15 characters or with a space
--- (written around the library: "1 2" would move each number after it one place on), gets a
--- lease of 4.0.0, "<token> <leased_at>"; one that is not digits otherwise, a lease that
--- lease_of() does not take: an ack of either reads the record.
-local function lease_line(token, run_at, enqueued, retry, stall, timeout, before, now_s)
-  if not enqueued or #enqueued > 15 or find(enqueued, ' ', 1, true) then
-    return token .. ' ' .. now_s
+-- The parts of a record string `v` that a lease takes, split with plain find()s (no
+-- pattern: a 6-capture match costs ~8k instructions per job): its run_at, retry_count,
+-- stall_count and timeout_count as integer strings (as passed() gives them), its trace and
+-- data, and what its lease (lease_line) holds between the token and leased_at: `nums`, its
+-- first five numbers as stored ("<run_at> <enqueued_at> <retry> <stall> <timeout>"), and
+-- `attempts`, those of the lease (the record's + 1); `nums` false for a record whose
+-- enqueued_at is not digits (upgraded without one: '-'): its lease is 4.0.0's "<token>
+-- <leased_at>", whose ack reads the record. nil for a value that is not a record (written
+-- around the library). A number garbled around the library reads as field_int reads it (as
+-- 4.x read its fields), and its lease is 4.0.0's form unless its enqueued_at is digits.
+local function rec_lease(v)
+  local t1 = find(v, '\t', 1, true)
+  local t2 = t1 and find(v, '\t', t1 + 1, true)
+  if not t2 then
+    return nil
   end
-  local attempts = before == false and '1' or int(field_int(before, MAX_MS) + 1)
-  return token .. ' ' .. run_at .. ' ' .. enqueued .. ' ' .. retry .. ' ' .. stall .. ' '
-    .. timeout .. ' ' .. attempts .. ' ' .. now_s
+  local sub = string.sub
+  local p1 = find(v, ' ', 1, true)
+  local p2 = p1 and p1 < t1 and find(v, ' ', p1 + 1, true)
+  local p3 = p2 and p2 < t1 and find(v, ' ', p2 + 1, true)
+  local p4 = p3 and p3 < t1 and find(v, ' ', p3 + 1, true)
+  local p5 = p4 and p4 < t1 and find(v, ' ', p4 + 1, true)
+  if p5 and p5 < t1 then
+    local run_at, enqueued = sub(v, 1, p1 - 1), sub(v, p1 + 1, p2 - 1)
+    local retry, stall = sub(v, p2 + 1, p3 - 1), sub(v, p3 + 1, p4 - 1)
+    local timeout, attempts = sub(v, p4 + 1, p5 - 1), sub(v, p5 + 1, t1 - 1)
+    -- the usual record: numbers as the library writes them (counts '0': one comparison)
+    if numeral(run_at) and (retry == '0' or numeral(retry)) and (stall == '0'
+        or numeral(stall)) and (timeout == '0' or numeral(timeout))
+        and (attempts == '0' or numeral(attempts)) then
+      local nums = false
+      if enqueued ~= '-' and numeral(enqueued) then
+        nums = sub(v, 1, p5 - 1)
+        attempts = attempts == '0' and '1' or int(tonumber(attempts) + 1)
+      end
+      return run_at, retry, stall, timeout, sub(v, t1 + 1, t2 - 1), sub(v, t2 + 1), nums,
+        attempts
+    end
+  end
+  -- numbers garbled around the library: read as rec_job reads them
+  local job = rec_job('', v)
+  local run_at, retry = int(job.run_at), int(job.retry_count)
+  local stall, timeout = int(job.stall_count), int(job.timeout_count)
+  local nums = job.enqueued_at and (run_at .. ' ' .. job.enqueued_at .. ' ' .. retry .. ' '
+    .. stall .. ' ' .. timeout)
+  return run_at, retry, stall, timeout, job.trace, job.data, nums,
+    int(tonumber(job.attempts) + 1)
 end
 
--- Write the fields of `job` that change while it lives (the others stay in the hash).
-local function write_job(key, job)
-  call('HSET', key, 'id', job.id, 'data', job.data, 'run_at', int(job.run_at),
-    'retry_count', int(job.retry_count), 'stall_count', int(job.stall_count),
-    'timeout_count', int(job.timeout_count))
+-- A job blocked behind the active one with its id, as B:blocked holds it: "<u_data>
+-- <u_reset> <u_run_at> <u_lo> <u_hi>\t<record string>", the composed update flags of its
+-- dispatches (see run_at_update: u_data, u_reset '1'|'0'; u_run_at 'replace'|'clamp'; u_lo,
+-- u_hi digits or '-' for no bound) and its own record.
+local function blocked_pack(u_data, u_reset, kind, lo, hi, record)
+  return (u_data and '1' or '0') .. ' ' .. (u_reset and '1' or '0') .. ' ' .. kind .. ' '
+    .. (lo and int(lo) or '-') .. ' ' .. (hi and int(hi) or '-') .. '\t' .. record
+end
+
+-- A value of B:blocked as {u_data, u_reset (booleans), u_run_at, u_lo, u_hi (strings as
+-- stored: run_at_update reads them)} and its record string; nil for a value whose record is
+-- not one (written around the library). Flags garbled around the library read as none
+-- ('0', 'keep', no bound: as 4.x read garbage u_* fields).
+local function blocked_parts(v)
+  local t = v and find(v, '\t', 1, true)
+  if not t then
+    return nil
+  end
+  local record = string.sub(v, t + 1)
+  if rec_parts(record) == nil then
+    return nil
+  end
+  local ud, ur, kind, lo, hi = string.match(string.sub(v, 1, t - 1),
+    '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+  return {u_data = ud == '1', u_reset = ur == '1', u_run_at = kind or 'keep', u_lo = lo or '-',
+    u_hi = hi or '-'}, record
+end
+
+-- The value of a lease in B:lease:<client> (library 4.1.0): "<token> <run_at> <enqueued_at>
+-- <retry_count> <stall_count> <timeout_count> <attempts> <leased_at>", the numbers of the
+-- record it leases (`nums`, its first five, and `attempts` counting this lease: rec_lease),
+-- so that an ack reads them here and not in the record (which does not change while
+-- active). `nums` false (a record without enqueued_at: '-'): a lease of 4.0.0, "<token>
+-- <leased_at>", whose ack reads the record.
+local function lease_line(token, nums, attempts, now_s)
+  if not nums then
+    return token .. ' ' .. now_s
+  end
+  return token .. ' ' .. nums .. ' ' .. attempts .. ' ' .. now_s
 end
 
 -- A new waiting/blocked record of a job dispatched at `now` (ms, a number or an integer
@@ -890,16 +955,32 @@ local function tally(B, state, now, n)
   end
 end
 
--- The active job `id` has ended: promote a blocked job with its id, if any.
--- `any_blocked` false (B:blocked is empty) saves a lookup.
+-- The active job `id` has ended: promote a blocked job with its id, if any: its record (in
+-- B:blocked, see blocked_pack) becomes the waiting record of `id` in B:rec, at its run_at.
+-- `any_blocked` false (B:blocked is empty) saves a lookup. Returns true when a job was
+-- promoted: its record is in B:rec now, so the caller drops the ended record from B:rec
+-- BEFORE it calls promote (or leaves this id out of a later HDEL). A value of B:blocked
+-- whose record is not one (written around the library) is dropped.
 local function promote(B, id, any_blocked)
-  if any_blocked and call('SREM', B .. ':blocked', id) == 1 then
-    local bkey = B .. ':job:' .. id
-    call('HDEL', bkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
-    local run_at = int(field_int(call('HGET', bkey, 'run_at'), MAX_MS))
-    call('ZADD', B .. ':waiting', run_at, id)
-    call('SPUBLISH', B .. ':wake', run_at)
+  if not any_blocked then
+    return false
   end
+  local bkey = B .. ':blocked'
+  local v = call('HGET', bkey, id)
+  if not v then
+    return false
+  end
+  call('HDEL', bkey, id)
+  local _, record = blocked_parts(v)
+  if record == nil then
+    return false
+  end
+  -- (its run_at, the record's first number: a garbled one reads as 0, as 4.x's field_int)
+  local run_at = int(field_int(string.match(record, '^[^ \t]*'), MAX_MS))
+  call('HSET', B .. ':rec', id, record)
+  call('ZADD', B .. ':waiting', run_at, id)
+  call('SPUBLISH', B .. ':wake', run_at)
+  return true
 end
 
 -- Whether `held`, a value of B:lease:<client> ("<token> ... <leased_at>": lease_line; a
@@ -1135,27 +1216,31 @@ local function keep_alive(B, now, client, expiry_ms)
   return true
 end
 
--- Check out the job `id` (its record in B:job:<id>, with no active record; the caller
--- removes it from B:waiting and writes its lease into B:lease:<client>): its record moves
--- as it is (its attempts count the leases before this one).
-local function lease(B, id)
-  call('RENAME', B .. ':job:' .. id, B .. ':active:' .. id)
-end
-
 -- The fresh clients parked on B, as a list of {client, slots}: a client is fresh while at
 -- least half its expiry window is left (it bumped or dequeued lately); others are dropped
--- from B:parked (a frozen client keeps its subscription, but not its heartbeat).
+-- from B:parked (a frozen client keeps its subscription, but not its heartbeat). One
+-- ZMSCORE for all.
 local function live_parked(B, now)
   local pkey = B .. ':parked'
   local flat = call('HGETALL', pkey)
   local out = {}
+  if #flat == 0 then
+    return out
+  end
+  local clients = {}
   for i = 1, #flat, 2 do
-    local fresh = call('ZSCORE', B .. ':fresh', flat[i])
-    if fresh ~= false and tonumber(fresh) >= now then
-      out[#out + 1] = {flat[i], tonumber(flat[i + 1])}
+    clients[#clients + 1] = flat[i]
+  end
+  local fresh, stale = call('ZMSCORE', B .. ':fresh', unpack(clients)), {}
+  for k, client in ipairs(clients) do
+    if fresh[k] and tonumber(fresh[k]) >= now then
+      out[#out + 1] = {client, tonumber(flat[2 * k])}
     else
-      call('HDEL', pkey, flat[i])
+      stale[#stale + 1] = client
     end
+  end
+  if #stale > 0 then
+    call('HDEL', pkey, unpack(stale))
   end
   return out
 end
@@ -1167,11 +1252,12 @@ local function pushed_trace(trace)
   return trace_like(trace) and trace or ''
 end
 
--- Push the waiting job `id` to the parked client with the most slots, if one is subscribed
--- to its exact push channel (PUBSUB SHARDNUMSUB: the subscribers on this primary; a
--- client that does not listen is unparked). Returns true when pushed (leased to that
--- client), false to leave it waiting.
-local function push(B, now, id, parked)
+-- Push the waiting job `id`, of record string `record`, to the parked client with the most
+-- slots, if one is subscribed to its exact push channel (PUBSUB SHARDNUMSUB: the subscribers
+-- on this primary; a client that does not listen is unparked). Returns true when pushed
+-- (leased to that client: its record stays in B:rec as it is; the caller takes the id out
+-- of B:waiting), false to leave it waiting.
+local function push(B, now, id, parked, record)
   while true do
     local best = nil
     for _, entry in ipairs(parked) do
@@ -1185,16 +1271,14 @@ local function push(B, now, id, parked)
     local client = best[1]
     local channel = B .. ':push:' .. client
     if call('PUBSUB', 'SHARDNUMSUB', channel)[2] > 0 then
+      local run_at, retry, stall, timeout, trace, data, nums, attempts = rec_lease(record)
+      if run_at == nil then
+        return false -- (not a record: a dispatch writes one, or leaves one in waiting)
+      end
       local token = 'p' .. call('INCR', B .. ':seq')
-      local job = read_job(B .. ':job:' .. id)
-      call('SPUBLISH', channel, table.concat({job.id, token, int(job.run_at),
-        int(job.retry_count), int(job.stall_count), int(job.timeout_count),
-        pushed_trace(job.trace), job.data}, '\n'))
-      lease(B, id)
-      call('ZREM', B .. ':waiting', id)
-      call('HSET', B .. ':lease:' .. client, id, lease_line(token, int(job.run_at),
-        job.enqueued_at, int(job.retry_count), int(job.stall_count),
-        int(job.timeout_count), job.attempts, int(now)))
+      call('SPUBLISH', channel, table.concat({id, token, run_at, retry, stall, timeout,
+        pushed_trace(trace), data}, '\n'))
+      call('HSET', B .. ':lease:' .. client, id, lease_line(token, nums, attempts, int(now)))
       best[2] = best[2] - 1
       if best[2] > 0 then
         call('HSET', B .. ':parked', client, int(best[2]))
@@ -1218,13 +1302,21 @@ local function next_run_at(B)
   return int(tonumber(first[2]))
 end
 
+-- Whether the job `id` is active: it has a record in B:rec and is not in B:waiting (its
+-- lease is in B:lease:<client>; a blocked job with its id waits in B:blocked).
+local function is_active(B, id)
+  return call('HEXISTS', B .. ':rec', id) == 1
+    and call('ZSCORE', B .. ':waiting', id) == false
+end
+
 -- The occurrence of B's schedule (job id SCHEDULE_ID) ended (`outcome` finished, failed or
 -- cancelled; a cancelled blocked copy while it is active is no end): B:schedule keeps its
 -- fire time and outcome, for status (`active_ended`: the caller ends the active record
--- itself, finish and fail). Other ids cost nothing.
+-- itself, finish and fail). Other ids cost nothing. Without `active_ended` (cancel) the
+-- caller calls it after the cancelled record left B:rec (or the blocked copy B:blocked).
 local function schedule_ended(B, id, now, outcome, active_ended)
   if id == SCHEDULE_ID and call('EXISTS', B .. ':schedule') == 1
-      and (active_ended or call('EXISTS', B .. ':active:' .. id) == 0) then
+      and (active_ended or not is_active(B, id)) then
     local skey = B .. ':schedule'
     call('HSET', skey, 'last_fire_at', call('HGET', skey, 'fire_at') or '',
       'last_outcome', outcome, 'last_ended_at', int(now))
@@ -1290,115 +1382,215 @@ local function check_reserved(B, args, from)
   end
 end
 
--- A new waiting job `id` (its record's key `jkey`, the caller's) dispatched at `now` (it has
--- no record and is not active). Returns code 1, its run_at, and true when its id is left for
--- the caller to add to B:waiting (`deferred`: dispatch_jobs adds a batch's new ids in one
--- ZADD), else it is added now.
-local function create_job(B, jkey, id, data, run_at, now, trace, deferred)
-  new_record(jkey, id, data, run_at, now, trace)
-  if deferred then
-    return 1, run_at, true
+--[[ What a call that dispatches knows of its ids (a batch): read once for all, as it
+begins (batch_open: one HMGET of B:rec; ZMSCORE of B:waiting for the ids that have a record,
+to tell a waiting one from an active one; HMGET of B:blocked for the active ones), changed
+as its jobs are put (batch_put) and pushed, and written once, at the end (batch_close: one
+HSET of B:rec, one of B:blocked, one ZADD and one ZREM of B:waiting). An id's state:
+'waiting' (waiting or delayed: a record in B:rec and in B:waiting), 'active' (a record not
+in B:waiting: leased, or pushed in this call), or nil (none). A value of B:rec that is not
+a record (written around the library) reads as none while its id is in B:waiting (a
+dispatch writes over it, as 4.x over a record without its id field), as active otherwise.
+A new id costs no command of its own. ]]
+local function batch_open(B, ids)
+  local st = {B = B, state = {}, rec = {}, blk = {}, found = {}, queued = {}, run = {},
+    dirty = list(), bdirty = list(), touched = list()}
+  if #ids == 0 then
+    return st
   end
-  call('ZADD', B .. ':waiting', int(run_at), id)
-  return 1, run_at, false
+  local v = call('HMGET', B .. ':rec', unpack(ids))
+  local present = nil
+  for k, id in ipairs(ids) do
+    if v[k] and not st.found[id] then
+      st.found[id] = true
+      st.rec[id] = v[k]
+      present = present or list()
+      present[#present + 1] = id
+    end
+  end
+  if present == nil then -- the usual batch of new ids: one command
+    return st
+  end
+  local scores, active = call('ZMSCORE', B .. ':waiting', unpack(present)), nil
+  for k, id in ipairs(present) do
+    if scores[k] then
+      st.queued[id] = true -- (in B:waiting as the call began)
+      if rec_parts(st.rec[id]) ~= nil then
+        st.state[id] = 'waiting'
+      else
+        st.rec[id] = nil
+      end
+    else
+      st.state[id] = 'active'
+      active = active or list()
+      active[#active + 1] = id
+    end
+  end
+  if active ~= nil then
+    local b = call('HMGET', B .. ':blocked', unpack(active))
+    for k, id in ipairs(active) do
+      st.blk[id] = b[k] or nil
+    end
+  end
+  return st
 end
 
--- Write one dispatched job: a new waiting job, an update of the waiting/blocked one, or a
--- blocked job behind the active one (a new record gets `trace`, an update keeps the trace
--- it has). Returns its code (1-4) and the run_at it now has. `deferred`: as create_job.
-local function put_job(B, id, data, run_at, update_data, mode, reset, now, trace, deferred)
-  local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
-  local existing, is_active = nil, false
-  if call('EXISTS', jkey, akey) > 0 then -- one call for the usual new id
-    existing = read_job(jkey)
-    is_active = call('EXISTS', akey) == 1
+-- Note that the record of `id` changed (written by batch_close).
+local function batch_touch(st, id)
+  if not st.touched[id] then
+    st.touched[id] = true
+    st.dirty[#st.dirty + 1] = id
   end
-  if existing == nil and not is_active then
-    return create_job(B, jkey, id, data, run_at, now, trace, deferred)
+end
+
+-- Write one dispatched job into the batch: a new waiting job (code 1), an update of the
+-- waiting one (2), or a job blocked behind the active one (3 new, 4 its update composed, so
+-- that the updates apply to the active job, if it is requeued, as to a waiting job: the
+-- run_at merges composed, the union of the other flags). A new record gets `trace` ('' or
+-- nil: none) and enqueued_at `now_s`; an update keeps its trace, enqueued_at and attempts.
+-- Returns the code and the run_at the job now has.
+local function batch_put(st, id, data, run_at, update_data, mode, reset, now_s, trace)
+  local state = st.state[id]
+  if state == nil then
+    st.rec[id] = rec_pack(int(run_at), now_s, '0', '0', '0', '0', trace or '', data)
+    st.state[id], st.run[id] = 'waiting', run_at
+    batch_touch(st, id)
+    return 1, run_at
+  elseif state == 'waiting' then
+    local job = rec_job(id, st.rec[id])
+    if update_data then
+      job.data = data
+    end
+    job.run_at = merge_run_at(job.run_at, run_at, mode)
+    if reset then
+      job.retry_count, job.stall_count, job.timeout_count = 0, 0, 0
+    end
+    st.rec[id], st.run[id] = rec_of(job), job.run_at
+    batch_touch(st, id)
+    return 2, job.run_at
   end
-  if existing == nil then -- the id is active: a blocked job waits for it
-    new_record(jkey, id, data, run_at, now, trace)
+  -- the id is active: a blocked job waits for it
+  if not st.bdirty[id] then
+    st.bdirty[id] = true
+    st.bdirty[#st.bdirty + 1] = id
+  end
+  local u, record = blocked_parts(st.blk[id])
+  if u == nil then
     local kind, lo, hi = then_merge('clamp', nil, nil, mode, run_at)
-    call('HSET', jkey, 'u_data', update_data and '1' or '0', 'u_run_at', kind,
-      'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
-      'u_reset', reset and '1' or '0')
-    call('SADD', B .. ':blocked', id)
+    st.blk[id] = blocked_pack(update_data, reset, kind, lo, hi,
+      rec_pack(int(run_at), now_s, '0', '0', '0', '0', trace or '', data))
     return 3, run_at
   end
-  local old_run_at = existing.run_at
+  local job = rec_job(id, record)
+  local old_run_at = job.run_at
   if update_data then
-    existing.data = data
+    job.data = data
   end
-  existing.run_at = merge_run_at(existing.run_at, run_at, mode)
+  job.run_at = merge_run_at(old_run_at, run_at, mode)
   if reset then
-    existing.retry_count, existing.stall_count, existing.timeout_count = 0, 0, 0
+    job.retry_count, job.stall_count, job.timeout_count = 0, 0, 0
   end
-  write_job(jkey, existing)
-  if is_active then
-    -- compose the run_at updates, and take the union of the other flags, so the
-    -- updates apply to the active job, if it is requeued, as to a waiting job
-    local f = call('HMGET', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
-    local kind, lo, hi = run_at_update(f[2], f[4], f[5], old_run_at)
-    kind, lo, hi = then_merge(kind, lo, hi, mode, run_at)
-    call('HSET', jkey,
-      'u_data', (update_data or f[1] == '1') and '1' or '0', 'u_run_at', kind,
-      'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
-      'u_reset', (reset or f[3] == '1') and '1' or '0')
-    return 4, existing.run_at
-  end
-  call('ZADD', B .. ':waiting', int(existing.run_at), id)
-  return 2, existing.run_at
+  local kind, lo, hi = run_at_update(u.u_run_at, u.u_lo, u.u_hi, old_run_at)
+  kind, lo, hi = then_merge(kind, lo, hi, mode, run_at)
+  st.blk[id] = blocked_pack(update_data or u.u_data, reset or u.u_reset, kind, lo, hi,
+    rec_of(job))
+  return 4, job.run_at
 end
 
--- Put each triple of ARGV from `from` with `put(id, data, run_at)` (-> code, run_at, and
--- true when the id of a new job is left to add to B:waiting); a job left waiting (code 1 or
--- 2) and ready now is pushed to a parked client, else counted for the wake-up. The new ids
--- not pushed enter B:waiting in one ZADD at the end (at their last run_at: a later triple
--- may update the job; nothing reads B:waiting in between). Returns the codes.
-local function dispatch_jobs(B, now, args, from, run_ats, put)
+-- The waiting job `id` of the batch was pushed (leased to a parked client): active now.
+local function batch_pushed(st, id)
+  st.state[id], st.run[id] = 'active', false
+  batch_touch(st, id) -- (a new record is written; one that was waiting leaves B:waiting)
+end
+
+-- Write what the batch changed: the records (B:rec), the blocked jobs (B:blocked), the
+-- run_ats of the jobs left waiting (B:waiting) and the ids pushed out of it.
+local function batch_close(st)
+  local B = st.B
+  local recs, scored, gone = list(), list(), nil
+  for _, id in ipairs(st.dirty) do
+    recs[#recs + 1] = id
+    recs[#recs + 1] = st.rec[id]
+    local at = st.run[id]
+    if at then
+      scored[#scored + 1] = int(at)
+      scored[#scored + 1] = id
+    elseif at == false and st.queued[id] then
+      gone = gone or list()
+      gone[#gone + 1] = id
+    end
+  end
+  if #recs > 0 then
+    call('HSET', B .. ':rec', unpack(recs))
+  end
+  if #scored > 0 then
+    call('ZADD', B .. ':waiting', unpack(scored))
+  end
+  if gone ~= nil then
+    call('ZREM', B .. ':waiting', unpack(gone))
+  end
+  if #st.bdirty > 0 then
+    local blocked = list()
+    for _, id in ipairs(st.bdirty) do
+      blocked[#blocked + 1] = id
+      blocked[#blocked + 1] = st.blk[id]
+    end
+    call('HSET', B .. ':blocked', unpack(blocked))
+  end
+end
+
+-- Write one dispatched job `id` now, on its own (queasy_requeue's new jobs): batch_put on a
+-- batch of one id, closed. Returns its code (1-4) and the run_at it now has.
+local function put_job(B, id, data, run_at, update_data, mode, reset, now, trace)
+  local st = batch_open(B, {id})
+  local code, at = batch_put(st, id, data, run_at, update_data, mode, reset,
+    type(now) == 'string' and now or int(now), trace)
+  batch_close(st)
+  return code, at
+end
+
+-- Put each triple of ARGV from `from` with `put(id, data, run_at)` (-> code, run_at) into
+-- the batch `st`; a job left waiting (code 1 or 2) and ready now is pushed to a parked
+-- client, else counted for the wake-up. The batch is written at the end (nothing reads
+-- B:rec or B:waiting in between). Returns the codes.
+local function dispatch_jobs(st, now, args, from, run_ats, put)
+  local B = st.B
   local codes = {}
   local earliest = nil
   local parked = nil -- read once, when the first job ready now is met
-  local new, at = {}, {} -- ids left to add to B:waiting, in order; id -> run_at (false: pushed)
   for i = from, #args, 3 do
     local id = args[i]
-    local code, run_at, deferred = put(id, args[i + 1], run_ats[(i - from) / 3 + 1])
+    local code, run_at = put(id, args[i + 1], run_ats[(i - from) / 3 + 1])
     codes[#codes + 1] = code
-    if deferred then
-      new[#new + 1] = id
-    end
     if code <= 2 then
-      if run_at <= now and parked == nil then
-        parked = live_parked(B, now)
-      end
-      local pushed = run_at <= now and #parked > 0 and push(B, now, id, parked)
-      if at[id] ~= nil or deferred then
-        at[id] = not pushed and run_at
-      end
-      if pushed then
-        run_at = nil -- leased to a parked client: nothing to wake
+      if run_at <= now then
+        if parked == nil then
+          parked = live_parked(B, now)
+        end
+        if #parked > 0 and push(B, now, id, parked, st.rec[id]) then
+          batch_pushed(st, id)
+          run_at = nil -- leased to a parked client: nothing to wake
+        end
       end
       if run_at ~= nil and (earliest == nil or run_at < earliest) then
         earliest = run_at
       end
     end
   end
-  if #new > 0 then
-    local scored = {}
-    for _, id in ipairs(new) do
-      if at[id] then
-        scored[#scored + 1] = int(at[id])
-        scored[#scored + 1] = id
-      end
-    end
-    if #scored > 0 then
-      call('ZADD', B .. ':waiting', unpack(scored))
-    end
-  end
+  batch_close(st)
   if earliest ~= nil then
     call('SPUBLISH', B .. ':wake', int(earliest))
   end
   return codes
+end
+
+-- The ids of the triples of ARGV from `from`, in order.
+local function triple_ids(args, from)
+  local ids = list()
+  for i = from, #args, 3 do
+    ids[#ids + 1] = args[i]
+  end
+  return ids
 end
 
 --[[ queasy_dispatch: add or update jobs (one or many).
@@ -1430,8 +1622,9 @@ local function dispatch(keys, args)
   local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch')
   check_reserved(B, args, 6)
   local now_s = int(now)
-  return dispatch_jobs(B, now, args, 6, run_ats, function(id, data, run_at)
-    return put_job(B, id, data, run_at, update_data, mode, reset, now_s, trace, true)
+  local st = batch_open(B, triple_ids(args, 6))
+  return dispatch_jobs(st, now, args, 6, run_ats, function(id, data, run_at)
+    return batch_put(st, id, data, run_at, update_data, mode, reset, now_s, trace)
   end)
 end
 
@@ -1451,9 +1644,9 @@ local function window_size(window)
   return size
 end
 
--- The latest end (ms) of a window of each id of the triples from `from` in a live bucket:
--- id -> end; an id with none is absent. Drops the buckets that ended from B:windows.
-local function open_windows(B, now, args, from)
+-- The latest end (ms) of a window of each of `ids` in a live bucket: id -> end; an id with
+-- none is absent. Drops the buckets that ended from B:windows.
+local function open_windows(B, now, ids)
   local index = B .. ':windows'
   call('ZREMRANGEBYSCORE', index, '-inf', int(now))
   local live = call('ZRANGE', index, 0, -1)
@@ -1461,11 +1654,7 @@ local function open_windows(B, now, args, from)
   if #live == 0 then
     return open
   end
-  local ids, n = {}, 0
-  for i = from, #args, 3 do
-    n = n + 1
-    ids[n] = args[i]
-  end
+  local n = #ids
   for _, bucket in ipairs(live) do
     local ends = call('HMGET', B .. ':window:' .. bucket, unpack(ids))
     for j = 1, n do
@@ -1527,9 +1716,25 @@ local function dispatch_once(keys, args)
   local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch_once')
   check_reserved(B, args, 6)
   local now_s = int(now)
-  local open = open_windows(B, now, args, 6)
+  local ids = triple_ids(args, 6)
+  local open = open_windows(B, now, ids)
+  local st = batch_open(B, ids)
+  -- the windows of their own (B:once:<id>) of the ids without a job: one MGET for all
+  local once, oids = {}, list()
+  for _, id in ipairs(ids) do
+    if not st.found[id] and not once[id] then
+      once[id] = true
+      oids[#oids + 1] = B .. ':once:' .. id
+    end
+  end
+  if #oids > 0 then
+    local v = call('MGET', unpack(oids))
+    for k, okey in ipairs(oids) do
+      once[string.sub(okey, #B + 7)] = v[k]
+    end
+  end
   -- the windows to write: `ready` (id, end, ...) of the jobs ready now, `later` id -> end
-  local ready, later, ready_end, n = {}, {}, int(now + window), 0
+  local ready, later, ready_end, n, ended = {}, {}, int(now + window), 0, nil
   local function mark(id, at) -- the window of `id`, dispatched with run_at `at`
     if at <= now then
       ready[n + 1], ready[n + 2] = id, ready_end
@@ -1538,30 +1743,29 @@ local function dispatch_once(keys, args)
       later[id] = at + window
     end
   end
-  local codes = dispatch_jobs(B, now, args, 6, run_ats, function(id, data, run_at)
-    local akey, jkey, okey = B .. ':active:' .. id, B .. ':job:' .. id, B .. ':once:' .. id
-    local found = call('EXISTS', akey, jkey, okey)
-    if found == 0 or (found == 1 and call('EXISTS', okey) == 1) then -- no job of the id
-      local close = open[id] or 0
-      if found == 1 then -- a window of its own (a delayed job's, or written by 4.0.0)
-        close = math.max(close, tonumber(call('GET', okey)) or 0) -- (garbled: no window)
-      end
+  local codes = dispatch_jobs(st, now, args, 6, run_ats, function(id, data, run_at)
+    local state = st.state[id]
+    if state == 'active' then -- (leased: running, or pushed to a client; a blocked copy
+      return 5 -- would run the id a second time)
+    elseif state == nil then -- no job of the id: its window, if any, must have ended
+      local own = once[id]
+      local close = math.max(open[id] or 0, own and tonumber(own) or 0) -- (garbled: none)
       if close > now then
         return 5
       end
-      if found == 1 then -- that window ended (not yet expired on the server's clock) or is garbled
-        call('DEL', okey)
+      if own then -- that window ended (not yet expired on the server's clock) or is garbled
+        once[id] = false
+        ended = ended or list()
+        ended[#ended + 1] = B .. ':once:' .. id
       end
-      mark(id, run_at)
-      return create_job(B, jkey, id, data, run_at, now_s, '', true)
     end
-    if call('EXISTS', akey) == 1 then
-      return 5
-    end
-    local code, at = put_job(B, id, data, run_at, update_data, mode, reset, now_s)
+    local code, at = batch_put(st, id, data, run_at, update_data, mode, reset, now_s, '')
     mark(id, at) -- its window, from the run_at it now has
     return code, at
   end)
+  if ended ~= nil then -- (before write_windows: a delayed job's window may be one of them)
+    call('DEL', unpack(ended))
+  end
   write_windows(B, now, window, ready, later)
   return codes
 end
@@ -1600,7 +1804,8 @@ local function dispatch_letter(keys, args)
   local failed_at = args[5] ~= '' and ms(args[5], 'run_at of the failure')
   check_reserved(B, args, 3)
   local id = args[3]
-  if call('EXISTS', B .. ':job:' .. id, B .. ':active:' .. id) > 0 then
+  local st = batch_open(B, {id})
+  if st.found[id] then -- (a blocked job waits for an active one: its id has a record too)
     return 5
   end
   local done = call('HGET', B .. ':ends', id)
@@ -1611,8 +1816,9 @@ local function dispatch_letter(keys, args)
       return 5
     end
   end
-  return dispatch_jobs(B, now, args, 3, {now}, function(jid, data, run_at)
-    return create_job(B, B .. ':job:' .. jid, jid, data, run_at, now, trace, true)
+  local now_s = int(now)
+  return dispatch_jobs(st, now, args, 3, {now}, function(jid, data, run_at)
+    return batch_put(st, jid, data, run_at, false, 'keep', false, now_s, trace)
   end)[1]
 end
 
@@ -1848,9 +2054,11 @@ Returns: {status, next_run_at, id, token, data, run_at, retry_count, stall_count
           timeout_count, trace ('' none, and '' for one longer than MAX_TRACE written around
           the library: 4.3.0), id, ...}: status 0 ok or 2 swept (then no jobs); next_run_at is
           the earliest run_at still waiting ('' if none), so the caller can sleep until then.
-Sweeps at most one dead client first. An id in B:waiting without a record (or with an
-active one) is dropped from B:waiting and skipped; an id leaves B:waiting only as its
-record is leased.
+Sweeps at most one dead client first. An id in B:waiting without a record in B:rec is
+dropped from B:waiting and skipped (with a value there that is not a record, written around
+the library, that value is dropped too); an id leaves B:waiting only as its record is
+leased (the record stays in B:rec as it is: active, as it is not in B:waiting). Commands per
+call, not per job: ZRANGE, one HMGET of B:rec, ZREM, one HSET of the leases.
 ]]
 local function dequeue(keys, args)
   local B = keys[1]
@@ -1878,38 +2086,48 @@ local function dequeue(keys, args)
     local ids = call('ZRANGE', B .. ':waiting', '-inf', int(now), 'BYSCORE', 'LIMIT', 0,
       limit)
     local leases = list()
-    local now_s = int(now)
-    local taken, o = 0, 2 -- leases so far; the last index of out
-    for _, id in ipairs(ids) do
-      local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
-      local v = call('HMGET', jkey, 'id', 'data', 'run_at', 'retry_count', 'stall_count',
-        'timeout_count', 'trace', 'enqueued_at', 'attempts') -- (constants: no unpack per job)
-      if v[1] == false then
-        -- a stray id without a record: only dropped from B:waiting (below)
-      elseif call('RENAMENX', jkey, akey) == 0 then -- one call: the move, unless active
-        call('SADD', B .. ':blocked', id) -- its record waits for the active one
-      else
-        taken = taken + 1
-        local token = nonce .. '.' .. small(taken)
-        local run_at, retry, stall, timeout = passed(v[3]), passed(v[4]), passed(v[5]),
-          passed(v[6])
-        leases[2 * taken - 1] = id
-        leases[2 * taken] = lease_line(token, run_at, v[8], retry, stall, timeout, v[9],
-          now_s)
-        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, token, v[2] or '', run_at
-        local trace = v[7] -- one written around the library past MAX_TRACE: none (4.3.0)
-        if not trace or #trace > MAX_TRACE then
-          trace = ''
+    if #ids > 0 then
+      -- their records, in one read (they stay where they are: a leased record is active as
+      -- it is not in B:waiting); each is taken apart with plain find()s (rec_lease)
+      local recs = call('HMGET', B .. ':rec', unpack(ids))
+      local now_s = int(now)
+      local taken, o, garbled = 0, 2, nil -- leases so far; the last index of out
+      for k, id in ipairs(ids) do
+        local v = recs[k]
+        local run_at, retry, stall, timeout, trace, data, nums, attempts = nil, nil, nil,
+          nil, nil, nil, nil, nil
+        if v then
+          run_at, retry, stall, timeout, trace, data, nums, attempts = rec_lease(v)
         end
-        out[o + 5], out[o + 6], out[o + 7], out[o + 8] = retry, stall, timeout, trace
-        o = o + 8
+        if run_at == nil then
+          -- a stray id without a record: only dropped from B:waiting (below); with a value
+          -- that is not a record (written around the library), that value goes too (no
+          -- job could ever run it, and the id is free for a dispatch again, as in 4.x)
+          if v then
+            garbled = garbled or list()
+            garbled[#garbled + 1] = id
+          end
+        else
+          taken = taken + 1
+          local token = nonce .. '.' .. small(taken)
+          leases[2 * taken - 1] = id
+          leases[2 * taken] = lease_line(token, nums, attempts, now_s)
+          if #trace > MAX_TRACE then -- one written around the library: none (4.3.0)
+            trace = ''
+          end
+          out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, token, data, run_at
+          out[o + 5], out[o + 6], out[o + 7], out[o + 8] = retry, stall, timeout, trace
+          o = o + 8
+        end
       end
-    end
-    if #ids > 0 then -- every record selected has moved: they leave B:waiting together
+      -- every record selected is leased: they leave B:waiting together
       call('ZREM', B .. ':waiting', unpack(ids))
-    end
-    if #leases > 0 then
-      call('HSET', B .. ':lease:' .. client, unpack(leases))
+      if garbled ~= nil then
+        call('HDEL', B .. ':rec', unpack(garbled))
+      end
+      if #leases > 0 then
+        call('HSET', B .. ':lease:' .. client, unpack(leases))
+      end
     end
     if park and #leases / 2 < limit then
       call('HSET', B .. ':parked', client, int(limit - #leases / 2))
@@ -2323,12 +2541,12 @@ end
 -- The occurrence's state: 'active' (a blocked copy may wait behind it), 'waiting' (waiting or
 -- delayed), or '' when there is none.
 local function occurrence_state(B)
-  if call('EXISTS', B .. ':active:' .. SCHEDULE_ID) == 1 then
+  if call('HEXISTS', B .. ':rec', SCHEDULE_ID) == 0 then
+    return ''
+  elseif call('ZSCORE', B .. ':waiting', SCHEDULE_ID) == false then
     return 'active'
-  elseif call('EXISTS', B .. ':job:' .. SCHEDULE_ID) == 1 then
-    return 'waiting'
   end
-  return ''
+  return 'waiting'
 end
 
 --[[ queasy_schedule: keep a queue's schedule going. Its one occurrence (job id SCHEDULE_ID,
@@ -2389,13 +2607,12 @@ local function schedule(keys, args)
     invalid('retime_at must be later than the last fire time that ended, got '
       .. shown(args[5]))
   end
-  local at, skipped = nil, 0
-  local jkey = B .. ':job:' .. SCHEDULE_ID
+  local at, skipped, job = nil, 0, nil
   if state == '' then
     at, skipped = create_at, skipped_create
   elseif retime_at ~= nil and state == 'waiting' then
-    local job = read_job(jkey)
-    if job.run_at == fire_at and job.retry_count == 0 and job.stall_count == 0
+    job = rec_job(SCHEDULE_ID, call('HGET', B .. ':rec', SCHEDULE_ID))
+    if job and job.run_at == fire_at and job.retry_count == 0 and job.stall_count == 0
         and job.timeout_count == 0 then
       at, skipped = retime_at, skipped_move
     end
@@ -2403,11 +2620,12 @@ local function schedule(keys, args)
   if at == nil then
     return reply(0)
   end
-  if state == '' then
-    new_record(jkey, SCHEDULE_ID, fire_data(at), at, now)
-  else
-    write_job(jkey, {id = SCHEDULE_ID, data = fire_data(at), run_at = at, retry_count = 0,
-      stall_count = 0, timeout_count = 0})
+  if state == '' then -- a new record (no trace)
+    call('HSET', B .. ':rec', SCHEDULE_ID, rec_pack(int(at), int(now), '0', '0', '0', '0', '',
+      fire_data(at)))
+  else -- the pending one moved: its enqueued_at, attempts and trace stay
+    job.data, job.run_at = fire_data(at), at
+    call('HSET', B .. ':rec', SCHEDULE_ID, rec_of(job))
   end
   call('ZADD', B .. ':waiting', int(at), SCHEDULE_ID)
   call('HSET', skey, 'spec', spec, 'fire_at', int(at),
