@@ -841,25 +841,45 @@ local END_FIELDS = {'state', 'ended_at', 'started_at', 'pid', 'attempts', 'run_a
   'enqueued_at', 'retry_count', 'stall_count', 'timeout_count', 'client', 'host'}
 
 -- Job `id` ends. Kept whole (`fields`, from ended_fields: a failure, a cancel, a result, a
--- job with an earlier failed attempt) its record becomes B:ended:<id> (one HSET); else
--- (`fields` nil) its end alone (in B:ends) is what is kept of it. A record of an earlier
--- end of that id is replaced or dropped; its id may stay in the index of another state
--- (readers go by B:ends). `keep` false (a retention of 0): nothing is kept. The caller
--- writes the end into B:ends and the id into B:<state> (once per call: retain), and drops
--- the living record from B:rec and its last error from B:err (drop_living: one HDEL each
--- per call). `out` gathers the keys to delete (`gone`: one DEL per call, the caller's;
--- nothing reads them before it) and the ids whose end goes from B:ends (`unended`:
--- unended()).
+-- job with an earlier failed attempt) its record becomes B:ended:<id>; else (`fields` nil)
+-- its end alone (in B:ends) is what is kept of it. A record of an earlier end of that id is
+-- replaced or dropped; its id may stay in the index of another state (readers go by
+-- B:ends). `keep` false (a retention of 0): nothing is kept. The caller writes the end into
+-- B:ends and the id into B:<state> (once per call: retain), and drops the living record
+-- from B:rec and its last error from B:err (drop_living: one HDEL each per call). `out`
+-- gathers the records kept whole (`whole`: write_ended, one DEL per call for the earlier
+-- ones, then one HSET each), the keys to delete (`gone`: one DEL per call, the caller's;
+-- nothing reads them before it) and the ids whose end goes from B:ends (`unended`).
 local function end_record(B, id, keep, fields, out)
   local ekey = B .. ':ended:' .. id
   if keep and fields ~= nil then
-    call('DEL', ekey)
-    call('HSET', ekey, unpack(fields))
+    out.whole[#out.whole + 1] = ekey
+    out.whole[#out.whole + 1] = fields
     return
   end
   out.gone[#out.gone + 1] = ekey
   if not keep then
     out.unended[#out.unended + 1] = id
+  end
+end
+
+local function ends_batch()
+  return {whole = list(), gone = list(), unended = list()}
+end
+
+-- Write the records kept whole gathered by end_record: the earlier records of their ids go
+-- first, in one DEL.
+local function write_ended(out)
+  local whole = out.whole
+  if #whole > 0 then
+    local keys = {}
+    for k = 1, #whole, 2 do
+      keys[#keys + 1] = whole[k]
+    end
+    call('DEL', unpack(keys))
+    for k = 1, #whole, 2 do
+      call('HSET', whole[k], unpack(whole[k + 1]))
+    end
   end
 end
 
@@ -1867,8 +1887,9 @@ local function cancel(keys, args)
     drop_living(B, {id})
   end
   local at, counts = outcome_event(B, maxlen, int(now), 'cancelled', job, '', '', nil)
-  local out = {gone = {}, unended = {}}
+  local out = ends_batch()
   end_record(B, id, keep, ended_fields(id, v, errv, nil), out)
+  write_ended(out)
   unended(B, out)
   if #out.gone > 0 then
     call('DEL', unpack(out.gone))
@@ -2180,7 +2201,7 @@ local function finish(keys, args)
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
   local scored, done, taken, wholes = list(), list(), list(), nil
-  local out = {gone = list(), unended = list()}
+  local out = ends_batch()
   local events, host, pending = B .. ':events', ends.host, nil
   local codes = each_leased(B, client, args, 8, 5, function(job, i)
     local result, line, failed_before = args[i + 4], nil, nil
@@ -2246,6 +2267,7 @@ local function finish(keys, args)
     for n, w in ipairs(wholes) do
       end_record(B, w[1].id, keep, ended_fields(w[1].id, w[1].v, errs[n], w[2]), out)
     end
+    write_ended(out)
   end
   drop_living(B, taken)
   unended(B, out)
@@ -2415,7 +2437,7 @@ local function fail(keys, args)
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
   local scored, done, taken, fails = {}, {}, {}, {}
-  local out = {gone = {}, unended = {}}
+  local out = ends_batch()
   local codes = each_leased(B, client, args, 8, 10, function(job, i)
     local err = {name = args[i + 6], kind = args[i + 7], message = args[i + 8],
       traceback = args[i + 9]}
@@ -2438,6 +2460,7 @@ local function fail(keys, args)
       fails[#fails + 1] = i
     end
   end)
+  write_ended(out)
   drop_living(B, taken)
   unended(B, out)
   if #out.gone > 0 then
