@@ -485,29 +485,94 @@ local function passed(v)
   return int(field_int(v, MAX_MS))
 end
 
--- The value of a lease in B:lease:<client> (library 4.1.0): "<token> <run_at> <enqueued_at>
--- <retry_count> <stall_count> <timeout_count> <attempts> <leased_at>", the numbers of the
--- record it leases (integer strings as passed() gives them; `enqueued` its field as read)
--- and its attempts counting this lease (`before`: the record's field as read, or false), so
--- that an ack reads them here and not in the record (which does not change while active).
--- A record without enqueued_at, or with one longer than 15 characters or with a space
--- (written around the library: "1 2" would move each number after it one place on), gets a
--- lease of 4.0.0, "<token> <leased_at>"; one that is not digits otherwise, a lease that
--- lease_of() does not take: an ack of either reads the record.
-local function lease_line(token, run_at, enqueued, retry, stall, timeout, before, now_s)
-  if not enqueued or #enqueued > 15 or find(enqueued, ' ', 1, true) then
-    return token .. ' ' .. now_s
+-- The parts of a record string `v` that a lease takes, split with plain find()s (no
+-- pattern: a 6-capture match costs ~8k instructions per job): its run_at, retry_count,
+-- stall_count and timeout_count as integer strings (as passed() gives them), its trace and
+-- data, and what its lease (lease_line) holds between the token and leased_at: `nums`, its
+-- first five numbers as stored ("<run_at> <enqueued_at> <retry> <stall> <timeout>"), and
+-- `attempts`, those of the lease (the record's + 1); `nums` false for a record whose
+-- enqueued_at is not digits (upgraded without one: '-'): its lease is 4.0.0's "<token>
+-- <leased_at>", whose ack reads the record. nil for a value that is not a record (written
+-- around the library). A number garbled around the library reads as field_int reads it (as
+-- 4.x read its fields), and its lease is 4.0.0's form unless its enqueued_at is digits.
+local function rec_lease(v)
+  local t1 = find(v, '\t', 1, true)
+  local t2 = t1 and find(v, '\t', t1 + 1, true)
+  if not t2 then
+    return nil
   end
-  local attempts = before == false and '1' or int(field_int(before, MAX_MS) + 1)
-  return token .. ' ' .. run_at .. ' ' .. enqueued .. ' ' .. retry .. ' ' .. stall .. ' '
-    .. timeout .. ' ' .. attempts .. ' ' .. now_s
+  local sub = string.sub
+  local p1 = find(v, ' ', 1, true)
+  local p2 = p1 and p1 < t1 and find(v, ' ', p1 + 1, true)
+  local p3 = p2 and p2 < t1 and find(v, ' ', p2 + 1, true)
+  local p4 = p3 and p3 < t1 and find(v, ' ', p3 + 1, true)
+  local p5 = p4 and p4 < t1 and find(v, ' ', p4 + 1, true)
+  if p5 and p5 < t1 then
+    local run_at, enqueued = sub(v, 1, p1 - 1), sub(v, p1 + 1, p2 - 1)
+    local retry, stall = sub(v, p2 + 1, p3 - 1), sub(v, p3 + 1, p4 - 1)
+    local timeout, attempts = sub(v, p4 + 1, p5 - 1), sub(v, p5 + 1, t1 - 1)
+    -- the usual record: numbers as the library writes them (counts '0': one comparison)
+    if numeral(run_at) and (retry == '0' or numeral(retry)) and (stall == '0'
+        or numeral(stall)) and (timeout == '0' or numeral(timeout))
+        and (attempts == '0' or numeral(attempts)) then
+      local nums = false
+      if enqueued ~= '-' and numeral(enqueued) then
+        nums = sub(v, 1, p5 - 1)
+        attempts = attempts == '0' and '1' or int(tonumber(attempts) + 1)
+      end
+      return run_at, retry, stall, timeout, sub(v, t1 + 1, t2 - 1), sub(v, t2 + 1), nums,
+        attempts
+    end
+  end
+  -- numbers garbled around the library: read as rec_job reads them
+  local job = rec_job('', v)
+  local run_at, retry = int(job.run_at), int(job.retry_count)
+  local stall, timeout = int(job.stall_count), int(job.timeout_count)
+  local nums = job.enqueued_at and (run_at .. ' ' .. job.enqueued_at .. ' ' .. retry .. ' '
+    .. stall .. ' ' .. timeout)
+  return run_at, retry, stall, timeout, job.trace, job.data, nums,
+    int(tonumber(job.attempts) + 1)
 end
 
--- Write the fields of `job` that change while it lives (the others stay in the hash).
-local function write_job(key, job)
-  call('HSET', key, 'id', job.id, 'data', job.data, 'run_at', int(job.run_at),
-    'retry_count', int(job.retry_count), 'stall_count', int(job.stall_count),
-    'timeout_count', int(job.timeout_count))
+-- A job blocked behind the active one with its id, as B:blocked holds it: "<u_data>
+-- <u_reset> <u_run_at> <u_lo> <u_hi>\t<record string>", the composed update flags of its
+-- dispatches (see run_at_update: u_data, u_reset '1'|'0'; u_run_at 'replace'|'clamp'; u_lo,
+-- u_hi digits or '-' for no bound) and its own record.
+local function blocked_pack(u_data, u_reset, kind, lo, hi, record)
+  return (u_data and '1' or '0') .. ' ' .. (u_reset and '1' or '0') .. ' ' .. kind .. ' '
+    .. (lo and int(lo) or '-') .. ' ' .. (hi and int(hi) or '-') .. '\t' .. record
+end
+
+-- A value of B:blocked as {u_data, u_reset (booleans), u_run_at, u_lo, u_hi (strings as
+-- stored: run_at_update reads them)} and its record string; nil for a value whose record is
+-- not one (written around the library). Flags garbled around the library read as none
+-- ('0', 'keep', no bound: as 4.x read garbage u_* fields).
+local function blocked_parts(v)
+  local t = v and find(v, '\t', 1, true)
+  if not t then
+    return nil
+  end
+  local record = string.sub(v, t + 1)
+  if rec_parts(record) == nil then
+    return nil
+  end
+  local ud, ur, kind, lo, hi = string.match(string.sub(v, 1, t - 1),
+    '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+  return {u_data = ud == '1', u_reset = ur == '1', u_run_at = kind or 'keep', u_lo = lo or '-',
+    u_hi = hi or '-'}, record
+end
+
+-- The value of a lease in B:lease:<client> (library 4.1.0): "<token> <run_at> <enqueued_at>
+-- <retry_count> <stall_count> <timeout_count> <attempts> <leased_at>", the numbers of the
+-- record it leases (`nums`, its first five, and `attempts` counting this lease: rec_lease),
+-- so that an ack reads them here and not in the record (which does not change while
+-- active). `nums` false (a record without enqueued_at: '-'): a lease of 4.0.0, "<token>
+-- <leased_at>", whose ack reads the record.
+local function lease_line(token, nums, attempts, now_s)
+  if not nums then
+    return token .. ' ' .. now_s
+  end
+  return token .. ' ' .. nums .. ' ' .. attempts .. ' ' .. now_s
 end
 
 -- A new waiting/blocked record of a job dispatched at `now` (ms, a number or an integer
@@ -523,10 +588,98 @@ local function new_record(key, id, data, run_at, now, trace)
 end
 
 -- The error of an attempt that failed: {name, kind, message, traceback} (strings), or nil.
--- It is written into the job's record as its last error, at `now`.
-local function write_error(key, err, now)
-  call('HSET', key, 'error_name', err.name, 'error_kind', err.kind,
-    'error_message', err.message, 'traceback', err.traceback, 'error_at', int(now))
+-- It becomes the job's last error, at `now`: the value of B:err for its id (5.0), the JSON
+-- {name, kind, message, traceback, at} (`at` an integer string). The caller writes it
+-- (write_errors: one HSET per call).
+local function write_error(errs, id, err, now)
+  errs[#errs + 1] = id
+  errs[#errs + 1] = cjson.encode({name = err.name, kind = err.kind, message = err.message,
+    traceback = err.traceback, at = int(now)})
+end
+
+local function write_errors(B, errs)
+  if #errs > 0 then
+    call('HSET', B .. ':err', unpack(errs))
+  end
+end
+
+-- The fields of 4.x's last error (B:ended:<id> keeps them so) and their names in B:err.
+local ERROR_NAMES = {{'error_name', 'name'}, {'error_kind', 'kind'},
+  {'error_message', 'message'}, {'traceback', 'traceback'}, {'error_at', 'at'}}
+
+-- The hash B:ended:<id> of a record kept whole, as {field, value, ...} for one HSET: the
+-- fields library 4.x's record hash held, in its order, built from the record string `v`
+-- (id, data, run_at, enqueued_at when known, trace when there is one, and the counts and
+-- attempts once the job was requeued: 4.x wrote them then, and left them absent while 0
+-- before), the last error `errv` (B:err's JSON, or false: error_name, error_kind,
+-- error_message, traceback, error_at), then the `extra` pairs (a later pair of a field
+-- replaces its value in place, as 4.x's HSET on the renamed record did). A value garbled
+-- around the library (not a record, not JSON) gives only the fields it can.
+local function ended_fields(id, v, errv, extra)
+  local out = {'id', id}
+  local job = rec_job(id, v)
+  if job ~= nil then
+    out[3], out[4], out[5], out[6] = 'data', job.data, 'run_at', int(job.run_at)
+    if job.enqueued_at then
+      out[#out + 1], out[#out + 2] = 'enqueued_at', job.enqueued_at
+    end
+    if job.trace ~= '' then
+      out[#out + 1], out[#out + 2] = 'trace', job.trace
+    end
+    if job.attempts ~= '0' or job.retry_count ~= 0 or job.stall_count ~= 0
+        or job.timeout_count ~= 0 then
+      local n = #out
+      out[n + 1], out[n + 2] = 'retry_count', int(job.retry_count)
+      out[n + 3], out[n + 4] = 'stall_count', int(job.stall_count)
+      out[n + 5], out[n + 6] = 'timeout_count', int(job.timeout_count)
+      out[n + 7], out[n + 8] = 'attempts', job.attempts
+    end
+  end
+  if errv then
+    local ok, e = pcall(cjson.decode, errv)
+    if ok and type(e) == 'table' then
+      for _, f in ipairs(ERROR_NAMES) do
+        local x = e[f[2]]
+        if type(x) == 'number' then
+          x = int(x)
+        end
+        if type(x) == 'string' then
+          out[#out + 1], out[#out + 2] = f[1], x
+        end
+      end
+    end
+  end
+  if extra ~= nil then
+    for k = 1, #extra do
+      out[#out + 1] = extra[k]
+    end
+  end
+  return out
+end
+
+-- A value of the hash B:blocked: "<u_data> <u_reset> <u_run_at> <u_lo> <u_hi>\t<record>"
+-- (see run_at_update; u_lo, u_hi '-' for no bound) as u_data, u_reset, u_run_at, u_lo, u_hi
+-- ('' for no bound, as run_at_update reads them) and the record string; nil for a value
+-- whose record is not one (written around the library). Flags garbled around the library
+-- read as none ('0', 'keep', no bound: as 4.x read garbage u_* fields).
+local function blocked_update(bv)
+  local t = bv and find(bv, '\t', 1, true)
+  local rec = t and string.sub(bv, t + 1)
+  if not rec or rec_parts(rec) == nil then
+    return nil
+  end
+  local d, r, mode, lo, hi = string.match(string.sub(bv, 1, t - 1),
+    '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+  if d == nil then
+    return '0', '0', 'keep', '', '', rec
+  end
+  return d, r, mode, lo == '-' and '' or lo, hi == '-' and '' or hi, rec
+end
+
+-- The value of B:blocked of a record string `rec` with its composed update.
+local function blocked_string(u_data, u_reset, kind, lo, hi, rec)
+  return (u_data and '1' or '0') .. ' ' .. (u_reset and '1' or '0') .. ' ' .. kind .. ' '
+    .. (lo and int(lo) or '-') .. ' ' .. (hi and int(hi) or '-') .. '\t' .. rec
 end
 
 local RUN_AT_MODES = {replace = true, keep = true, if_later = true, if_earlier = true}
@@ -640,43 +793,57 @@ local function outcome_event(B, maxlen, now, outcome, job, pid, started_at, err)
   return at, counts
 end
 
--- Put `job` (leaving the active state; from leased()) back in waiting at run_at, merging the
--- update of a blocked job with its id, if any, so one job with that id remains. Its record
--- moves (the fields it gathered stay: enqueued_at, the last error), counting this lease in
--- attempts; `err` (or nil) becomes its last error, at `now`.
-local function requeue(B, job, run_at, err, now)
+-- Put `job` (leaving the active state; from leased(): its numbers, `attempts` counting this
+-- lease, `v` its record string) back in waiting at run_at, merging the update of the blocked
+-- job with its id, if any (`bv`: its value in B:blocked, or false), so one job with that id
+-- remains. Its record keeps what it gathered (enqueued_at, trace, the last error in B:err);
+-- `err` (or nil) becomes its last error, at `now`. The writes go into `out` ({recs, scored,
+-- errs, unblocked}: requeued() writes them, one command each per call).
+local function requeue(job, run_at, err, now, bv, out)
   local id = job.id
-  local bkey = B .. ':job:' .. id
-  local blocked = call('HMGET', bkey, 'data', 'run_at', 'u_data', 'u_run_at', 'u_reset',
-    'u_lo', 'u_hi')
-  if blocked[1] ~= false then
-    if blocked[3] == '1' then
-      job.data = blocked[1] -- else its data stays as it is in the record
+  local data = job.data
+  if bv then
+    local u_data, u_reset, mode, lo, hi, brec = blocked_update(bv)
+    local b = brec and rec_job(id, brec)
+    if b ~= nil then
+      if u_data == '1' then
+        data = b.data -- else its data stays as it is in the record
+      end
+      local kind, lo_n, hi_n = run_at_update(mode, lo, hi, b.run_at)
+      run_at = apply_update(kind, lo_n, hi_n, b.run_at, run_at)
+      if u_reset == '1' then
+        job.retry_count, job.stall_count, job.timeout_count = 0, 0, 0
+      end
     end
-    local record_run_at = field_int(blocked[2], MAX_MS)
-    local kind, lo, hi = run_at_update(blocked[4], blocked[6], blocked[7], record_run_at)
-    run_at = apply_update(kind, lo, hi, record_run_at, run_at)
-    if blocked[5] == '1' then
-      job.retry_count, job.stall_count, job.timeout_count = 0, 0, 0
-    end
-    call('DEL', bkey)
-    call('SREM', B .. ':blocked', id)
+    out.unblocked[#out.unblocked + 1] = id -- (a value that is not one is dropped: no job)
   end
   job.run_at = run_at
-  call('RENAME', B .. ':active:' .. id, bkey)
-  if job.legacy then
-    call('HDEL', bkey, 'client', 'token', 'leased_at') -- a record leased by 3.x
-  end
-  call('HSET', bkey, 'run_at', int(run_at), 'retry_count', int(job.retry_count),
-    'stall_count', int(job.stall_count), 'timeout_count', int(job.timeout_count),
-    'attempts', job.attempts)
-  if job.data ~= nil then
-    call('HSET', bkey, 'data', job.data)
-  end
+  local recs, scored, run_at_s = out.recs, out.scored, int(run_at)
+  recs[#recs + 1] = id
+  recs[#recs + 1] = rec_pack(run_at_s, job.enqueued_at or '-', int(job.retry_count),
+    int(job.stall_count), int(job.timeout_count), job.attempts, job.trace, data)
+  scored[#scored + 1] = run_at_s
+  scored[#scored + 1] = id
   if err ~= nil then
-    write_error(bkey, err, now)
+    write_error(out.errs, id, err, now)
   end
-  call('ZADD', B .. ':waiting', int(run_at), id)
+end
+
+local function requeue_batch()
+  return {recs = list(), scored = list(), errs = list(), unblocked = list()}
+end
+
+-- Write the requeues gathered in `out` (requeue): the records, B:waiting, the last errors,
+-- and the blocked jobs merged.
+local function requeued(B, out)
+  if #out.recs > 0 then
+    call('HSET', B .. ':rec', unpack(out.recs))
+    call('ZADD', B .. ':waiting', unpack(out.scored))
+  end
+  write_errors(B, out.errs)
+  if #out.unblocked > 0 then
+    call('HDEL', B .. ':blocked', unpack(out.unblocked))
+  end
 end
 
 -- The state of an end (its first word, see B:ends), or nil.
@@ -695,31 +862,62 @@ end
 local END_FIELDS = {'state', 'ended_at', 'started_at', 'pid', 'attempts', 'run_at',
   'enqueued_at', 'retry_count', 'stall_count', 'timeout_count', 'client', 'host'}
 
--- A job's record `key` ends. Kept whole (`whole`: a failure, a cancel, a result, a job with
--- an earlier failed attempt) it becomes B:ended:<id>, with the `extra` field-value pairs if
--- any; else it goes, and its end alone (in B:ends) is what is kept of it. A record of an
--- earlier end of that id is replaced or dropped; its id may stay in the index of another
--- state (readers go by B:ends). `keep` false (a retention of 0): nothing is kept. The caller
--- writes the end into B:ends and the id into B:<state> (once per call: retain). `gone`, if
--- given, collects the keys to delete for one DEL per call (the caller's; nothing reads them
--- before it), else they go now.
-local function end_record(B, key, id, keep, whole, extra, gone)
+-- Job `id` ends. Kept whole (`fields`, from ended_fields: a failure, a cancel, a result, a
+-- job with an earlier failed attempt) its record becomes B:ended:<id>; else (`fields` nil)
+-- its end alone (in B:ends) is what is kept of it. A record of an earlier end of that id is
+-- replaced or dropped; its id may stay in the index of another state (readers go by
+-- B:ends). `keep` false (a retention of 0): nothing is kept. The caller writes the end into
+-- B:ends and the id into B:<state> (once per call: retain), and drops the living record
+-- from B:rec and its last error from B:err (drop_living: one HDEL each per call). `out`
+-- gathers the records kept whole (`whole`: write_ended, one DEL per call for the earlier
+-- ones, then one HSET each), the keys to delete (`gone`: one DEL per call, the caller's;
+-- nothing reads them before it) and the ids whose end goes from B:ends (`unended`).
+local function end_record(B, id, keep, fields, out)
   local ekey = B .. ':ended:' .. id
-  if keep and whole then
-    call('RENAME', key, ekey)
-    if extra ~= nil then
-      call('HSET', ekey, unpack(extra))
-    end
+  if keep and fields ~= nil then
+    out.whole[#out.whole + 1] = ekey
+    out.whole[#out.whole + 1] = fields
     return
   end
-  if gone ~= nil then
-    gone[#gone + 1] = key
-    gone[#gone + 1] = ekey
-  else
-    call('DEL', key, ekey)
-  end
+  out.gone[#out.gone + 1] = ekey
   if not keep then
-    call('HDEL', B .. ':ends', id)
+    out.unended[#out.unended + 1] = id
+  end
+end
+
+local function ends_batch()
+  return {whole = list(), gone = list(), unended = list()}
+end
+
+-- Write the records kept whole gathered by end_record: the earlier records of their ids go
+-- first, in one DEL.
+local function write_ended(out)
+  local whole = out.whole
+  if #whole > 0 then
+    local keys = {}
+    for k = 1, #whole, 2 do
+      keys[#keys + 1] = whole[k]
+    end
+    call('DEL', unpack(keys))
+    for k = 1, #whole, 2 do
+      call('HSET', whole[k], unpack(whole[k + 1]))
+    end
+  end
+end
+
+-- Drop the ends of the ids gathered by end_record (a retention of 0).
+local function unended(B, out)
+  if #out.unended > 0 then
+    call('HDEL', B .. ':ends', unpack(out.unended))
+  end
+end
+
+-- The living records of the jobs `ids` that ended leave B:rec, and their last errors B:err:
+-- one HDEL each per call.
+local function drop_living(B, ids)
+  if #ids > 0 then
+    call('HDEL', B .. ':rec', unpack(ids))
+    call('HDEL', B .. ':err', unpack(ids))
   end
 end
 
@@ -799,16 +997,32 @@ local function tally(B, state, now, n)
   end
 end
 
--- The active job `id` has ended: promote a blocked job with its id, if any.
--- `any_blocked` false (B:blocked is empty) saves a lookup.
+-- The active job `id` has ended: promote a blocked job with its id, if any: its record (in
+-- B:blocked, see blocked_pack) becomes the waiting record of `id` in B:rec, at its run_at.
+-- `any_blocked` false (B:blocked is empty) saves a lookup. Returns true when a job was
+-- promoted: its record is in B:rec now, so the caller drops the ended record from B:rec
+-- BEFORE it calls promote (or leaves this id out of a later HDEL). A value of B:blocked
+-- whose record is not one (written around the library) is dropped.
 local function promote(B, id, any_blocked)
-  if any_blocked and call('SREM', B .. ':blocked', id) == 1 then
-    local bkey = B .. ':job:' .. id
-    call('HDEL', bkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
-    local run_at = int(field_int(call('HGET', bkey, 'run_at'), MAX_MS))
-    call('ZADD', B .. ':waiting', run_at, id)
-    call('SPUBLISH', B .. ':wake', run_at)
+  if not any_blocked then
+    return false
   end
+  local bkey = B .. ':blocked'
+  local v = call('HGET', bkey, id)
+  if not v then
+    return false
+  end
+  call('HDEL', bkey, id)
+  local _, record = blocked_parts(v)
+  if record == nil then
+    return false
+  end
+  -- (its run_at, the record's first number: a garbled one reads as 0, as 4.x's field_int)
+  local run_at = int(field_int(string.match(record, '^[^ \t]*'), MAX_MS))
+  call('HSET', B .. ':rec', id, record)
+  call('ZADD', B .. ':waiting', run_at, id)
+  call('SPUBLISH', B .. ':wake', run_at)
+  return true
 end
 
 -- Whether `held`, a value of B:lease:<client> ("<token> ... <leased_at>": lease_line; a
@@ -824,28 +1038,21 @@ local function holds(held, token)
 end
 
 -- Check the lease of `client` on `id`: `held` is its value in B:lease:<client> (or false; a
--- swept client's leases are gone). Returns the active record (its numbers as integer
--- strings, passed on as they are; `attempts` counting this lease) or nil when stale. The caller
--- drops the lease from B:lease:<client> (each_leased: one HDEL per call). A lease taken by
--- 3.x (`legacy`: its value is the token alone) has an active record that holds client,
--- token and leased_at and counts the lease in attempts: read as such.
-local function leased(B, client, id, token, held)
-  if not holds(held, token) then
+-- swept client's leases are gone), `v` its record in B:rec (or false). Returns the active
+-- job (rec_job's table: its numbers, data, trace, enqueued_at; `attempts` counting this
+-- lease; `client`, `held`) or nil when stale (no lease, another token, no record). The
+-- caller drops the lease from B:lease:<client> (each_leased: one HDEL per call). A record
+-- garbled around the library (not a record string) reads as one of numbers 0, no data.
+-- (A lease of 3.x, the token alone, is read as one of 4.0.0: the upgrade to 5.0 made its
+-- record's attempts not count it.)
+local function leased(client, id, token, held, v)
+  if not v or not holds(held, token) then
     return nil
   end
-  local v = call('HMGET', B .. ':active:' .. id, 'run_at', 'retry_count', 'stall_count',
-    'timeout_count', 'enqueued_at', 'attempts')
-  if v[1] == false then -- no active record (written around the library): stale
-    return nil
-  end
-  local legacy = #held == #token
-  return {
-    id = id, run_at_s = passed(v[1]), retry_s = passed(v[2]), stall_s = passed(v[3]),
-    timeout_s = passed(v[4]), client = client, enqueued_at = v[5],
-    attempts = legacy and passed(v[6]) or (v[6] == false and '1')
-      or int(field_int(v[6], MAX_MS) + 1), held = held,
-    legacy = legacy,
-  }
+  local job = rec_job(id, v) or rec_job(id, '0 - 0 0 0 0\t\t')
+  job.attempts = int(tonumber(job.attempts) + 1)
+  job.client, job.held = client, held
+  return job
 end
 
 -- The lease `held` of `client` on `id` when it is `token`'s and as library 4.1.0 writes it
@@ -853,7 +1060,8 @@ end
 -- <enqueued_at> <retry_count> <stall_count> <timeout_count>", as an event line has them;
 -- `attempts` counting this lease), without reading its record. Else nil: the caller reads
 -- the record (leased(): a lease of 4.0.0 or 3.x, one garbled around the library, a stale
--- token). The caller checks that the active record exists (each_leased: one EXISTS).
+-- token). The caller checks that the active record exists (each_leased: one HMGET of B:rec
+-- per call).
 local function lease_of(client, id, token, held)
   if not held or string.byte(held, #token + 1) ~= 32 or find(held, token, 1, true) ~= 1 then
     return nil
@@ -865,7 +1073,7 @@ local function lease_of(client, id, token, held)
     '^(%d+() %d+() %d+() %d+() %d+) (%d+) ', s)
   -- a number longer than the library writes (15 digits: MAX_MS), garbled around it, would go
   -- into the event and the end as it is (a reader's float of it overflows): the record's
-  -- numbers are read instead (leased(): passed() reads such a field as 0)
+  -- numbers are read instead (leased(): rec_job reads such a number as 0)
   if counts == nil or a - s > 15 or b - a > 16 or c - b > 16 or d - c > 16
       or s + #counts - d > 16 or #attempts > 15 then
     return nil
@@ -874,30 +1082,20 @@ local function lease_of(client, id, token, held)
 end
 
 -- When the lease of `job` (from leased() or lease_of()) was taken (ms, as written).
-local function leased_at(B, job)
-  if job.legacy then
-    return call('HGET', B .. ':active:' .. job.id, 'leased_at') or ''
-  end
+local function leased_at(job)
   -- a value garbled around the library ('<token> 1\t2': no match) is '' (reads as 0)
   return string.match(job.held, ' (%S*)$') or ''
 end
 
--- The numbers of a job from leased(), to count or compare (its strings go: stale after that).
-local function numbers(job)
-  job.run_at, job.retry_count = tonumber(job.run_at_s), tonumber(job.retry_s)
-  job.stall_count, job.timeout_count = tonumber(job.stall_s), tonumber(job.timeout_s)
-  job.run_at_s, job.retry_s, job.stall_s, job.timeout_s = nil, nil, nil, nil
-  return job
-end
-
 -- The loop of finish, retry and fail: for each group of `width` ARGV from index `from` (id
 -- and token first), `act(job, i)` runs on the job when `client` still holds its lease (when
--- `usable(i)` is true, if given; else the lease is left alone). The leases are checked
--- first, then acted on in order. With `quick` (finish), a lease of 4.1.0 gives the job's
--- numbers (lease_of: no read of its record; one EXISTS per call checks that the records
--- are there, as leased() does). The leases taken leave B:lease:<client> in one HDEL after
--- the loop; an id acked twice in one call is stale the second time (its active record may
--- be deleted only at the end of the call). Returns one code per job: 0 ok, 1 stale.
+-- `usable(i)` is true, if given; else the lease is left alone) and its record is in B:rec
+-- (one HMGET per call of the ids whose lease holds: `job.v` is the record string). The
+-- leases are checked first, then acted on in order. With `quick` (finish), a lease of 4.1.0
+-- gives the job's numbers (lease_of: the record is not parsed); else leased(). The leases
+-- taken leave B:lease:<client> in one HDEL after the loop; an id acked twice in one call is
+-- stale the second time (its record leaves B:rec only at the end of the call). Returns one
+-- code per job: 0 ok, 1 stale.
 local function each_leased(B, client, args, from, width, act, usable, quick)
   local codes, taken, seen, ids = list(), list(), {}, list()
   local lkey = B .. ':lease:' .. client
@@ -905,28 +1103,28 @@ local function each_leased(B, client, args, from, width, act, usable, quick)
     ids[#ids + 1] = args[i]
   end
   local held = #ids > 0 and call('HMGET', lkey, unpack(ids)) or {}
-  local jobs, akeys, quicks = list(), list(), list()
+  local cands, at = list(), list()
   for k, id in ipairs(ids) do
     local i = from + (k - 1) * width
-    if (usable == nil or usable(i)) and not seen[id] then
-      local job = quick and lease_of(client, id, args[i + 1], held[k])
-      if job then
-        job.akey = B .. ':active:' .. id
-        akeys[#akeys + 1] = job.akey
-        quicks[#quicks + 1] = k
-      else
-        job = leased(B, client, id, args[i + 1], held[k])
-      end
-      if job ~= nil then
-        seen[id] = true
-        jobs[k] = job
-      end
+    if (usable == nil or usable(i)) and not seen[id] and holds(held[k], args[i + 1]) then
+      seen[id] = true
+      cands[#cands + 1] = id
+      at[#cands] = k
     end
   end
-  if #akeys > 0 and call('EXISTS', unpack(akeys)) < #akeys then
-    for n, k in ipairs(quicks) do -- a record gone (written around the library): stale
-      if call('EXISTS', akeys[n]) == 0 then
-        jobs[k] = nil
+  local jobs = list()
+  if #cands > 0 then
+    local recs = call('HMGET', B .. ':rec', unpack(cands))
+    for c, id in ipairs(cands) do
+      local k, v = at[c], recs[c]
+      local token = args[from + (k - 1) * width + 1]
+      local job = v and quick and lease_of(client, id, token, held[k])
+      if not job then -- (no record: written around the library, stale)
+        job = leased(client, id, token, held[k], v)
+      end
+      if job then
+        job.v = v
+        jobs[k] = job
       end
     end
   end
@@ -1275,26 +1473,37 @@ local function moving(B)
 end
 
 -- Sweep one dead client (expiry passed), other than `self`: its active jobs go back to
--- waiting with stall_count + 1. Bounded: at most one client per call.
+-- waiting with stall_count + 1 (a blocked job's update merged, as requeue does), one
+-- 'stalled' event each, their last error a StallError. Bounded: at most one client per call;
+-- its records in one HMGET of B:rec and one of B:blocked, written back in one HSET.
 local function sweep_one(B, now, self, maxlen)
   local dead = call('ZRANGE', B .. ':expiry', '-inf', int(now), 'BYSCORE', 'LIMIT', 0, 2)
   for _, client in ipairs(dead) do
     if client ~= self then
       local lkey = B .. ':lease:' .. client
       local leases = call('HGETALL', lkey)
-      for k = 1, #leases, 2 do
-        local id, held = leases[k], leases[k + 1]
-        local token = string.match(held, '^[^ ]*') -- (as holds() reads it: to the first space)
-        local job = leased(B, client, id, token, held)
-        if job ~= nil then
-          numbers(job)
-          job.stall_count = job.stall_count + 1
-          local err = {name = 'StallError', kind = 'stall', traceback = '',
-            message = 'its supervisor (client ' .. client .. ') was swept as dead: no heartbeat '
-              .. 'for its expiry'}
-          outcome_event(B, maxlen, int(now), 'stalled', job, '', '', err)
-          requeue(B, job, now, err, now)
+      if #leases > 0 then
+        local ids = {}
+        for k = 1, #leases, 2 do
+          ids[#ids + 1] = leases[k]
         end
+        local recs = call('HMGET', B .. ':rec', unpack(ids))
+        local blocked = call('HMGET', B .. ':blocked', unpack(ids))
+        local out = requeue_batch()
+        for n, id in ipairs(ids) do
+          local held = leases[2 * n]
+          local token = string.match(held, '^[^ ]*') -- (as holds() reads it: to the first space)
+          local job = leased(client, id, token, held, recs[n])
+          if job ~= nil then
+            job.stall_count = job.stall_count + 1
+            local err = {name = 'StallError', kind = 'stall', traceback = '',
+              message = 'its supervisor (client ' .. client .. ') was swept as dead: no '
+                .. 'heartbeat for its expiry'}
+            outcome_event(B, maxlen, int(now), 'stalled', job, '', '', err)
+            requeue(job, now, err, now, blocked[n], out)
+          end
+        end
+        requeued(B, out)
       end
       call('DEL', lkey)
       call('HDEL', B .. ':parked', client)
@@ -1319,27 +1528,31 @@ local function keep_alive(B, now, client, expiry_ms)
   return true
 end
 
--- Check out the job `id` (its record in B:job:<id>, with no active record; the caller
--- removes it from B:waiting and writes its lease into B:lease:<client>): its record moves
--- as it is (its attempts count the leases before this one).
-local function lease(B, id)
-  call('RENAME', B .. ':job:' .. id, B .. ':active:' .. id)
-end
-
 -- The fresh clients parked on B, as a list of {client, slots}: a client is fresh while at
 -- least half its expiry window is left (it bumped or dequeued lately); others are dropped
--- from B:parked (a frozen client keeps its subscription, but not its heartbeat).
+-- from B:parked (a frozen client keeps its subscription, but not its heartbeat). One
+-- ZMSCORE for all.
 local function live_parked(B, now)
   local pkey = B .. ':parked'
   local flat = call('HGETALL', pkey)
   local out = {}
+  if #flat == 0 then
+    return out
+  end
+  local clients = {}
   for i = 1, #flat, 2 do
-    local fresh = call('ZSCORE', B .. ':fresh', flat[i])
-    if fresh ~= false and tonumber(fresh) >= now then
-      out[#out + 1] = {flat[i], tonumber(flat[i + 1])}
+    clients[#clients + 1] = flat[i]
+  end
+  local fresh, stale = call('ZMSCORE', B .. ':fresh', unpack(clients)), {}
+  for k, client in ipairs(clients) do
+    if fresh[k] and tonumber(fresh[k]) >= now then
+      out[#out + 1] = {client, tonumber(flat[2 * k])}
     else
-      call('HDEL', pkey, flat[i])
+      stale[#stale + 1] = client
     end
+  end
+  if #stale > 0 then
+    call('HDEL', pkey, unpack(stale))
   end
   return out
 end
@@ -1351,11 +1564,12 @@ local function pushed_trace(trace)
   return trace_like(trace) and trace or ''
 end
 
--- Push the waiting job `id` to the parked client with the most slots, if one is subscribed
--- to its exact push channel (PUBSUB SHARDNUMSUB: the subscribers on this primary; a
--- client that does not listen is unparked). Returns true when pushed (leased to that
--- client), false to leave it waiting.
-local function push(B, now, id, parked)
+-- Push the waiting job `id`, of record string `record`, to the parked client with the most
+-- slots, if one is subscribed to its exact push channel (PUBSUB SHARDNUMSUB: the subscribers
+-- on this primary; a client that does not listen is unparked). Returns true when pushed
+-- (leased to that client: its record stays in B:rec as it is; the caller takes the id out
+-- of B:waiting), false to leave it waiting.
+local function push(B, now, id, parked, record)
   while true do
     local best = nil
     for _, entry in ipairs(parked) do
@@ -1369,16 +1583,14 @@ local function push(B, now, id, parked)
     local client = best[1]
     local channel = B .. ':push:' .. client
     if call('PUBSUB', 'SHARDNUMSUB', channel)[2] > 0 then
+      local run_at, retry, stall, timeout, trace, data, nums, attempts = rec_lease(record)
+      if run_at == nil then
+        return false -- (not a record: a dispatch writes one, or leaves one in waiting)
+      end
       local token = 'p' .. call('INCR', B .. ':seq')
-      local job = read_job(B .. ':job:' .. id)
-      call('SPUBLISH', channel, table.concat({job.id, token, int(job.run_at),
-        int(job.retry_count), int(job.stall_count), int(job.timeout_count),
-        pushed_trace(job.trace), job.data}, '\n'))
-      lease(B, id)
-      call('ZREM', B .. ':waiting', id)
-      call('HSET', B .. ':lease:' .. client, id, lease_line(token, int(job.run_at),
-        job.enqueued_at, int(job.retry_count), int(job.stall_count),
-        int(job.timeout_count), job.attempts, int(now)))
+      call('SPUBLISH', channel, table.concat({id, token, run_at, retry, stall, timeout,
+        pushed_trace(trace), data}, '\n'))
+      call('HSET', B .. ':lease:' .. client, id, lease_line(token, nums, attempts, int(now)))
       best[2] = best[2] - 1
       if best[2] > 0 then
         call('HSET', B .. ':parked', client, int(best[2]))
@@ -1402,13 +1614,21 @@ local function next_run_at(B)
   return int(tonumber(first[2]))
 end
 
+-- Whether the job `id` is active: it has a record in B:rec and is not in B:waiting (its
+-- lease is in B:lease:<client>; a blocked job with its id waits in B:blocked).
+local function is_active(B, id)
+  return call('HEXISTS', B .. ':rec', id) == 1
+    and call('ZSCORE', B .. ':waiting', id) == false
+end
+
 -- The occurrence of B's schedule (job id SCHEDULE_ID) ended (`outcome` finished, failed or
 -- cancelled; a cancelled blocked copy while it is active is no end): B:schedule keeps its
 -- fire time and outcome, for status (`active_ended`: the caller ends the active record
--- itself, finish and fail). Other ids cost nothing.
+-- itself, finish and fail). Other ids cost nothing. Without `active_ended` (cancel) the
+-- caller calls it after the cancelled record left B:rec (or the blocked copy B:blocked).
 local function schedule_ended(B, id, now, outcome, active_ended)
   if id == SCHEDULE_ID and call('EXISTS', B .. ':schedule') == 1
-      and (active_ended or call('EXISTS', B .. ':active:' .. id) == 0) then
+      and (active_ended or not is_active(B, id)) then
     local skey = B .. ':schedule'
     call('HSET', skey, 'last_fire_at', call('HGET', skey, 'fire_at') or '',
       'last_outcome', outcome, 'last_ended_at', int(now))
@@ -1474,115 +1694,215 @@ local function check_reserved(B, args, from)
   end
 end
 
--- A new waiting job `id` (its record's key `jkey`, the caller's) dispatched at `now` (it has
--- no record and is not active). Returns code 1, its run_at, and true when its id is left for
--- the caller to add to B:waiting (`deferred`: dispatch_jobs adds a batch's new ids in one
--- ZADD), else it is added now.
-local function create_job(B, jkey, id, data, run_at, now, trace, deferred)
-  new_record(jkey, id, data, run_at, now, trace)
-  if deferred then
-    return 1, run_at, true
+--[[ What a call that dispatches knows of its ids (a batch): read once for all, as it
+begins (batch_open: one HMGET of B:rec; ZMSCORE of B:waiting for the ids that have a record,
+to tell a waiting one from an active one; HMGET of B:blocked for the active ones), changed
+as its jobs are put (batch_put) and pushed, and written once, at the end (batch_close: one
+HSET of B:rec, one of B:blocked, one ZADD and one ZREM of B:waiting). An id's state:
+'waiting' (waiting or delayed: a record in B:rec and in B:waiting), 'active' (a record not
+in B:waiting: leased, or pushed in this call), or nil (none). A value of B:rec that is not
+a record (written around the library) reads as none while its id is in B:waiting (a
+dispatch writes over it, as 4.x over a record without its id field), as active otherwise.
+A new id costs no command of its own. ]]
+local function batch_open(B, ids)
+  local st = {B = B, state = {}, rec = {}, blk = {}, found = {}, queued = {}, run = {},
+    dirty = list(), bdirty = list(), touched = list()}
+  if #ids == 0 then
+    return st
   end
-  call('ZADD', B .. ':waiting', int(run_at), id)
-  return 1, run_at, false
+  local v = call('HMGET', B .. ':rec', unpack(ids))
+  local present = nil
+  for k, id in ipairs(ids) do
+    if v[k] and not st.found[id] then
+      st.found[id] = true
+      st.rec[id] = v[k]
+      present = present or list()
+      present[#present + 1] = id
+    end
+  end
+  if present == nil then -- the usual batch of new ids: one command
+    return st
+  end
+  local scores, active = call('ZMSCORE', B .. ':waiting', unpack(present)), nil
+  for k, id in ipairs(present) do
+    if scores[k] then
+      st.queued[id] = true -- (in B:waiting as the call began)
+      if rec_parts(st.rec[id]) ~= nil then
+        st.state[id] = 'waiting'
+      else
+        st.rec[id] = nil
+      end
+    else
+      st.state[id] = 'active'
+      active = active or list()
+      active[#active + 1] = id
+    end
+  end
+  if active ~= nil then
+    local b = call('HMGET', B .. ':blocked', unpack(active))
+    for k, id in ipairs(active) do
+      st.blk[id] = b[k] or nil
+    end
+  end
+  return st
 end
 
--- Write one dispatched job: a new waiting job, an update of the waiting/blocked one, or a
--- blocked job behind the active one (a new record gets `trace`, an update keeps the trace
--- it has). Returns its code (1-4) and the run_at it now has. `deferred`: as create_job.
-local function put_job(B, id, data, run_at, update_data, mode, reset, now, trace, deferred)
-  local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
-  local existing, is_active = nil, false
-  if call('EXISTS', jkey, akey) > 0 then -- one call for the usual new id
-    existing = read_job(jkey)
-    is_active = call('EXISTS', akey) == 1
+-- Note that the record of `id` changed (written by batch_close).
+local function batch_touch(st, id)
+  if not st.touched[id] then
+    st.touched[id] = true
+    st.dirty[#st.dirty + 1] = id
   end
-  if existing == nil and not is_active then
-    return create_job(B, jkey, id, data, run_at, now, trace, deferred)
+end
+
+-- Write one dispatched job into the batch: a new waiting job (code 1), an update of the
+-- waiting one (2), or a job blocked behind the active one (3 new, 4 its update composed, so
+-- that the updates apply to the active job, if it is requeued, as to a waiting job: the
+-- run_at merges composed, the union of the other flags). A new record gets `trace` ('' or
+-- nil: none) and enqueued_at `now_s`; an update keeps its trace, enqueued_at and attempts.
+-- Returns the code and the run_at the job now has.
+local function batch_put(st, id, data, run_at, update_data, mode, reset, now_s, trace)
+  local state = st.state[id]
+  if state == nil then
+    st.rec[id] = rec_pack(int(run_at), now_s, '0', '0', '0', '0', trace or '', data)
+    st.state[id], st.run[id] = 'waiting', run_at
+    batch_touch(st, id)
+    return 1, run_at
+  elseif state == 'waiting' then
+    local job = rec_job(id, st.rec[id])
+    if update_data then
+      job.data = data
+    end
+    job.run_at = merge_run_at(job.run_at, run_at, mode)
+    if reset then
+      job.retry_count, job.stall_count, job.timeout_count = 0, 0, 0
+    end
+    st.rec[id], st.run[id] = rec_of(job), job.run_at
+    batch_touch(st, id)
+    return 2, job.run_at
   end
-  if existing == nil then -- the id is active: a blocked job waits for it
-    new_record(jkey, id, data, run_at, now, trace)
+  -- the id is active: a blocked job waits for it
+  if not st.bdirty[id] then
+    st.bdirty[id] = true
+    st.bdirty[#st.bdirty + 1] = id
+  end
+  local u, record = blocked_parts(st.blk[id])
+  if u == nil then
     local kind, lo, hi = then_merge('clamp', nil, nil, mode, run_at)
-    call('HSET', jkey, 'u_data', update_data and '1' or '0', 'u_run_at', kind,
-      'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
-      'u_reset', reset and '1' or '0')
-    call('SADD', B .. ':blocked', id)
+    st.blk[id] = blocked_pack(update_data, reset, kind, lo, hi,
+      rec_pack(int(run_at), now_s, '0', '0', '0', '0', trace or '', data))
     return 3, run_at
   end
-  local old_run_at = existing.run_at
+  local job = rec_job(id, record)
+  local old_run_at = job.run_at
   if update_data then
-    existing.data = data
+    job.data = data
   end
-  existing.run_at = merge_run_at(existing.run_at, run_at, mode)
+  job.run_at = merge_run_at(old_run_at, run_at, mode)
   if reset then
-    existing.retry_count, existing.stall_count, existing.timeout_count = 0, 0, 0
+    job.retry_count, job.stall_count, job.timeout_count = 0, 0, 0
   end
-  write_job(jkey, existing)
-  if is_active then
-    -- compose the run_at updates, and take the union of the other flags, so the
-    -- updates apply to the active job, if it is requeued, as to a waiting job
-    local f = call('HMGET', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
-    local kind, lo, hi = run_at_update(f[2], f[4], f[5], old_run_at)
-    kind, lo, hi = then_merge(kind, lo, hi, mode, run_at)
-    call('HSET', jkey,
-      'u_data', (update_data or f[1] == '1') and '1' or '0', 'u_run_at', kind,
-      'u_lo', lo and int(lo) or '', 'u_hi', hi and int(hi) or '',
-      'u_reset', (reset or f[3] == '1') and '1' or '0')
-    return 4, existing.run_at
-  end
-  call('ZADD', B .. ':waiting', int(existing.run_at), id)
-  return 2, existing.run_at
+  local kind, lo, hi = run_at_update(u.u_run_at, u.u_lo, u.u_hi, old_run_at)
+  kind, lo, hi = then_merge(kind, lo, hi, mode, run_at)
+  st.blk[id] = blocked_pack(update_data or u.u_data, reset or u.u_reset, kind, lo, hi,
+    rec_of(job))
+  return 4, job.run_at
 end
 
--- Put each triple of ARGV from `from` with `put(id, data, run_at)` (-> code, run_at, and
--- true when the id of a new job is left to add to B:waiting); a job left waiting (code 1 or
--- 2) and ready now is pushed to a parked client, else counted for the wake-up. The new ids
--- not pushed enter B:waiting in one ZADD at the end (at their last run_at: a later triple
--- may update the job; nothing reads B:waiting in between). Returns the codes.
-local function dispatch_jobs(B, now, args, from, run_ats, put)
+-- The waiting job `id` of the batch was pushed (leased to a parked client): active now.
+local function batch_pushed(st, id)
+  st.state[id], st.run[id] = 'active', false
+  batch_touch(st, id) -- (a new record is written; one that was waiting leaves B:waiting)
+end
+
+-- Write what the batch changed: the records (B:rec), the blocked jobs (B:blocked), the
+-- run_ats of the jobs left waiting (B:waiting) and the ids pushed out of it.
+local function batch_close(st)
+  local B = st.B
+  local recs, scored, gone = list(), list(), nil
+  for _, id in ipairs(st.dirty) do
+    recs[#recs + 1] = id
+    recs[#recs + 1] = st.rec[id]
+    local at = st.run[id]
+    if at then
+      scored[#scored + 1] = int(at)
+      scored[#scored + 1] = id
+    elseif at == false and st.queued[id] then
+      gone = gone or list()
+      gone[#gone + 1] = id
+    end
+  end
+  if #recs > 0 then
+    call('HSET', B .. ':rec', unpack(recs))
+  end
+  if #scored > 0 then
+    call('ZADD', B .. ':waiting', unpack(scored))
+  end
+  if gone ~= nil then
+    call('ZREM', B .. ':waiting', unpack(gone))
+  end
+  if #st.bdirty > 0 then
+    local blocked = list()
+    for _, id in ipairs(st.bdirty) do
+      blocked[#blocked + 1] = id
+      blocked[#blocked + 1] = st.blk[id]
+    end
+    call('HSET', B .. ':blocked', unpack(blocked))
+  end
+end
+
+-- Write one dispatched job `id` now, on its own (queasy_requeue's new jobs): batch_put on a
+-- batch of one id, closed. Returns its code (1-4) and the run_at it now has.
+local function put_job(B, id, data, run_at, update_data, mode, reset, now, trace)
+  local st = batch_open(B, {id})
+  local code, at = batch_put(st, id, data, run_at, update_data, mode, reset,
+    type(now) == 'string' and now or int(now), trace)
+  batch_close(st)
+  return code, at
+end
+
+-- Put each triple of ARGV from `from` with `put(id, data, run_at)` (-> code, run_at) into
+-- the batch `st`; a job left waiting (code 1 or 2) and ready now is pushed to a parked
+-- client, else counted for the wake-up. The batch is written at the end (nothing reads
+-- B:rec or B:waiting in between). Returns the codes.
+local function dispatch_jobs(st, now, args, from, run_ats, put)
+  local B = st.B
   local codes = {}
   local earliest = nil
   local parked = nil -- read once, when the first job ready now is met
-  local new, at = {}, {} -- ids left to add to B:waiting, in order; id -> run_at (false: pushed)
   for i = from, #args, 3 do
     local id = args[i]
-    local code, run_at, deferred = put(id, args[i + 1], run_ats[(i - from) / 3 + 1])
+    local code, run_at = put(id, args[i + 1], run_ats[(i - from) / 3 + 1])
     codes[#codes + 1] = code
-    if deferred then
-      new[#new + 1] = id
-    end
     if code <= 2 then
-      if run_at <= now and parked == nil then
-        parked = live_parked(B, now)
-      end
-      local pushed = run_at <= now and #parked > 0 and push(B, now, id, parked)
-      if at[id] ~= nil or deferred then
-        at[id] = not pushed and run_at
-      end
-      if pushed then
-        run_at = nil -- leased to a parked client: nothing to wake
+      if run_at <= now then
+        if parked == nil then
+          parked = live_parked(B, now)
+        end
+        if #parked > 0 and push(B, now, id, parked, st.rec[id]) then
+          batch_pushed(st, id)
+          run_at = nil -- leased to a parked client: nothing to wake
+        end
       end
       if run_at ~= nil and (earliest == nil or run_at < earliest) then
         earliest = run_at
       end
     end
   end
-  if #new > 0 then
-    local scored = {}
-    for _, id in ipairs(new) do
-      if at[id] then
-        scored[#scored + 1] = int(at[id])
-        scored[#scored + 1] = id
-      end
-    end
-    if #scored > 0 then
-      call('ZADD', B .. ':waiting', unpack(scored))
-    end
-  end
+  batch_close(st)
   if earliest ~= nil then
     call('SPUBLISH', B .. ':wake', int(earliest))
   end
   return codes
+end
+
+-- The ids of the triples of ARGV from `from`, in order.
+local function triple_ids(args, from)
+  local ids = list()
+  for i = from, #args, 3 do
+    ids[#ids + 1] = args[i]
+  end
+  return ids
 end
 
 --[[ queasy_dispatch: add or update jobs (one or many).
@@ -1614,8 +1934,9 @@ local function dispatch(keys, args)
   local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch')
   check_reserved(B, args, 6)
   local now_s = int(now)
-  return dispatch_jobs(B, now, args, 6, run_ats, function(id, data, run_at)
-    return put_job(B, id, data, run_at, update_data, mode, reset, now_s, trace, true)
+  local st = batch_open(B, triple_ids(args, 6))
+  return dispatch_jobs(st, now, args, 6, run_ats, function(id, data, run_at)
+    return batch_put(st, id, data, run_at, update_data, mode, reset, now_s, trace)
   end)
 end
 
@@ -1635,9 +1956,9 @@ local function window_size(window)
   return size
 end
 
--- The latest end (ms) of a window of each id of the triples from `from` in a live bucket:
--- id -> end; an id with none is absent. Drops the buckets that ended from B:windows.
-local function open_windows(B, now, args, from)
+-- The latest end (ms) of a window of each of `ids` in a live bucket: id -> end; an id with
+-- none is absent. Drops the buckets that ended from B:windows.
+local function open_windows(B, now, ids)
   local index = B .. ':windows'
   call('ZREMRANGEBYSCORE', index, '-inf', int(now))
   local live = call('ZRANGE', index, 0, -1)
@@ -1645,11 +1966,7 @@ local function open_windows(B, now, args, from)
   if #live == 0 then
     return open
   end
-  local ids, n = {}, 0
-  for i = from, #args, 3 do
-    n = n + 1
-    ids[n] = args[i]
-  end
+  local n = #ids
   for _, bucket in ipairs(live) do
     local ends = call('HMGET', B .. ':window:' .. bucket, unpack(ids))
     for j = 1, n do
@@ -1711,9 +2028,25 @@ local function dispatch_once(keys, args)
   local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch_once')
   check_reserved(B, args, 6)
   local now_s = int(now)
-  local open = open_windows(B, now, args, 6)
+  local ids = triple_ids(args, 6)
+  local open = open_windows(B, now, ids)
+  local st = batch_open(B, ids)
+  -- the windows of their own (B:once:<id>) of the ids without a job: one MGET for all
+  local once, oids = {}, list()
+  for _, id in ipairs(ids) do
+    if not st.found[id] and not once[id] then
+      once[id] = true
+      oids[#oids + 1] = B .. ':once:' .. id
+    end
+  end
+  if #oids > 0 then
+    local v = call('MGET', unpack(oids))
+    for k, okey in ipairs(oids) do
+      once[string.sub(okey, #B + 7)] = v[k]
+    end
+  end
   -- the windows to write: `ready` (id, end, ...) of the jobs ready now, `later` id -> end
-  local ready, later, ready_end, n = {}, {}, int(now + window), 0
+  local ready, later, ready_end, n, ended = {}, {}, int(now + window), 0, nil
   local function mark(id, at) -- the window of `id`, dispatched with run_at `at`
     if at <= now then
       ready[n + 1], ready[n + 2] = id, ready_end
@@ -1722,30 +2055,29 @@ local function dispatch_once(keys, args)
       later[id] = at + window
     end
   end
-  local codes = dispatch_jobs(B, now, args, 6, run_ats, function(id, data, run_at)
-    local akey, jkey, okey = B .. ':active:' .. id, B .. ':job:' .. id, B .. ':once:' .. id
-    local found = call('EXISTS', akey, jkey, okey)
-    if found == 0 or (found == 1 and call('EXISTS', okey) == 1) then -- no job of the id
-      local close = open[id] or 0
-      if found == 1 then -- a window of its own (a delayed job's, or written by 4.0.0)
-        close = math.max(close, tonumber(call('GET', okey)) or 0) -- (garbled: no window)
-      end
+  local codes = dispatch_jobs(st, now, args, 6, run_ats, function(id, data, run_at)
+    local state = st.state[id]
+    if state == 'active' then -- (leased: running, or pushed to a client; a blocked copy
+      return 5 -- would run the id a second time)
+    elseif state == nil then -- no job of the id: its window, if any, must have ended
+      local own = once[id]
+      local close = math.max(open[id] or 0, own and tonumber(own) or 0) -- (garbled: none)
       if close > now then
         return 5
       end
-      if found == 1 then -- that window ended (not yet expired on the server's clock) or is garbled
-        call('DEL', okey)
+      if own then -- that window ended (not yet expired on the server's clock) or is garbled
+        once[id] = false
+        ended = ended or list()
+        ended[#ended + 1] = B .. ':once:' .. id
       end
-      mark(id, run_at)
-      return create_job(B, jkey, id, data, run_at, now_s, '', true)
     end
-    if call('EXISTS', akey) == 1 then
-      return 5
-    end
-    local code, at = put_job(B, id, data, run_at, update_data, mode, reset, now_s)
+    local code, at = batch_put(st, id, data, run_at, update_data, mode, reset, now_s, '')
     mark(id, at) -- its window, from the run_at it now has
     return code, at
   end)
+  if ended ~= nil then -- (before write_windows: a delayed job's window may be one of them)
+    call('DEL', unpack(ended))
+  end
   write_windows(B, now, window, ready, later)
   return codes
 end
@@ -1784,7 +2116,8 @@ local function dispatch_letter(keys, args)
   local failed_at = args[5] ~= '' and ms(args[5], 'run_at of the failure')
   check_reserved(B, args, 3)
   local id = args[3]
-  if call('EXISTS', B .. ':job:' .. id, B .. ':active:' .. id) > 0 then
+  local st = batch_open(B, {id})
+  if st.found[id] then -- (a blocked job waits for an active one: its id has a record too)
     return 5
   end
   local done = call('HGET', B .. ':ends', id)
@@ -1795,8 +2128,9 @@ local function dispatch_letter(keys, args)
       return 5
     end
   end
-  return dispatch_jobs(B, now, args, 3, {now}, function(jid, data, run_at)
-    return create_job(B, B .. ':job:' .. jid, jid, data, run_at, now, trace, true)
+  local now_s = int(now)
+  return dispatch_jobs(st, now, args, 3, {now}, function(jid, data, run_at)
+    return batch_put(st, jid, data, run_at, false, 'keep', false, now_s, trace)
   end)[1]
 end
 
@@ -1818,22 +2152,46 @@ local function cancel(keys, args)
   local id = args[3]
   local keep_count = whole(args[4], 'keep count', MAX_COUNT)
   local keep_ms = whole(args[5], 'keep ms', MAX_MS)
-  local jkey = B .. ':job:' .. id
-  local job = read_job(jkey)
-  if job == nil then
-    return 0
+  -- the blocked job of an active id first (4.x's one B:job:<id> was that one), else the
+  -- record of B:rec while it is waiting or delayed (not active: in B:waiting)
+  local v, errv = call('HGET', B .. ':blocked', id), false
+  local is_blocked = v ~= false
+  if is_blocked then
+    v = select(6, blocked_update(v)) or false -- (a value that is not one: no job)
+    if not v then
+      return 0
+    end
+  else
+    v = call('HGET', B .. ':rec', id)
+    if not v or call('ZSCORE', B .. ':waiting', id) == false then
+      return 0
+    end
   end
-  job.enqueued_at = call('HGET', jkey, 'enqueued_at')
-  call('ZREM', B .. ':waiting', id)
-  if call('SREM', B .. ':blocked', id) == 1 then
-    call('HDEL', jkey, 'u_data', 'u_run_at', 'u_reset', 'u_lo', 'u_hi')
+  local job = rec_job(id, v) or rec_job(id, '0 - 0 0 0 0\t\t')
+  local keep = keep_count > 0 and keep_ms > 0
+  if is_blocked then
+    call('HDEL', B .. ':blocked', id)
+  else
+    if keep then
+      errv = call('HGET', B .. ':err', id)
+    end
+    call('ZREM', B .. ':waiting', id)
+    drop_living(B, {id})
   end
   local at, counts = outcome_event(B, maxlen, int(now), 'cancelled', job, '', '', nil)
-  end_record(B, jkey, id, keep_count > 0 and keep_ms > 0, true, nil)
+  local out = ends_batch()
+  end_record(B, id, keep, ended_fields(id, v, errv, nil), out)
+  write_ended(out)
+  unended(B, out)
+  if #out.gone > 0 then
+    call('DEL', unpack(out.gone))
+  end
   retain(B, 'cancelled', now, keep_count, keep_ms, {int(now), id},
     {id, ending('cancelled', at, counts, job.attempts, '')})
   call('SPUBLISH', B .. ':done:' .. id, 'cancelled')
-  schedule_ended(B, id, now, 'cancelled')
+  if not is_blocked then -- (a blocked copy cancelled while its id is active is no end)
+    schedule_ended(B, id, now, 'cancelled', true)
+  end
   return 1
 end
 
@@ -1899,10 +2257,22 @@ local function requeue_failed(keys, args)
     if end_state(call('HGET', B .. ':ends', id)) ~= 'failed' then
       call('ZREM', B .. ':failed', id) -- an id that ended again since, in another state
     else
-      if call('EXISTS', B .. ':job:' .. id) == 0 then -- new: waiting, or blocked if active
-        local data = call('HGET', ekey, 'data') or 'null'
-        if put_job(B, id, data, now, true, 'replace', true, now) == 1 then
-          wake = true
+      -- a new job (counts 0, data of the record, now), unless one with its id waits (in
+      -- B:waiting, or blocked): waiting, or blocked behind the active one (its update as a
+      -- dispatch's that replaces data and run_at and resets the counts)
+      if call('HEXISTS', B .. ':blocked', id) == 0 then
+        local lives = call('HEXISTS', B .. ':rec', id) == 1 -- (waiting or active)
+        if not lives or call('ZSCORE', B .. ':waiting', id) == false then
+          local rec = rec_pack(int(now), int(now), '0', '0', '0', '0', '',
+            call('HGET', ekey, 'data') or 'null')
+          if lives then -- active
+            call('HSET', B .. ':blocked', id,
+              blocked_string(true, true, 'replace', nil, nil, rec))
+          else
+            call('HSET', B .. ':rec', id, rec)
+            call('ZADD', B .. ':waiting', int(now), id)
+            wake = true
+          end
         end
       end
       call('DEL', ekey)
@@ -1941,25 +2311,27 @@ local function purge(keys, args)
   local state = args[2]
   local limit = page(args[3], 'limit')
   local counted = args[4] ~= nil and args[4] ~= '' and flag(args[4], 'counted')
-  local ids, records, left, dropped
+  local ids, left, dropped
   if state == 'waiting' or state == 'delayed' then
     local low, high = '-inf', int(now)
     if state == 'delayed' then
       low, high = '(' .. int(now), '+inf'
     end
     ids = call('ZRANGE', B .. ':waiting', low, high, 'BYSCORE', 'LIMIT', 0, limit)
-    records = ':job:'
+    dropped = 0
     if #ids > 0 then
       call('ZREM', B .. ':waiting', unpack(ids))
+      dropped = call('HDEL', B .. ':rec', unpack(ids)) -- (an id in B:waiting is not active)
+      call('HDEL', B .. ':err', unpack(ids))
     end
     left = call('ZCOUNT', B .. ':waiting', low, high)
   elseif state == 'blocked' then
-    ids = call('SRANDMEMBER', B .. ':blocked', limit)
-    records = ':job:'
+    ids = call('HRANDFIELD', B .. ':blocked', limit)
+    dropped = 0
     if #ids > 0 then
-      call('SREM', B .. ':blocked', unpack(ids))
+      dropped = call('HDEL', B .. ':blocked', unpack(ids))
     end
-    left = call('SCARD', B .. ':blocked')
+    left = call('HLEN', B .. ':blocked')
   elseif END_STATES[state] then
     ids = call('ZRANGE', B .. ':' .. state, 0, limit - 1)
     dropped = drop_ends(B, state, ids)
@@ -1970,16 +2342,6 @@ local function purge(keys, args)
   else
     invalid('state must be waiting, delayed, blocked, finished, failed or cancelled, got '
       .. shown(state))
-  end
-  if records then
-    dropped = 0
-    if #ids > 0 then
-      local dels = {}
-      for i, id in ipairs(ids) do
-        dels[i] = B .. records .. id
-      end
-      dropped = call('DEL', unpack(dels))
-    end
   end
   if counted then
     return {#ids, left, dropped}
@@ -2005,9 +2367,11 @@ Returns: {status, next_run_at, id, token, data, run_at, retry_count, stall_count
           timeout_count, trace ('' none, and '' for one longer than MAX_TRACE written around
           the library: 4.3.0), id, ...}: status 0 ok or 2 swept (then no jobs); next_run_at is
           the earliest run_at still waiting ('' if none), so the caller can sleep until then.
-Sweeps at most one dead client first. An id in B:waiting without a record (or with an
-active one) is dropped from B:waiting and skipped; an id leaves B:waiting only as its
-record is leased.
+Sweeps at most one dead client first. An id in B:waiting without a record in B:rec is
+dropped from B:waiting and skipped (with a value there that is not a record, written around
+the library, that value is dropped too); an id leaves B:waiting only as its record is
+leased (the record stays in B:rec as it is: active, as it is not in B:waiting). Commands per
+call, not per job: ZRANGE, one HMGET of B:rec, ZREM, one HSET of the leases.
 ]]
 local function dequeue(keys, args)
   local B = keys[1]
@@ -2035,38 +2399,48 @@ local function dequeue(keys, args)
     local ids = call('ZRANGE', B .. ':waiting', '-inf', int(now), 'BYSCORE', 'LIMIT', 0,
       limit)
     local leases = list()
-    local now_s = int(now)
-    local taken, o = 0, 2 -- leases so far; the last index of out
-    for _, id in ipairs(ids) do
-      local jkey, akey = B .. ':job:' .. id, B .. ':active:' .. id
-      local v = call('HMGET', jkey, 'id', 'data', 'run_at', 'retry_count', 'stall_count',
-        'timeout_count', 'trace', 'enqueued_at', 'attempts') -- (constants: no unpack per job)
-      if v[1] == false then
-        -- a stray id without a record: only dropped from B:waiting (below)
-      elseif call('RENAMENX', jkey, akey) == 0 then -- one call: the move, unless active
-        call('SADD', B .. ':blocked', id) -- its record waits for the active one
-      else
-        taken = taken + 1
-        local token = nonce .. '.' .. small(taken)
-        local run_at, retry, stall, timeout = passed(v[3]), passed(v[4]), passed(v[5]),
-          passed(v[6])
-        leases[2 * taken - 1] = id
-        leases[2 * taken] = lease_line(token, run_at, v[8], retry, stall, timeout, v[9],
-          now_s)
-        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, token, v[2] or '', run_at
-        local trace = v[7] -- one written around the library past MAX_TRACE: none (4.3.0)
-        if not trace or #trace > MAX_TRACE then
-          trace = ''
+    if #ids > 0 then
+      -- their records, in one read (they stay where they are: a leased record is active as
+      -- it is not in B:waiting); each is taken apart with plain find()s (rec_lease)
+      local recs = call('HMGET', B .. ':rec', unpack(ids))
+      local now_s = int(now)
+      local taken, o, garbled = 0, 2, nil -- leases so far; the last index of out
+      for k, id in ipairs(ids) do
+        local v = recs[k]
+        local run_at, retry, stall, timeout, trace, data, nums, attempts = nil, nil, nil,
+          nil, nil, nil, nil, nil
+        if v then
+          run_at, retry, stall, timeout, trace, data, nums, attempts = rec_lease(v)
         end
-        out[o + 5], out[o + 6], out[o + 7], out[o + 8] = retry, stall, timeout, trace
-        o = o + 8
+        if run_at == nil then
+          -- a stray id without a record: only dropped from B:waiting (below); with a value
+          -- that is not a record (written around the library), that value goes too (no
+          -- job could ever run it, and the id is free for a dispatch again, as in 4.x)
+          if v then
+            garbled = garbled or list()
+            garbled[#garbled + 1] = id
+          end
+        else
+          taken = taken + 1
+          local token = nonce .. '.' .. small(taken)
+          leases[2 * taken - 1] = id
+          leases[2 * taken] = lease_line(token, nums, attempts, now_s)
+          if #trace > MAX_TRACE then -- one written around the library: none (4.3.0)
+            trace = ''
+          end
+          out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, token, data, run_at
+          out[o + 5], out[o + 6], out[o + 7], out[o + 8] = retry, stall, timeout, trace
+          o = o + 8
+        end
       end
-    end
-    if #ids > 0 then -- every record selected has moved: they leave B:waiting together
+      -- every record selected is leased: they leave B:waiting together
       call('ZREM', B .. ':waiting', unpack(ids))
-    end
-    if #leases > 0 then
-      call('HSET', B .. ':lease:' .. client, unpack(leases))
+      if garbled ~= nil then
+        call('HDEL', B .. ':rec', unpack(garbled))
+      end
+      if #leases > 0 then
+        call('HSET', B .. ':lease:' .. client, unpack(leases))
+      end
     end
     if park and #leases / 2 < limit then
       call('HSET', B .. ':parked', client, int(limit - #leases / 2))
@@ -2118,7 +2492,8 @@ local function finish(keys, args)
   local any_blocked = found > 0
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
-  local scored, done, gone = list(), list(), list()
+  local scored, done, taken, wholes = list(), list(), list(), nil
+  local out = ends_batch()
   local events, host, pending = B .. ':events', ends.host, nil
   local codes = each_leased(B, client, args, 8, 5, function(job, i)
     local result, line, failed_before = args[i + 4], nil, nil
@@ -2146,24 +2521,25 @@ local function finish(keys, args)
       end
       local at, counts = outcome_event(B, maxlen, ended, 'finished', job, args[i + 2], args[i + 3])
       line = ending('finished', at, counts, job.attempts, host)
-      failed_before = job.retry_s ~= '0' or job.stall_s ~= '0' or job.timeout_s ~= '0'
+      failed_before = job.retry_count ~= 0 or job.stall_count ~= 0 or job.timeout_count ~= 0
     end
-    local extra = nil -- a record kept whole: its lease's fields, and the result if any
-    if result ~= '' or failed_before then
-      extra = {'leased_at', leased_at(B, job), 'attempts', job.attempts}
+    if keep and (result ~= '' or failed_before) then
+      -- kept whole (after the loop: its last error is read for all in one HMGET): the
+      -- record, its lease's fields, and the result if any
+      local extra = {'leased_at', leased_at(job), 'attempts', job.attempts}
       if result ~= '' then
         extra[5], extra[6] = 'result', result
       end
+      wholes = wholes or {}
+      wholes[#wholes + 1] = {job, extra}
+    else
+      end_record(B, job.id, keep, nil, out)
     end
-    end_record(B, job.akey or B .. ':active:' .. job.id, job.id, keep, extra ~= nil, extra,
-      gone)
+    taken[#taken + 1] = job.id
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
     done[#done + 1] = line
-    if any_blocked then
-      promote(B, job.id, true)
-    end
     if job.id == SCHEDULE_ID then
       schedule_ended(B, job.id, now, 'finished', true)
     end
@@ -2174,10 +2550,28 @@ local function finish(keys, args)
   if pending then -- (MAXLEN ~, as each XADD of outcome_event)
     call('XADD', events, 'MAXLEN', '~', maxlen, '*', 'event', pending)
   end
+  if wholes ~= nil then
+    local wids = {}
+    for n, w in ipairs(wholes) do
+      wids[n] = w[1].id
+    end
+    local errs = call('HMGET', B .. ':err', unpack(wids))
+    for n, w in ipairs(wholes) do
+      end_record(B, w[1].id, keep, ended_fields(w[1].id, w[1].v, errs[n], w[2]), out)
+    end
+    write_ended(out)
+  end
+  drop_living(B, taken)
+  unended(B, out)
+  if any_blocked then -- (after the records left B:rec: a promoted job takes its id's place)
+    for _, id in ipairs(taken) do
+      promote(B, id, true)
+    end
+  end
   -- the records of the trimmed ends join `gone`: one DEL for all (nothing reads them between)
-  retain(B, 'finished', now, ends.count, ends.ms, scored, done, gone)
-  if #gone > 0 then
-    call('DEL', unpack(gone))
+  retain(B, 'finished', now, ends.count, ends.ms, scored, done, out.gone)
+  if #out.gone > 0 then
+    call('DEL', unpack(out.gone))
   end
   tally(B, 'finished', now, #scored / 2)
   return codes
@@ -2218,8 +2612,21 @@ local function retry(keys, args)
     run_ats[i] = run_at_from(args[i + 2], now, 'retry run_at')
     check_error(args, i + 6, (i + 5) / 9)
   end
-  return each_leased(B, client, args, 4, 9, function(job, i)
-    numbers(job)
+  local out = requeue_batch()
+  local blocked = nil -- B:blocked's value of each id of the call (false: none), read once
+  local codes = each_leased(B, client, args, 4, 9, function(job, i)
+    if blocked == nil then
+      local ids = {}
+      for k = 4, #args, 9 do
+        ids[#ids + 1] = args[k]
+      end
+      blocked = {}
+      for n, bv in ipairs(call('HMGET', B .. ':blocked', unpack(ids))) do
+        if bv then
+          blocked[ids[n]] = bv
+        end
+      end
+    end
     local kind = RETRY_KINDS[args[i + 3]]
     if kind[1] ~= nil then
       job[kind[1]] = job[kind[1]] + 1
@@ -2229,7 +2636,7 @@ local function retry(keys, args)
     if kind[2] ~= nil then
       outcome_event(B, maxlen, int(now), kind[2], job, args[i + 4], args[i + 5], err)
     end
-    requeue(B, job, run_ats[i], kind[3] ~= '' and err or nil, now)
+    requeue(job, run_ats[i], kind[3] ~= '' and err or nil, now, blocked[job.id], out)
     if kind[2] == nil then
       call('HDEL', B .. ':parked', client)
       call('SPUBLISH', B .. ':wake', int(job.run_at))
@@ -2237,6 +2644,51 @@ local function retry(keys, args)
   end, function(i)
     return RETRY_KINDS[args[i + 3]] ~= nil -- an unknown kind must not consume the lease
   end)
+  requeued(B, out)
+  return codes
+end
+
+-- The fail jobs of a queasy_fail call (the groups at ARGV `at`: fail job id at i + 2, its
+-- data at i + 3) enter the fail queue F, waiting now, in one HMGET, HSET and ZADD of F per
+-- call; SPUBLISH F:wake. A fail job id that has a job in F already (written around the
+-- library: the supervisor makes a new id per failure) is as library 4.x left it: a
+-- waiting one gets the new data and run_at (its counts, attempts and trace stay); an active
+-- one gets a blocked job with the new record behind it (no update of the active one).
+local function dispatch_fails(F, now, args, at)
+  local now_s = int(now)
+  local fids = {}
+  for n, i in ipairs(at) do
+    fids[n] = args[i + 2]
+  end
+  local have = call('HMGET', F .. ':rec', unpack(fids))
+  local recs, scored, blocks = {}, {}, {}
+  for n, i in ipairs(at) do
+    local fid, v = fids[n], have[n]
+    local old = v and rec_job(fid, v)
+    if old and call('ZSCORE', F .. ':waiting', fid) == false then -- active
+      blocks[#blocks + 1] = fid
+      blocks[#blocks + 1] = blocked_string(false, false, 'clamp', nil, nil,
+        rec_pack(now_s, now_s, '0', '0', '0', '0', '', args[i + 3]))
+    else
+      recs[#recs + 1] = fid
+      if old then
+        recs[#recs + 1] = rec_pack(now_s, now_s, int(old.retry_count), int(old.stall_count),
+          int(old.timeout_count), old.attempts, old.trace, args[i + 3])
+      else
+        recs[#recs + 1] = rec_pack(now_s, now_s, '0', '0', '0', '0', '', args[i + 3])
+      end
+      scored[#scored + 1] = now_s
+      scored[#scored + 1] = fid
+    end
+  end
+  if #recs > 0 then
+    call('HSET', F .. ':rec', unpack(recs))
+    call('ZADD', F .. ':waiting', unpack(scored))
+  end
+  if #blocks > 0 then
+    call('HSET', F .. ':blocked', unpack(blocks))
+  end
+  call('SPUBLISH', F .. ':wake', now_s)
 end
 
 --[[ queasy_fail: jobs failed for good; each fail job is dispatched in the same call.
@@ -2276,31 +2728,43 @@ local function fail(keys, args)
   local any_blocked = call('EXISTS', B .. ':blocked') == 1
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
-  local scored, done = {}, {}
+  local scored, done, taken, fails = {}, {}, {}, {}
+  local out = ends_batch()
   local codes = each_leased(B, client, args, 8, 10, function(job, i)
     local err = {name = args[i + 6], kind = args[i + 7], message = args[i + 8],
       traceback = args[i + 9]}
     local at, counts = outcome_event(B, maxlen, ended, 'failed', job, args[i + 4], args[i + 5], err)
-    end_record(B, B .. ':active:' .. job.id, job.id, keep, true, {'error_name', err.name,
-      'error_kind', err.kind, 'error_message', err.message, 'traceback', err.traceback,
-      'error_at', ended, 'leased_at', leased_at(B, job), 'attempts', job.attempts})
+    -- kept whole: the record with this error (its last error, replaced: not read), its lease
+    end_record(B, job.id, keep, keep and ended_fields(job.id, job.v, false, {'error_name',
+      err.name, 'error_kind', err.kind, 'error_message', err.message, 'traceback',
+      err.traceback, 'error_at', ended, 'leased_at', leased_at(job), 'attempts',
+      job.attempts}) or nil, out)
+    taken[#taken + 1] = job.id
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
     done[#done + 1] = ending('failed', at, counts, job.attempts, ends.host)
-    promote(B, job.id, any_blocked)
     schedule_ended(B, job.id, now, 'failed', true)
     if ends.notify then
       call('SPUBLISH', B .. ':done:' .. job.id, 'failed')
     end
     if F ~= nil then
-      local fid = args[i + 2]
-      new_record(F .. ':job:' .. fid, fid, args[i + 3], now, now)
-      call('ZADD', F .. ':waiting', int(now), fid)
+      fails[#fails + 1] = i
     end
   end)
-  if F ~= nil and #scored > 0 then
-    call('SPUBLISH', F .. ':wake', int(now))
+  write_ended(out)
+  drop_living(B, taken)
+  unended(B, out)
+  if #out.gone > 0 then
+    call('DEL', unpack(out.gone))
+  end
+  if any_blocked then -- (after the records left B:rec: a promoted job takes its id's place)
+    for _, id in ipairs(taken) do
+      promote(B, id, true)
+    end
+  end
+  if #fails > 0 then
+    dispatch_fails(F, now, args, fails)
   end
   retain(B, 'failed', now, ends.count, ends.ms, scored, done)
   tally(B, 'failed', now, #scored / 2)
@@ -2392,12 +2856,12 @@ end
 -- The occurrence's state: 'active' (a blocked copy may wait behind it), 'waiting' (waiting or
 -- delayed), or '' when there is none.
 local function occurrence_state(B)
-  if call('EXISTS', B .. ':active:' .. SCHEDULE_ID) == 1 then
+  if call('HEXISTS', B .. ':rec', SCHEDULE_ID) == 0 then
+    return ''
+  elseif call('ZSCORE', B .. ':waiting', SCHEDULE_ID) == false then
     return 'active'
-  elseif call('EXISTS', B .. ':job:' .. SCHEDULE_ID) == 1 then
-    return 'waiting'
   end
-  return ''
+  return 'waiting'
 end
 
 --[[ queasy_schedule: keep a queue's schedule going. Its one occurrence (job id SCHEDULE_ID,
@@ -2458,13 +2922,12 @@ local function schedule(keys, args)
     invalid('retime_at must be later than the last fire time that ended, got '
       .. shown(args[5]))
   end
-  local at, skipped = nil, 0
-  local jkey = B .. ':job:' .. SCHEDULE_ID
+  local at, skipped, job = nil, 0, nil
   if state == '' then
     at, skipped = create_at, skipped_create
   elseif retime_at ~= nil and state == 'waiting' then
-    local job = read_job(jkey)
-    if job.run_at == fire_at and job.retry_count == 0 and job.stall_count == 0
+    job = rec_job(SCHEDULE_ID, call('HGET', B .. ':rec', SCHEDULE_ID))
+    if job and job.run_at == fire_at and job.retry_count == 0 and job.stall_count == 0
         and job.timeout_count == 0 then
       at, skipped = retime_at, skipped_move
     end
@@ -2472,11 +2935,12 @@ local function schedule(keys, args)
   if at == nil then
     return reply(0)
   end
-  if state == '' then
-    new_record(jkey, SCHEDULE_ID, fire_data(at), at, now)
-  else
-    write_job(jkey, {id = SCHEDULE_ID, data = fire_data(at), run_at = at, retry_count = 0,
-      stall_count = 0, timeout_count = 0})
+  if state == '' then -- a new record (no trace)
+    call('HSET', B .. ':rec', SCHEDULE_ID, rec_pack(int(at), int(now), '0', '0', '0', '0', '',
+      fire_data(at)))
+  else -- the pending one moved: its enqueued_at, attempts and trace stay
+    job.data, job.run_at = fire_data(at), at
+    call('HSET', B .. ':rec', SCHEDULE_ID, rec_of(job))
   end
   call('ZADD', B .. ':waiting', int(at), SCHEDULE_ID)
   call('HSET', skey, 'spec', spec, 'fire_at', int(at),

@@ -1,0 +1,405 @@
+"""Library 5.0's dispatch family and dequeue on the one-hash layout (B:rec, B:blocked as a
+hash), against library 4.4.0 (tests/fixtures/queasy-4.4.0.lua, loaded on a second embedded
+server): the same calls give the same replies, push messages and leases, and leave the same
+jobs (a 4.x record read field by field, a 5.0 one split from its string).
+
+And what only 5.0 has: a dispatch of new ids writes fields of B:rec and no key per job, a
+dequeue leaves the record in B:rec, and a value of B:rec garbled around the library does not
+fail a call.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from lua_calls import EXPIRY, NOW, Lua
+
+from queasy_py.store.embedded import EmbeddedServer
+from queasy_py.store.library import ensure_loaded
+
+FIXTURES = Path(__file__).parent / "fixtures"
+COUNTS = ("retry_count", "stall_count", "timeout_count", "attempts")
+TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture
+def lua(r: redis.Redis, redis_url: str, prefix: str) -> Lua:
+    with redis.Redis.from_url(redis_url) as conn:
+        ensure_loaded(conn)
+    return Lua(r, prefix)
+
+
+@pytest.fixture
+def old(own_server: EmbeddedServer, prefix: str) -> Iterator[Lua]:
+    """Library 4.4.0 on a server of its own, on the same prefix."""
+    conn = redis.Redis.from_url(own_server.url, decode_responses=True)
+    conn.function_load((FIXTURES / "queasy-4.4.0.lua").read_text(), replace=True)
+    assert conn.fcall("queasy_library", 0) == "queasy_py 4.4.0"
+    try:
+        yield Lua(conn, prefix)
+    finally:
+        for key in conn.scan_iter(match=f"{prefix}:*", count=1000):
+            conn.unlink(key)
+        conn.close()
+
+
+# ---------------------------------------------------------------- the jobs, layout-neutral
+
+
+def split(value: str) -> dict[str, str]:
+    """A 5.0 record string as 4.x's record fields."""
+    nums, trace, data = value.split("\t", 2)
+    run_at, enqueued, retry, stall, timeout, attempts = nums.split(" ")
+    return {
+        "data": data, "run_at": run_at, "enqueued_at": enqueued, "retry_count": retry,
+        "stall_count": stall, "timeout_count": timeout, "attempts": attempts, "trace": trace,
+    }  # fmt: skip
+
+
+def fields4(h: dict[str, str]) -> dict[str, str]:
+    """A 4.x record hash as split() gives a 5.0 one (an absent count is 0, a trace '')."""
+    out = {name: h.get(name, "0") for name in COUNTS}
+    out |= {"data": h["data"], "run_at": h["run_at"], "enqueued_at": h["enqueued_at"]}
+    return out | {"trace": h.get("trace", "")}
+
+
+def update4(h: dict[str, str]) -> tuple[str, ...]:
+    """The composed update flags of a 4.x blocked record, as 5.0 writes them."""
+    bound = [h["u_lo"] or "-", h["u_hi"] or "-"]
+    return (h["u_data"], h["u_reset"], h["u_run_at"], *bound)
+
+
+def state4(lua: Lua, clients: list[str]) -> dict[str, Any]:
+    r, B = lua.r, lua.B
+    waiting = dict(r.zrange(B + ":waiting", 0, -1, withscores=True))
+    blocked = {}
+    for id in r.smembers(B + ":blocked"):
+        h = r.hgetall(f"{B}:job:{id}")
+        blocked[id] = (update4(h), fields4(h))
+    out = {
+        "waiting": {
+            id: (score, fields4(r.hgetall(f"{B}:job:{id}"))) for id, score in waiting.items()
+        },
+        "blocked": blocked,
+        "active": {k[len(B) + 8 :]: fields4(r.hgetall(k)) for k in r.scan_iter(f"{B}:active:*")},
+    }
+    return out | common(lua, clients)
+
+
+def state5(lua: Lua, clients: list[str]) -> dict[str, Any]:
+    r, B = lua.r, lua.B
+    waiting = dict(r.zrange(B + ":waiting", 0, -1, withscores=True))
+    recs = {id: split(v) for id, v in r.hgetall(B + ":rec").items()}
+    blocked = {}
+    for id, v in r.hgetall(B + ":blocked").items():
+        flags, rest = v.split("\t", 1)
+        blocked[id] = (tuple(flags.split(" ")), split(rest))
+    assert r.type(B + ":blocked") in ("hash", "none")
+    assert not list(r.scan_iter(f"{B}:job:*")) and not list(r.scan_iter(f"{B}:active:*"))
+    out = {
+        "waiting": {id: (score, recs[id]) for id, score in waiting.items()},
+        "blocked": blocked,
+        "active": {id: rec for id, rec in recs.items() if id not in waiting},
+    }
+    return out | common(lua, clients)
+
+
+def common(lua: Lua, clients: list[str]) -> dict[str, Any]:
+    """What both layouts keep alike: leases, parked slots, windows, the push counter."""
+    r, B = lua.r, lua.B
+    windows = {k[len(B) :]: r.hgetall(k) for k in r.scan_iter(f"{B}:window:*")}
+    once = {k[len(B) :]: r.get(k) for k in r.scan_iter(f"{B}:once:*")}
+    return {
+        "leases": {c: r.hgetall(f"{B}:lease:{c}") for c in clients},
+        "parked": r.hgetall(B + ":parked"),
+        "windows": {k: v for k, v in windows.items() if v},  # (not expired since the scan)
+        "index": r.zrange(B + ":windows", 0, -1, withscores=True),
+        "once": {k: v for k, v in once.items() if v is not None},
+        "seq": r.get(B + ":seq"),
+        "expiry": r.zrange(B + ":expiry", 0, -1, withscores=True),
+    }
+
+
+class Pushes:
+    """A subscriber of the push channels of `clients` (and B:wake), on one server."""
+
+    def __init__(self, url: str, lua: Lua, clients: list[str]) -> None:
+        self.conn = redis.Redis.from_url(url, decode_responses=True)
+        self.pubsub = self.conn.pubsub(ignore_subscribe_messages=True)
+        self.B = lua.B
+        self.pubsub.ssubscribe(
+            lua.B + ":wake", lua.B + ":end", *[f"{lua.B}:push:{c}" for c in clients]
+        )
+
+    def messages(self) -> list[tuple[str, str]]:
+        self.conn.spublish(self.B + ":end", "")  # delivered after every earlier message
+        out: list[tuple[str, str]] = []
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            message = self.pubsub.get_message(timeout=1.0)
+            if message is None:
+                continue
+            channel = message["channel"]
+            channel = channel.decode() if isinstance(channel, bytes) else channel
+            if channel == self.B + ":end":
+                return out
+            data = message["data"]
+            out.append((channel[len(self.B) :], data.decode() if isinstance(data, bytes) else data))
+        raise AssertionError("the end mark did not come back")
+
+    def close(self) -> None:
+        self.pubsub.close()
+        self.conn.close()
+
+
+# ---------------------------------------------------------------- the same calls on both
+
+
+def both(lua: Lua, old: Lua, name: str, *args: Any, seen: set[Any] | None = None) -> Any:
+    new_reply = lua.call(name, [lua.B], *args)
+    old_reply = old.call(name, [old.B], *args)
+    assert new_reply == old_reply, (name, args)
+    if seen is not None and name == "queasy_dequeue":
+        seen.add((name, len(new_reply) > 2))
+    elif seen is not None:
+        seen.update(
+            (name, code) for code in (new_reply if isinstance(new_reply, list) else [new_reply])
+        )
+    return new_reply
+
+
+def random_calls(
+    lua: Lua, old: Lua, seed: int, steps: int, seen: set[Any], urls: tuple[str, str] | None = None
+) -> None:
+    push = urls is not None
+    rnd = random.Random(seed)
+    ids = [f"j{k}" for k in range(6)] + ["schedule"]
+    clients = ["c1", "c2"]
+    subs = [Pushes(urls[0], lua, clients), Pushes(urls[1], old, clients)] if push else []
+    now, nonce = NOW, 0
+    try:
+        for step in range(steps):
+            now += rnd.choice([0, 0, 1, 7, 500])
+            op = rnd.random()
+            if op < 0.45 or op >= 0.9:
+                triples: list[Any] = []
+                for _ in range(rnd.choice([1, 1, 2, 3, 5])):
+                    run_at = rnd.choice(["", now, now - 3, now + 40, now + 900, now + 7])
+                    triples += [rnd.choice(ids), f'{{"s": {step}}}', run_at]
+                flags = [
+                    rnd.choice("01"),
+                    rnd.choice(["replace", "keep", "if_later", "if_earlier"]),
+                ]
+                flags.append(rnd.choice("01"))
+                if op < 0.35:
+                    both(
+                        lua,
+                        old,
+                        "queasy_dispatch",
+                        now,
+                        *flags,
+                        rnd.choice(["", TRACE]),
+                        *triples,
+                        seen=seen,
+                    )
+                elif op < 0.45:
+                    both(
+                        lua,
+                        old,
+                        "queasy_dispatch_once",
+                        now,
+                        *flags,
+                        rnd.choice([1000, 3000]),
+                        *triples,
+                        seen=seen,
+                    )
+                else:
+                    run_at = rnd.choice(["", now - 3])
+                    id = rnd.choice(ids)
+                    both(
+                        lua,
+                        old,
+                        "queasy_dispatch_letter",
+                        now,
+                        rnd.choice(["", TRACE]),
+                        id,
+                        '"l"',
+                        run_at,
+                        seen=seen,
+                    )
+            elif op < 0.85:
+                nonce += 1
+                park = rnd.choice(["1", "0", "0"]) if push else "0"
+                client = rnd.choice(clients)
+                limit = rnd.choice([0, 1, 2, 10])
+                args = [now, client, f"n{nonce}", limit, EXPIRY, 100, park]
+                both(lua, old, "queasy_dequeue", *args, seen=seen)
+            else:
+                client = rnd.choice(clients)
+                both(lua, old, "queasy_bump", now, client, EXPIRY, 100)
+            new_state, old_state = state5(lua, clients), state4(old, clients)
+            for name in ("windows", "once"):  # keys that expire on the servers' own clocks
+                both_have = new_state[name].keys() & old_state[name].keys()
+                new_state[name] = {k: new_state[name][k] for k in both_have}
+                old_state[name] = {k: old_state[name][k] for k in both_have}
+            assert new_state == old_state, step
+        if push:
+            messages = subs[0].messages()
+            assert messages == subs[1].messages()
+            seen.update(
+                ("pushed", channel) for channel, _ in messages if channel.startswith(":push:")
+            )
+    finally:
+        for sub in subs:
+            sub.close()
+
+
+def test_dispatch_and_dequeue_reply_and_store_as_4_4_0(lua: Lua, old: Lua, prefix: str) -> None:
+    """Random batches of dispatch, dispatch_once, dispatch_letter, dequeue and bump over a few
+    ids (duplicates in a batch, delayed jobs, every run_at mode and flag, active ids that
+    block and compose their updates), one queue per seed: every reply, and the jobs left,
+    as 4.4.0's; the calls went through every code of every function."""
+    seen: set[Any] = set()
+    for seed in range(8):
+        queue = f"q{seed}"
+        random_calls(Lua(lua.r, prefix, queue), Lua(old.r, prefix, queue), seed, 120, seen)
+    dispatched = {("queasy_dispatch", code) for code in (1, 2, 3, 4)}
+    once = {("queasy_dispatch_once", code) for code in (1, 2, 5)}
+    letter = {("queasy_dispatch_letter", code) for code in (1, 5)}
+    dequeued = {("queasy_dequeue", True), ("queasy_dequeue", False)}
+    assert dispatched | once | letter | dequeued <= seen
+
+
+def test_pushes_to_parked_clients_as_4_4_0(
+    lua: Lua, old: Lua, prefix: str, redis_url: str, own_server: EmbeddedServer
+) -> None:
+    """With listening clients that park: the pushed messages, their leases and parked
+    slots as 4.4.0's."""
+    seen: set[Any] = set()
+    for seed in range(4):
+        queue = f"p{seed}"
+        urls = (redis_url, own_server.url)
+        random_calls(
+            Lua(lua.r, prefix, queue), Lua(old.r, prefix, queue), 100 + seed, 120, seen, urls
+        )
+    assert {("pushed", ":push:c1"), ("pushed", ":push:c2")} <= seen
+
+
+def test_a_blocked_dispatch_composes_its_updates_as_4_4_0(lua: Lua, old: Lua) -> None:
+    for side in (lua, old):
+        side.add("a", '"one"')
+        assert side.dequeue("c1", limit=1).ids == ["a"]
+    steps = [
+        ("0", "if_later", "0", NOW + 50),
+        ("1", "if_earlier", "0", NOW + 20),
+        ("0", "keep", "1", NOW + 90),
+        ("0", "if_later", "0", NOW + 30),
+        ("1", "replace", "0", NOW + 70),
+        ("0", "if_earlier", "0", NOW + 10),
+    ]
+    codes = []
+    for k, (update, mode, reset, run_at) in enumerate(steps):
+        args = [NOW + k, update, mode, reset, "", "a", f'"v{k}"', run_at]
+        codes.append(both(lua, old, "queasy_dispatch", *args)[0])
+        assert state5(lua, ["c1"]) == state4(old, ["c1"])
+    assert codes == [3, 4, 4, 4, 4, 4]
+
+
+# ---------------------------------------------------------------- the 5.0 layout itself
+
+
+def test_a_dispatch_of_new_ids_writes_fields_of_one_hash(lua: Lua) -> None:
+    n = 50
+    triples = [(f"id{k}", f'{{"k": {k}}}', "") for k in range(n)]
+    assert lua.dispatch(*triples, trace=TRACE) == [1] * n
+    recs = lua.r.hgetall(lua.B + ":rec")
+    assert len(recs) == n
+    assert split(recs["id7"]) == {
+        "data": '{"k": 7}', "run_at": str(NOW), "enqueued_at": str(NOW), "retry_count": "0",
+        "stall_count": "0", "timeout_count": "0", "attempts": "0", "trace": TRACE,
+    }  # fmt: skip
+    assert sorted(lua.r.keys(lua.B + ":*")) == [lua.B + ":rec", lua.B + ":waiting"]
+
+
+def test_a_dequeue_leaves_the_record_in_place_and_leases_it(lua: Lua) -> None:
+    lua.dispatch(("a", '"x"', ""), ("b", '"y"', NOW + 10))
+    before = lua.r.hgetall(lua.B + ":rec")
+    checkout = lua.dequeue("c1", limit=5)
+    assert checkout.ids == ["a"] and checkout.next_run_at == str(NOW + 10)
+    assert lua.r.hgetall(lua.B + ":rec") == before  # nothing moved, nothing rewritten
+    assert lua.r.zrange(lua.B + ":waiting", 0, -1) == ["b"]
+    token = checkout.jobs[0].token
+    assert lua.r.hgetall(lua.B + ":lease:c1") == {"a": f"{token} {NOW} {NOW} 0 0 0 1 {NOW}"}
+    assert lua.add("a", '"z"') == 3  # active: a blocked job waits for it
+    assert lua.r.hget(lua.B + ":blocked", "a") == f'1 1 replace - -\t{NOW} {NOW} 0 0 0 0\t\t"z"'
+
+
+def test_a_dequeue_takes_counts_and_attempts_from_the_record(lua: Lua) -> None:
+    lua.r.hset(lua.B + ":rec", "a", f"{NOW} {NOW - 9} 2 1 3 4\t{TRACE}\t" + '"d a t a"')
+    lua.r.zadd(lua.B + ":waiting", {"a": NOW})
+    job = lua.dequeue("c1", limit=1).jobs[0]
+    assert (job.data, job.run_at, job.retry_count, job.stall_count, job.timeout_count) == (
+        '"d a t a"', NOW, 2, 1, 3)  # fmt: skip
+    assert job.trace == TRACE
+    lease = f"{job.token} {NOW} {NOW - 9} 2 1 3 5 {NOW}"
+    assert lua.r.hget(lua.B + ":lease:c1", "a") == lease
+
+
+def test_a_record_upgraded_without_enqueued_at_gets_a_lease_of_4_0_0(lua: Lua) -> None:
+    lua.r.hset(lua.B + ":rec", "a", f"{NOW} - 0 0 0 0\t\t1")
+    lua.r.zadd(lua.B + ":waiting", {"a": NOW})
+    job = lua.dequeue("c1", limit=1).jobs[0]
+    assert lua.r.hget(lua.B + ":lease:c1", "a") == f"{job.token} {NOW}"
+
+
+@pytest.mark.parametrize(
+    ("value", "served"),
+    [
+        ("garbage", None),  # not a record: dropped, as 4.x drops a stray id
+        ("", None),
+        ("x y\t", None),
+        (f"x {NOW} 1e+300 -1 z 0\t\t7", ("7", 0, 0, 0, 0)),  # numbers read as 0, as 4.x
+        ("1 2 3\t\t8", ("8", 0, 0, 0, 0)),  # too few numbers
+        (f"{NOW} {NOW} 0 0 0 0 0\t\t9", ("9", 0, 0, 0, 0)),  # too many
+        (f"{NOW}\t{NOW} 0 0 0 0\t\t10", ("\t10", 0, 0, 0, 0)),  # a tab among them: the
+        # numbers end at the first tab, the trace at the second
+    ],
+)
+def test_a_garbled_record_does_not_fail_a_dequeue(
+    lua: Lua, value: str, served: tuple | None
+) -> None:
+    lua.r.hset(lua.B + ":rec", "bad", value)
+    lua.r.zadd(lua.B + ":waiting", {"bad": NOW - 1})
+    lua.add("ok", '"fine"')
+    checkout = lua.dequeue("c1", limit=5)
+    assert checkout.status == 0
+    assert lua.r.zrange(lua.B + ":waiting", 0, -1) == []
+    jobs = {job.id: job for job in checkout.jobs}
+    assert jobs["ok"].data == '"fine"'
+    if served is None:
+        assert list(jobs) == ["ok"]
+        assert lua.r.hget(lua.B + ":rec", "bad") is None  # the id is free again
+        assert lua.add("bad", '"new"') == 1
+    else:
+        job = jobs["bad"]
+        assert (job.data, job.run_at, job.retry_count, job.stall_count, job.timeout_count) == served
+        assert lua.r.hget(lua.B + ":rec", "bad") == value  # as it was: leased as it is
+
+
+@pytest.mark.parametrize("value", ["garbage", f"{NOW} x 0 0 0 0\t\t1", "1 1 keep\t\t\t"])
+def test_a_garbled_record_or_blocked_value_does_not_fail_a_dispatch(lua: Lua, value: str) -> None:
+    lua.r.hset(lua.B + ":rec", "w", value)  # in B:waiting: written over
+    lua.r.zadd(lua.B + ":waiting", {"w": NOW})
+    lua.r.hset(lua.B + ":rec", "a", f"{NOW} {NOW} 0 0 0 0\t\t1")  # active: blocks
+    lua.r.hset(lua.B + ":blocked", "a", value)
+    codes = lua.dispatch(("w", '"w"', ""), ("a", '"a"', NOW + 5), ("a", '"b"', NOW + 6))
+    assert codes[0] in (1, 2) and codes[1:] in ([3, 4], [4, 4])
+    assert split(lua.r.hget(lua.B + ":rec", "w"))["data"] == '"w"'
+    flags, rec = lua.r.hget(lua.B + ":blocked", "a").split("\t", 1)
+    assert split(rec)["data"] == '"b"'
