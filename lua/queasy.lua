@@ -1384,15 +1384,22 @@ local function upgrade_leases(B, client, budget)
   return n, true
 end
 
+-- Whether B holds no living job (none of B:waiting, B:blocked, B:expiry): nothing to convert
+-- (its ends, schedule, stats are as 4.x wrote them).
+local function fresh_queue(B)
+  return call('EXISTS', B .. ':waiting', B .. ':blocked', B .. ':expiry') == 0
+end
+
 -- One step of the upgrade of B (B:layout missing): converts up to UPGRADE_BUDGET 4.x
 -- records. Returns how many were converted, how many are left at most (0: B is marked '5'
--- now; more: a count of the ids and leases not looked at yet), and whether B was fresh (none
--- of B:waiting, B:blocked, B:expiry: marked at once).
+-- now, or fresh; more: a count of the ids and leases not looked at yet), and whether B was
+-- fresh (fresh_queue: left unmarked, the caller marks it once it holds a job: first_call).
 local function upgrade_step(B)
   local ukey = B .. ':upgrade'
   local n = 0
-  local fresh = call('EXISTS', B .. ':waiting', B .. ':blocked', B .. ':expiry') == 0
-  if not fresh then
+  if fresh_queue(B) then
+    return 0, 0, true
+  else
     local from = tonumber(call('HGET', ukey, 'waiting')) or 0
     local total = call('ZCARD', B .. ':waiting')
     if from < total then
@@ -1420,7 +1427,7 @@ local function upgrade_step(B)
     call('DEL', ukey)
   end
   call('SET', B .. ':layout', '5')
-  return n, 0, fresh
+  return n, 0, false
 end
 
 local function upgrading(B, detail)
@@ -1431,10 +1438,10 @@ end
 -- write call converts a step of it (upgrade_step) and goes on when that was the last, else it
 -- is refused (nothing else done); a read-only call (`reads`) cannot write: refused while B
 -- holds keys of 4.x to convert, else it reads as 5.0. Returns nil to go on, else the reply;
--- and whether B was fresh (marked now, with nothing to convert).
+-- and whether B was fresh (nothing to convert, not marked).
 local function layout_of(B, reads)
   if reads then
-    if call('EXISTS', B .. ':waiting', B .. ':blocked', B .. ':expiry') == 0 then
+    if fresh_queue(B) then
       return nil
     end
     return upgrading(B, 'a write call or queasy_upgrade converts its records first')
@@ -3418,7 +3425,7 @@ end
 -- The one read is joined to B:layout's (5.0): EXISTS counts 1 on a queue in the 5.0 layout;
 -- 0: layout_of upgrades it (or refuses). `keys` are the call's keys: each is a queue's base
 -- key (queasy_fail's second is its fail queue, which it writes too). Returns nil to go on,
--- else the reply (a refusal); and the keys of the fresh queues it marked, if any.
+-- else the reply (a refusal); and the keys of the fresh queues it met, if any (first_call).
 local function guard(keys, reads)
   local read = {}
   for i, B in ipairs(keys) do
@@ -3447,15 +3454,15 @@ local function guard(keys, reads)
   return nil, marked
 end
 
--- The first write call on the fresh queues `marked` (their B:layout set by this call): one
--- refused (INVALID: nothing written) leaves no mark either, so a refusal writes nothing.
+-- A write call on the fresh queues `marked` (no B:layout, no living job: fresh_queue): each
+-- is marked '5' after the call if it holds a job then. One that wrote none (refused: INVALID,
+-- or stale) writes no mark either: a refusal writes nothing; the next call looks again.
 local function first_call(fn, keys, args, marked)
-  local ok, reply = pcall(fn, keys, args)
-  if not ok then
-    for _, B in ipairs(marked) do
-      call('DEL', B .. ':layout')
+  local reply = fn(keys, args)
+  for _, B in ipairs(marked) do
+    if not fresh_queue(B) then
+      call('SET', B .. ':layout', '5')
     end
-    error(reply, 0)
   end
   return reply
 end

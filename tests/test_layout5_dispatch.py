@@ -324,7 +324,7 @@ def test_a_dispatch_of_new_ids_writes_fields_of_one_hash(lua: Lua) -> None:
         "data": '{"k": 7}', "run_at": str(NOW), "enqueued_at": str(NOW), "retry_count": "0",
         "stall_count": "0", "timeout_count": "0", "attempts": "0", "trace": TRACE,
     }  # fmt: skip
-    assert sorted(lua.r.keys(lua.B + ":*")) == [lua.B + ":rec", lua.B + ":waiting"]
+    assert sorted(lua.r.keys(lua.B + ":*")) == [lua.B + s for s in (":layout", ":rec", ":waiting")]
 
 
 def test_a_dequeue_leaves_the_record_in_place_and_leases_it(lua: Lua) -> None:

@@ -272,8 +272,8 @@ def test_a_fresh_queue_is_marked_by_its_first_write_call(r: redis.Redis) -> None
 
 
 def test_a_refused_first_call_on_a_fresh_queue_writes_no_mark(r: redis.Redis) -> None:
-    """INVALID: nothing written, the mark of a fresh queue included (queasy_fail's fail
-    queue too); the first call that goes on marks them."""
+    """INVALID or stale: nothing written, the mark of a fresh queue included (queasy_fail's
+    fail queue too); the first call that writes a job marks its queue."""
     load(r, None)
     lua = Lua(r, "fresh")
     with pytest.raises(redis.ResponseError, match="^INVALID"):
@@ -281,8 +281,10 @@ def test_a_refused_first_call_on_a_fresh_queue_writes_no_mark(r: redis.Redis) ->
     with pytest.raises(redis.ResponseError, match="^INVALID"):
         lua.call("queasy_fail", [lua.B, lua.F], NOW, "c\n1", 10, 1, 1, "h", 0)
     assert keys_of(r, lua.B) == set() and keys_of(r, lua.F) == set()
-    lua.call("queasy_fail", [lua.B, lua.F], NOW, "c1", 10, 1, 1, "h", 0)  # (no job)
-    assert r.get(lua.B + ":layout") == "5" and r.get(lua.F + ":layout") == "5"
+    lua.call("queasy_fail", [lua.B, lua.F], NOW, "c1", 10, 1, 1, "h", 0)  # (no job: stale)
+    assert keys_of(r, lua.B) == set() and keys_of(r, lua.F) == set()
+    lua.add("j")
+    assert r.get(lua.B + ":layout") == "5" and not r.exists(lua.F + ":layout")
 
 
 def test_a_queue_with_ends_only_reads_without_an_upgrade(r: redis.Redis) -> None:
