@@ -217,18 +217,19 @@ def test_a_lease_of_3_x_form_is_rewritten_with_the_numbers_of_its_record(
 
 def test_a_queue_larger_than_the_budget_converts_over_several_calls(r: redis.Redis) -> None:
     lua = Lua(r, "big")
-    n = 2 * BUDGET + 200
+    n = 3 * BUDGET + 200  # 1,300 waiting, 400 active: 4 steps (500, 500, 300 + 100, 300)
     for start in range(0, n, 1000):
         lua.dispatch(*[(f"j{i}", f'"{i}"', NOW + i) for i in range(start, min(n, start + 1000))])
-    took = [lua.dequeue("c1", limit=300, now=NOW + n).jobs]  # active ones too
-    assert len(took[0]) == 300
+    assert len(lua.dequeue("c1", limit=400, now=NOW + n).jobs) == 400  # active ones too
     before = readers(lua, NOW + n)
+    snapshot_of_c2 = r.zscore(lua.B + ":expiry", "c2")
     load(r, None)
     B = lua.B
 
     # a read refuses while there is 4.x data to convert (it cannot write)
     with pytest.raises(redis.exceptions.TryAgainError, match="upgrading"):
         lua.call("queasy_get_job", [B], NOW, "j1")
+    assert r.hlen(B + ":rec") == 0
     # a write call converts a step and is refused with nothing else done
     with pytest.raises(redis.exceptions.TryAgainError, match="500 records converted, more to go"):
         lua.dispatch(("new", '"new"', ""))
@@ -236,11 +237,16 @@ def test_a_queue_larger_than_the_budget_converts_over_several_calls(r: redis.Red
     assert r.zscore(B + ":waiting", "new") is None
     assert not r.exists(B + ":job:new") and not r.hexists(B + ":rec", "new")
     assert not r.exists(B + ":layout")
-    left = lua.call("queasy_upgrade", [B], NOW)
-    assert 0 < left <= n - 2 * BUDGET + 300
+    # so does one whose first read is guarded_exists (dequeue, finish)
+    with pytest.raises(redis.exceptions.TryAgainError, match="500 records converted, more to go"):
+        lua.dequeue("c2", limit=10, now=NOW + n)
+    assert r.hlen(B + ":rec") == 2 * BUDGET
+    assert r.zscore(B + ":expiry", "c2") == snapshot_of_c2 is None  # (no keep_alive ran)
+    left = lua.call("queasy_upgrade", [B], NOW)  # the last 300 waiting, 200 of the leases
+    assert left == 400  # (at most: c1's leases, those converted included)
     with pytest.raises(redis.exceptions.TryAgainError, match="upgrading"):
         lua.call("queasy_counts", [B], NOW)
-    assert upgrade(lua) >= 1
+    assert upgrade(lua) == 1
     assert r.get(B + ":layout") == "5"
     assert r.hlen(B + ":rec") == n
     assert not [k for k in keys_of(r, B) if k.startswith((B + ":job:", B + ":active:"))]
