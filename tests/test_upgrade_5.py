@@ -478,3 +478,27 @@ def test_a_cluster_client_reads_and_writes_a_queue_of_4_x_after_converting_it(
         client.close()
         for one in lua.values():
             one.r.close()
+
+
+def test_the_scheduling_loops_reads_convert_a_queue_of_4_x(
+    r: redis.Redis, own_server: EmbeddedServer
+) -> None:
+    """The loop's own client (a plain redis.Redis: store/connection.loop_client) reads the
+    leases to hand back (runtime/handback.py) and the schedules at start (runtime/
+    schedules.py) through read_converting: a queue not converted yet is converted first."""
+    from queasy_py.store.connection import loop_client
+    from queasy_py.store.library import read_converting
+
+    lua = big_4x_queue(r, "loop")
+    taken = lua.dequeue("c1", limit=3).jobs
+    load(r, None)
+    loop = loop_client(own_server.url)
+    try:
+        with pytest.raises(redis.exceptions.TryAgainError, match="upgrading"):
+            loop.fcall_ro("queasy_leases", 1, lua.B, "", "c1")
+        pairs = read_converting(loop, "queasy_leases", lua.B, "", "c1")
+        assert sorted(pairs[1::2]) == sorted(job.token.encode() for job in taken)
+        assert read_converting(loop, "queasy_schedule_info", lua.B, "") is None
+    finally:
+        loop.close()
+    assert r.get(lua.B + ":layout") == "5"

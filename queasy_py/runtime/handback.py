@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from ..store.library import fcall
+from ..store.library import fcall, read_converting
 from .scheduler import QueueState
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def hand_back_unknown(
     with `stall` counted as a sweep would (a client this process gave up, its workers
     killed)."""
     for state in states.values():
-        pairs = r.fcall_ro("queasy_leases", 1, state.base, "", client_id)
+        pairs = read_converting(r, "queasy_leases", state.base, "", client_id)
         lost = [
             (pairs[i].decode(), pairs[i + 1].decode())
             for i in range(0, len(pairs), 2)

@@ -25,6 +25,7 @@ import redis
 from .. import defaults
 from ..errors import InvalidInput
 from ..store import fields
+from ..store.library import read_converting
 from .outage import transient
 
 if TYPE_CHECKING:
@@ -301,7 +302,7 @@ class Schedules:
         (catch-up) before the round's own dequeue could take it. Bounded by `r`'s timeout;
         on an error the first checks are stale and answered with what is stored."""
         for check in self.checks.values():
-            row = r.fcall_ro("queasy_schedule_info", 1, check.state.base, "")
+            row = read_converting(r, "queasy_schedule_info", check.state.base, "")
             if row is not None:
                 spec, fire_at, state, last = (fields.text(v) for v in row[:4])
                 check.seen = Seen(

@@ -37,11 +37,11 @@ from .library import (
     ensure_loaded,
     library_key,
     library_reloaded,
+    maybe_upgrading,
     parse_version,
     sent_again_if_gone,
     upgrade_call,
     upgraded,
-    upgrading,
 )
 
 log = logging.getLogger("queasy_py")
@@ -146,11 +146,8 @@ def slot_busy(exc: BaseException) -> bool:
     )
 
 
-def upgrading_queue(exc: BaseException) -> bool:
-    """Whether a library call refused with `exc` may have been refused because its queue is
-    being upgraded from library 4.x: 'TRYAGAIN upgrading', or redis-py's redirections ran
-    out (it follows a TRYAGAIN as a moving slot's, and drops its text)."""
-    return upgrading(exc) or (isinstance(exc, ClusterError) and "TTL exhausted" in str(exc))
+#: a library call's refusal that may say its queue is being upgraded from library 4.x
+upgrading_queue = maybe_upgrading
 
 
 #: keyless commands redis-py sends to its default node that may be sent again, to another

@@ -340,6 +340,28 @@ def upgrading(exc: BaseException) -> bool:
     return isinstance(exc, redis.exceptions.TryAgainError) and "upgrading " in str(exc)
 
 
+def maybe_upgrading(exc: BaseException) -> bool:
+    """upgrading(exc), or on a Redis Cluster redis-py's redirections ran out: it follows a
+    TRYAGAIN as a moving slot's until its TTL runs out, and drops its text."""
+    return upgrading(exc) or (
+        isinstance(exc, redis.exceptions.ClusterError) and "TTL exhausted" in str(exc)
+    )
+
+
+def read_converting(r: Any, name: str, key: str, *args: Any) -> Any:
+    """FCALL_RO `name` on the queue of base key `key` through `r` (a redis.Redis or a
+    cluster client of the scheduling loop); refused while the queue's keys of library 4.x
+    are not converted (a read cannot convert them): queasy_upgrade until they are, then the
+    read once more (store/reloading.py does so for the producer's client)."""
+    try:
+        return r.fcall_ro(name, 1, key, *args)
+    except (redis.exceptions.TryAgainError, redis.exceptions.ClusterError) as exc:
+        if not maybe_upgrading(exc):
+            raise
+    upgraded(lambda: r.fcall("queasy_upgrade", 1, key, ""))
+    return r.fcall_ro(name, 1, key, *args)
+
+
 def upgrade_call(key: str) -> tuple[Any, ...]:
     """The command of queasy_upgrade on the queue of base key `key` (now: the server's)."""
     return ("FCALL", "queasy_upgrade", 1, key, "")
