@@ -403,3 +403,29 @@ def test_a_garbled_record_or_blocked_value_does_not_fail_a_dispatch(lua: Lua, va
     assert split(lua.r.hget(lua.B + ":rec", "w"))["data"] == '"w"'
     flags, rec = lua.r.hget(lua.B + ":blocked", "a").split("\t", 1)
     assert split(rec)["data"] == '"b"'
+
+
+def test_schedule_creates_moves_and_sees_its_occurrence_as_4_4_0(lua: Lua, old: Lua) -> None:
+    """queasy_schedule and queasy_unschedule read the occurrence from B:rec: created, moved
+    while it waits, kept while it is leased (active), a dispatch of its id refused; every
+    reply and the occurrence's record as 4.4.0's."""
+    s = NOW + 1_000
+
+    def sched(seen: Any, create_at: Any, retime_at: Any = "", now: int = NOW) -> Any:
+        return both(lua, old, "queasy_schedule", now, "every 1s", seen, create_at, retime_at, 2, 3)
+
+    assert both(lua, old, "queasy_unschedule", NOW) == [0, ""]
+    assert sched("", s) == [2, str(s), "every 1s", "", "waiting"]
+    assert sched("", s + 1) == [1, str(s), "every 1s", "", "waiting"]  # stale
+    assert sched(s, s + 1_000) == [0, str(s), "every 1s", "", "waiting"]
+    assert sched(s, s + 1_000, s + 500) == [3, str(s + 500), "every 1s", "", "waiting"]
+    assert state5(lua, []) == state4(old, [])
+    assert both(lua, old, "queasy_unschedule", NOW) == [2, "waiting"]
+    with pytest.raises(redis.ResponseError, match="reserved"):
+        lua.add("schedule", '"x"')
+    now = s + 500
+    dequeue = [now, "c1", "n1", 5, EXPIRY, 100, "0"]
+    assert both(lua, old, "queasy_dequeue", *dequeue)[2] == "schedule"
+    assert sched(s + 500, s + 1_000, s + 2_000, now) == [0, str(s + 500), "every 1s", "", "active"]
+    assert both(lua, old, "queasy_unschedule", now) == [2, "active"]
+    assert state5(lua, ["c1"]) == state4(old, ["c1"])
