@@ -21,7 +21,7 @@ import redis
 from lua_calls import EXPIRY, NOW, Lua
 
 from queasy_py.store.embedded import EmbeddedServer
-from queasy_py.store.library import ensure_loaded
+from queasy_py.store.library import ensure_loaded, source
 
 FIXTURES = Path(__file__).parent / "fixtures"
 COUNTS = ("retry_count", "stall_count", "timeout_count", "attempts")
@@ -429,3 +429,65 @@ def test_schedule_creates_moves_and_sees_its_occurrence_as_4_4_0(lua: Lua, old: 
     assert sched(s + 500, s + 1_000, s + 2_000, now) == [0, str(s + 500), "every 1s", "", "active"]
     assert both(lua, old, "queasy_unschedule", now) == [2, "active"]
     assert state5(lua, ["c1"]) == state4(old, ["c1"])
+
+
+PROBE = """
+redis.register_function('queasy_probe_promote', entry(function(keys, args)
+  -- ARGV: now, id, any_blocked ('1'|'0'); the active record ends first (as finish, fail)
+  call('HDEL', keys[1] .. ':rec', args[2])
+  return promote(keys[1], args[2], args[3] == '1') and 1 or 0
+end))
+"""
+
+
+@pytest.fixture
+def probe(r: redis.Redis, redis_url: str, prefix: str) -> Iterator[Lua]:
+    """This library with one more function, which ends an active job as finish and fail end
+    it and calls promote (the library's own code, which l5-a2's finish and fail call); the
+    library alone is loaded back after the test."""
+    with redis.Redis.from_url(redis_url) as conn:
+        conn.function_load(source() + PROBE, replace=True)
+    try:
+        yield Lua(r, prefix)
+    finally:
+        with redis.Redis.from_url(redis_url) as conn:
+            conn.function_load(source(), replace=True)
+
+
+@pytest.mark.parametrize(
+    "flags", [("1", "if_later", "1"), ("0", "keep", "0"), ("1", "if_earlier", "0")]
+)
+def test_promote_makes_the_blocked_job_waiting_as_4_4_0(
+    old: Lua, probe: Lua, redis_url: str, flags: tuple[str, str, str]
+) -> None:
+    """The blocked job of an id that ends becomes its waiting record, at its own run_at, as
+    4.4.0's finish promotes it (its record field by field; B:blocked left empty)."""
+    tokens = []
+    for side in (probe, old):
+        side.add("a", '"one"')
+        tokens.append(side.dequeue("c1", limit=1).jobs[0].token)
+        assert side.dispatch(("a", '"two"', NOW + 40), trace=TRACE) == [3]
+        args = [NOW + 1, *flags, "", "a", '"three"', NOW + 20]
+        assert side.call("queasy_dispatch", [side.B], *args) == [4]
+    head = [NOW + 2, "c1", 100, 10, 3_600_000, "h", 0]
+    assert old.call("queasy_finish", [old.B], *head, "a", tokens[1], "", "", "") == [0]
+    pushes = Pushes(redis_url, probe, [])
+    try:
+        assert probe.call("queasy_probe_promote", [probe.B], NOW + 2, "a", "1") == 1
+        assert probe.call("queasy_probe_promote", [probe.B], NOW + 2, "b", "1") == 0  # none
+        run_at = int(old.r.zscore(old.B + ":waiting", "a") or 0)  # (4.4.0's)
+        assert pushes.messages() == [(":wake", str(run_at))]
+    finally:
+        pushes.close()
+    assert state5(probe, [])["waiting"] == state4(old, [])["waiting"]
+    assert probe.r.exists(probe.B + ":blocked") == 0
+    assert split(probe.r.hget(probe.B + ":rec", "a"))["trace"] == TRACE
+
+
+def test_promote_drops_a_blocked_value_that_is_not_a_record(probe: Lua) -> None:
+    probe.r.hset(probe.B + ":blocked", "a", "1 1 replace - -\tgarbage")
+    assert probe.call("queasy_probe_promote", [probe.B], NOW, "a", "1") == 0
+    assert probe.r.exists(probe.B + ":blocked", probe.B + ":rec", probe.B + ":waiting") == 0
+    probe.r.hset(probe.B + ":blocked", "b", f"1 1 replace - -\t{NOW} {NOW} 0 0 0 0\t\t1")
+    assert probe.call("queasy_probe_promote", [probe.B], NOW, "b", "0") == 0  # any_blocked false
+    assert probe.r.hlen(probe.B + ":blocked") == 1
