@@ -1908,11 +1908,14 @@ Returns: {status, next_run_at, id, token, data, run_at, retry_count, stall_count
           timeout_count, trace ('' none, and '' for one longer than MAX_TRACE written around
           the library: 4.3.0), id, ...}: status 0 ok or 2 swept (then no jobs); next_run_at is
           the earliest run_at still waiting ('' if none), so the caller can sleep until then.
-Sweeps at most one dead client first. An id in B:waiting without a record in B:rec is
-dropped from B:waiting and skipped (with a value there that is not a record, written around
+Sweeps at most one dead client first. An id in B:waiting without a record in B:rec, or
+with a blocked job (so active: its entry in B:waiting was written around the library; an
+active id without a blocked job cannot be told from a waiting one without a read of every
+client's leases), is dropped from B:waiting and skipped (with a value there that is not a record, written around
 the library, that value is dropped too); an id leaves B:waiting only as its record is
 leased (the record stays in B:rec as it is: active, as it is not in B:waiting). Commands per
-call, not per job: ZRANGE, one HMGET of B:rec, ZREM, one HSET of the leases.
+call, not per job: ZRANGE, one HMGET of B:rec, EXISTS of B:blocked (and while it exists
+its HMGET), ZREM, one HSET of the leases.
 ]]
 local function dequeue(keys, args)
   local B = keys[1]
@@ -1944,6 +1947,17 @@ local function dequeue(keys, args)
       -- their records, in one read (they stay where they are: a leased record is active as
       -- it is not in B:waiting); each is taken apart with plain find()s (rec_lease)
       local recs = call('HMGET', B .. ':rec', unpack(ids))
+      -- an id with a blocked job is active (a blocked job waits only behind an active one):
+      -- its entry in B:waiting, written around the library, is dropped and its record not
+      -- leased a second time (one EXISTS per call; one HMGET while jobs are blocked)
+      if call('EXISTS', B .. ':blocked') == 1 then
+        local blocked = call('HMGET', B .. ':blocked', unpack(ids))
+        for k = 1, #ids do
+          if blocked[k] then
+            recs[k] = false
+          end
+        end
+      end
       local now_s = int(now)
       local taken, o, garbled = 0, 2, nil -- leases so far; the last index of out
       for k, id in ipairs(ids) do
