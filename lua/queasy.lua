@@ -472,9 +472,9 @@ end
 -- enqueued_at is unknown ('-': upgraded without one; '' or longer than 15 characters:
 -- garbled): its lease is 4.0.0's "<token> <leased_at>", whose ack reads the record (as 4.x's
 -- lease_line; an enqueued_at garbled otherwise goes into the lease as it is, which
--- lease_of() does not take: the ack reads the record). nil for a value that is not a record (written
--- around the library). A number garbled around the library reads as field_int reads it (as
--- 4.x read its fields), and its lease is 4.0.0's form unless its enqueued_at is digits.
+-- lease_of() does not take: the ack reads the record). nil for a value that is not a record
+-- (written around the library). Numbers garbled around the library (not six words of
+-- digits, but enqueued_at) read as rec_job reads them: 0, and enqueued_at unknown.
 local function rec_lease(v)
   local t1 = find(v, '\t', 1, true)
   local t2 = t1 and find(v, '\t', t1 + 1, true)
@@ -1436,9 +1436,10 @@ local function put_job(B, id, data, run_at, update_data, mode, reset, now, trace
 end
 
 -- Put each triple of ARGV from `from` with `put(st, id, data, run_at)` (-> code, run_at:
--- batch_put, or a function that calls it) into the batch `st`; a job left waiting (code 1 or 2) and ready now is pushed to a parked
--- client, else counted for the wake-up. The batch is written at the end (nothing reads
--- B:rec or B:waiting in between). Returns the codes.
+-- batch_put, or a function that calls it) into the batch `st`; a job left waiting (code 1
+-- or 2) and ready now is pushed to a parked client, else counted for the wake-up. The
+-- batch is written at the end (nothing reads B:rec or B:waiting in between). Returns the
+-- codes.
 local function dispatch_jobs(st, now, args, from, run_ats, put)
   local B = st.B
   local codes = {}
@@ -1631,7 +1632,9 @@ local function dispatch_once(keys, args)
     local state = st.state[id]
     if state == 'active' then -- (leased: running, or pushed to a client; a blocked copy
       return 5 -- would run the id a second time)
-    elseif state == nil then -- no job of the id: its window, if any, must have ended
+    elseif state == nil and not st.found[id] then -- no job of the id: its window, if any,
+      -- must have ended (a value of B:rec that is no record, in B:waiting: written over,
+      -- as 4.x's put_job wrote over a record without its id field)
       local own = once[id]
       local close = math.max(open[id] or 0, own and tonumber(own) or 0) -- (garbled: none)
       if close > now then
@@ -1911,11 +1914,11 @@ Returns: {status, next_run_at, id, token, data, run_at, retry_count, stall_count
 Sweeps at most one dead client first. An id in B:waiting without a record in B:rec, or
 with a blocked job (so active: its entry in B:waiting was written around the library; an
 active id without a blocked job cannot be told from a waiting one without a read of every
-client's leases), is dropped from B:waiting and skipped (with a value there that is not a record, written around
-the library, that value is dropped too); an id leaves B:waiting only as its record is
-leased (the record stays in B:rec as it is: active, as it is not in B:waiting). Commands per
-call, not per job: ZRANGE, one HMGET of B:rec, EXISTS of B:blocked (and while it exists
-its HMGET), ZREM, one HSET of the leases.
+client's leases), is dropped from B:waiting and skipped (with a value in B:rec that is not
+a record, written around the library, that value is dropped too); an id leaves B:waiting
+only as its record is leased (the record stays in B:rec as it is: active, as it is not in
+B:waiting). Commands per call, not per job: ZRANGE, one HMGET of B:rec, EXISTS of
+B:blocked (and while it exists its HMGET), ZREM, one HSET of the leases.
 ]]
 local function dequeue(keys, args)
   local B = keys[1]
