@@ -322,7 +322,7 @@ def test_a_calls_events_keep_the_order_of_its_acks(lua: Lua) -> None:
     stream); an ack read from its record (here: a record without enqueued_at, which gets a
     lease of 4.0.0's form) appends its own at once: the earlier one goes first."""
     lua.dispatch(("a", "1", ""), ("b", "1", ""), ("c", "1", ""))
-    lua.r.hset(lua.B + ":rec", "b", f'{NOW} - 0 0 0 0\t\t"y"')  # no enqueued_at (an upgraded 3.x)
+    lua.r.hset(lua.B + ":rec", "b", f"{NOW} - 0 0 0 0\t\t1")  # no enqueued_at (an upgraded 3.x)
     leases = [(job.id, job.token) for job in lua.dequeue("c1", limit=3).jobs]
     assert lua.r.hget(lua.B + ":lease:c1", "b") == f"{leases[1][1]} {NOW}"
     assert finish_all(lua, leases) == [0, 0, 0]
