@@ -120,7 +120,7 @@ def test_an_event_of_an_id_with_spaces_written_around_the_library_reads_whole(
     the client of the job's event were the words after the id's first)."""
     lua.add("ok")
     r.zadd(f"{lua.B}:waiting", {spaced: NOW})
-    r.hset(f"{lua.B}:job:{spaced}", mapping={"id": spaced, "data": '"x"', "run_at": NOW})
+    r.hset(f"{lua.B}:rec", spaced, f'{NOW} - 0 0 0 0\t\t"x"')  # (5.0: a field of B:rec)
     jobs = {job.id: job for job in lua.dequeue("c1", limit=5).jobs}
     assert set(jobs) == {"ok", spaced}
     for job in jobs.values():
