@@ -1106,7 +1106,7 @@ end
 -- gives the job's numbers (lease_of: the record is not parsed); else leased(). The leases
 -- taken leave B:lease:<client> in one HDEL after the loop; an id acked twice in one call is
 -- stale the second time (its record leaves B:rec only at the end of the call). Returns one
--- code per job: 0 ok, 1 stale.
+-- code per job (0 ok, 1 stale) and the ids acted on.
 local function each_leased(B, client, args, from, width, act, usable, quick)
   local codes, taken, seen, ids = list(), list(), {}, list()
   local lkey = B .. ':lease:' .. client
@@ -1114,26 +1114,31 @@ local function each_leased(B, client, args, from, width, act, usable, quick)
     ids[#ids + 1] = args[i]
   end
   local held = #ids > 0 and call('HMGET', lkey, unpack(ids)) or {}
-  local cands, at = list(), list()
+  local cands, at, jobs = list(), list(), list()
   for k, id in ipairs(ids) do
     local i = from + (k - 1) * width
-    if (usable == nil or usable(i)) and not seen[id] and holds(held[k], args[i + 1]) then
-      seen[id] = true
-      cands[#cands + 1] = id
-      at[#cands] = k
+    if (usable == nil or usable(i)) and not seen[id] then
+      local token = args[i + 1]
+      local job = quick and lease_of(client, id, token, held[k]) -- (as 4.4.0: no holds())
+      if job or holds(held[k], token) then
+        seen[id] = true
+        cands[#cands + 1] = id
+        at[#cands] = k
+        jobs[k] = job or token -- (a token: the job is read from its record below)
+      end
     end
   end
-  local jobs = list()
   if #cands > 0 then
     local recs = call('HMGET', B .. ':rec', unpack(cands))
     for c, id in ipairs(cands) do
       local k, v = at[c], recs[c]
-      local token = args[from + (k - 1) * width + 1]
-      local job = v and quick and lease_of(client, id, token, held[k])
-      if not job then -- (no record: written around the library, stale)
-        job = leased(client, id, token, held[k], v)
-      end
-      if job then
+      local job = jobs[k]
+      if not v then -- no record (written around the library): stale
+        jobs[k] = nil
+      elseif type(job) == 'table' then
+        job.v = v
+      else
+        job = leased(client, id, job, held[k], v)
         job.v = v
         jobs[k] = job
       end
@@ -1152,7 +1157,7 @@ local function each_leased(B, client, args, from, width, act, usable, quick)
   if #taken > 0 then
     call('HDEL', lkey, unpack(taken))
   end
-  return codes
+  return codes, taken
 end
 
 -- Check the ack ARGV shared by finish, retry and fail: client, maxlen, whole groups of
@@ -2481,6 +2486,9 @@ Returns: one code per job: 0 ok, 1 stale (lease lost; nothing changed).
 Refuses: a result that is not JSON, more than MAX_ACKS (1000) jobs (INVALID, nothing written).
 Emits:   event outcome=finished. A blocked job with the same id becomes waiting. The end
          of a schedule's occurrence is noted in B:schedule (its next: queasy_schedule).
+Cost:    per job of no result and no earlier failed attempt, its event's XADD only; per call
+         the guard's EXISTS, HMGETs of the lease hash and of B:rec, HDELs of the lease hash,
+         B:rec and B:err, the DEL of earlier kept records, the retention's and the stats'.
 ]]
 local function finish(keys, args)
   local B = keys[1]
@@ -2506,10 +2514,10 @@ local function finish(keys, args)
   local any_blocked = found > 0
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
-  local scored, done, taken, wholes = list(), list(), list(), nil
+  local scored, done, wholes = list(), list(), nil
   local out = ends_batch()
   local events, host, pending = B .. ':events', ends.host, nil
-  local codes = each_leased(B, client, args, 8, 5, function(job, i)
+  local codes, taken = each_leased(B, client, args, 8, 5, function(job, i)
     local result, line, failed_before = args[i + 4], nil, nil
     if job.counts then
       -- a lease of 4.1.0 (lease_of): its event and its end as outcome_event and ending write
@@ -2549,7 +2557,6 @@ local function finish(keys, args)
     else
       end_record(B, job.id, keep, nil, out)
     end
-    taken[#taken + 1] = job.id
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
@@ -2742,9 +2749,9 @@ local function fail(keys, args)
   local any_blocked = call('EXISTS', B .. ':blocked') == 1
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
-  local scored, done, taken, fails = {}, {}, {}, {}
+  local scored, done, fails = {}, {}, {}
   local out = ends_batch()
-  local codes = each_leased(B, client, args, 8, 10, function(job, i)
+  local codes, taken = each_leased(B, client, args, 8, 10, function(job, i)
     local err = {name = args[i + 6], kind = args[i + 7], message = args[i + 8],
       traceback = args[i + 9]}
     local at, counts = outcome_event(B, maxlen, ended, 'failed', job, args[i + 4], args[i + 5], err)
@@ -2753,7 +2760,6 @@ local function fail(keys, args)
       err.name, 'error_kind', err.kind, 'error_message', err.message, 'traceback',
       err.traceback, 'error_at', ended, 'leased_at', leased_at(job), 'attempts',
       job.attempts}) or nil, out)
-    taken[#taken + 1] = job.id
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id

@@ -107,20 +107,22 @@ def test_finish_drops_leases_and_records_once_per_call(lua: Lua) -> None:
     codes: list[int] = []
     ran = inner(lua.r, lambda: codes.extend(finish_all(lua, leases)))
     assert codes == [0] * 10
-    assert ran["hdel"] == 1 and ran["del"] == 1  # the leases, the active records
+    # the leases, the records (5.0: fields of B:rec), their last errors (B:err); the DEL of
+    # the records kept of earlier ends of these ids
+    assert ran["hdel"] == 3 and ran["del"] == 1
     assert ran["xadd"] == 10  # one outcome event per job, as before
     assert lua.r.hlen(lua.B + ":lease:c1") == 0
-    assert not any(lua.r.exists(lua.B + ":active:" + job_id) for job_id, _ in leases)
+    assert lua.r.exists(lua.B + ":rec") == 0
     assert lua.counts_all()["finished"] == 10
-    # the active records go in one DEL after the loop: a second ack of the same lease in
-    # the same call must still find it taken (one event, one end)
+    # the records go in one HDEL after the loop: a second ack of the same lease in the same
+    # call must still find it taken (one event, one end)
     lua.r.flushall()
     lua.dispatch(("a", "1", ""))
     job = lua.dequeue("c1", limit=1).jobs[0]
     assert finish_all(lua, [(job.id, job.token), (job.id, job.token)]) == [0, 1]
     assert lua.r.xlen(lua.B + ":events") == 1
     assert lua.counts_all()["finished"] == 1
-    assert lua.r.exists(lua.B + ":active:a") == 0
+    assert lua.r.hexists(lua.B + ":rec", "a") == 0
 
 
 def test_an_outcome_event_is_one_line_and_its_error(lua: Lua) -> None:
@@ -241,7 +243,9 @@ def test_the_whole_lease_value_is_no_token(lua: Lua) -> None:
 def test_finish_deletes_its_records_and_the_trimmed_ones_in_one_del(lua: Lua) -> None:
     """The records of a call's ended jobs and those of the ends its retention trims go in
     one DEL (the trim's were a second): keep count 4, ten jobs, those with results (kept
-    whole) j0, j2 ..., the six oldest ends and records dropped, the four newest kept."""
+    whole) j0, j2 ..., the six oldest ends and records dropped, the four newest kept. (5.0:
+    the records kept whole are written, not renamed: the earlier records of their ids go
+    first, in one DEL per call, not one per job.)"""
     lua.dispatch(*[(f"j{i}", "1", str(NOW + i)) for i in range(10)])
     jobs = lua.dequeue("c1", limit=10, now=NOW + 10).jobs
     args: list[Any] = [NOW + 20, "c1", MAXLEN, 4, KEEP[1], HOST, 0]
@@ -250,18 +254,19 @@ def test_finish_deletes_its_records_and_the_trimmed_ones_in_one_del(lua: Lua) ->
     codes: list[int] = []
     ran = inner(lua.r, lambda: codes.extend(lua.call("queasy_finish", [lua.B], *args)))
     assert codes == [0] * 10
-    assert ran["del"] == 1 and ran["zremrangebyrank"] == 1
+    assert ran["del"] == 2 and ran["zremrangebyrank"] == 1 and ran["hset"] == 5 + 2
     assert sorted(lua.r.hkeys(lua.B + ":ends")) == ["j6", "j7", "j8", "j9"]
     kept = sorted(k.rsplit(":", 1)[1] for k in lua.r.keys(lua.B + ":ended:*"))
     assert kept == ["j6", "j8"] and lua.r.zcard(lua.B + ":finished") == 4
-    assert not any(lua.r.exists(lua.B + ":active:" + job.id) for job in jobs)
+    assert lua.r.exists(lua.B + ":rec") == 0
 
 
 def test_finish_reads_a_jobs_numbers_from_its_lease(lua: Lua) -> None:
     """Library 4.1.0: the lease holds the numbers of the record it leases (which does not
-    change while active), so finish reads no record: one HMGET of the lease hash for the
-    call (and one of B:stats), where 4.0.0 read each job's record, and one EXISTS for all
-    the records (that they are there). The event and the end are as before."""
+    change while active), so finish parses no record: one HMGET of the lease hash for the
+    call (and one of B:stats), where 4.0.0 read each job's record, and one read for all
+    the records (that they are there: 5.0, one HMGET of B:rec; 4.x, one EXISTS). The event
+    and the end are as before."""
     lua.dispatch(*[(f"j{i}", "1", "") for i in range(10)])
     first = lua.dequeue("c1", limit=1).jobs[0]
     assert lua.retry("c1", first, run_at=NOW, kind="timeout") == 0  # j0: an earlier attempt
@@ -269,9 +274,9 @@ def test_finish_reads_a_jobs_numbers_from_its_lease(lua: Lua) -> None:
     codes: list[int] = []
     ran = inner(lua.r, lambda: codes.extend(finish_all(lua, leases)))
     assert codes == [0] * 10
-    assert ran["hmget"] == 2  # the lease hash, the stats
-    # the migration guard with B:blocked (one read: finish), the ten active records
-    assert ran["exists"] == 2
+    # the lease hash, the records (B:rec), the last error of j0 (kept whole: B:err), the stats
+    assert ran["hmget"] == 4
+    assert ran["exists"] == 1  # the migration guard with B:blocked (one read: finish)
     lines = [f["event"] for _, f in lua.r.xrange(lua.B + ":events")]
     assert (
         len(lines) == 11
@@ -292,7 +297,7 @@ def test_an_acked_lease_whose_record_is_gone_is_stale(lua: Lua) -> None:
     the other jobs of the call end."""
     lua.dispatch(("a", "1", ""), ("b", "1", ""), ("c", "1", ""))
     leases = [(job.id, job.token) for job in lua.dequeue("c1", limit=3).jobs]
-    lua.r.delete(lua.B + ":active:b")
+    lua.r.hdel(lua.B + ":rec", "b")
     assert finish_all(lua, leases) == [0, 1, 0]
     assert list(lua.r.hgetall(lua.B + ":lease:c1")) == ["b"]
     assert [f["event"].split(" ")[1] for _, f in lua.r.xrange(lua.B + ":events")] == ["a", "c"]
