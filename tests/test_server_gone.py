@@ -195,7 +195,7 @@ def test_an_async_read_after_a_restart_between_calls_works(
     """The same restart for the reads: redis-py 8's asyncio pool skips its check of the
     connection it hands out while maintenance notifications are on (their default 'auto'),
     so the first read after a restart failed with ConnectionFailed ('Connection closed by
-    server'). AsyncClient turns them off (aio._pool_checks): the pool replaces it."""
+    server'). AsyncClient turns them off (store/aioconn.pool_checks): the pool replaces it."""
 
     async def scenario() -> None:
         async with AsyncClient(server.url, prefix="qt-gone") as client:
