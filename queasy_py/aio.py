@@ -31,7 +31,8 @@ from .store.aiocalls import AsyncWrites
 from .store.aioconn import async_connection, ready_connection, time_and_hash
 from .store.connection import is_cluster_url
 from .store.keys import RegistryKeys
-from .store.library import Dispatched, fcall_pipelined_async, lua_error
+from .store.library import Dispatched, lua_error
+from .store.reload import fcall_pipelined_async
 from .waits import AsyncResultWake, CancelSeen
 
 log = logging.getLogger("queasy_py")

@@ -25,16 +25,8 @@ import redis
 import redis.asyncio as aioredis
 
 from .calls import lost_reply
-from .library import (
-    gone_calls,
-    handshake,
-    library_key,
-    library_reloaded,
-    put_back,
-    raise_first,
-    run_handshake_async,
-    sent_again_if_gone_async,
-)
+from .library import handshake, library_key, library_reloaded, run_handshake_async
+from .reload import gone_calls, put_back, raise_first, sent_again_if_gone_async
 
 log = logging.getLogger("queasy_py")
 

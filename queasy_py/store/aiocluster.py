@@ -38,8 +38,8 @@ from .library import (
     library_reloaded,
     parse_version,
     run_handshake_async,
-    sent_again_if_gone_async,
 )
+from .reload import sent_again_if_gone_async
 
 log = logging.getLogger("queasy_py")
 

@@ -37,8 +37,8 @@ from .library import (
     library_key,
     library_reloaded,
     parse_version,
-    sent_again_if_gone,
 )
+from .reload import sent_again_if_gone
 
 log = logging.getLogger("queasy_py")
 
