@@ -19,7 +19,8 @@ from typing import Any
 
 import redis
 
-from .library import ensure_loaded, library_key, library_reloaded, sent_again_if_gone
+from .library import ensure_loaded, library_key, library_reloaded
+from .reload import sent_again_if_gone
 
 log = logging.getLogger("queasy_py")
 
