@@ -27,18 +27,12 @@ from .operate import PAGE
 from .queue_base import BatchResult, QueueBase
 from .resolve import PathLike, Target, resolve
 from .store import events
-from .store.aiocalls import AsyncReloadingRedis, AsyncWrites
-from .store.aiocluster import async_cluster_client, ready_cluster
-from .store.cluster import is_cluster_url
-from .store.connection import from_url, mask_url, producer_options
+from .store.aiocalls import AsyncWrites
+from .store.aioconn import async_connection, ready_connection, time_and_hash
+from .store.connection import is_cluster_url
 from .store.keys import RegistryKeys
-from .store.library import (
-    Dispatched,
-    fcall_pipelined_async,
-    handshake,
-    lua_error,
-    run_handshake_async,
-)
+from .store.library import Dispatched, lua_error
+from .store.reload import fcall_pipelined_async
 from .waits import AsyncResultWake, CancelSeen
 
 log = logging.getLogger("queasy_py")
@@ -64,22 +58,9 @@ class AsyncClient:
         self.server = target.server
         self.url = target.url
         self.cluster = is_cluster_url(self.url)
-        try:
-            #: the writes on one server, sent once (store/aiocalls.py); None on a cluster
-            self.writes: AsyncWrites | None = None
-            if self.cluster:  # redis-py's asyncio RedisCluster, FCALL routed by its key
-                self.redis: Any = async_cluster_client(self.url)
-            else:
-                # a library call that finds the library gone loads it (store/aiocalls.py)
-                self.redis = from_url(
-                    AsyncReloadingRedis, self.url, **producer_options(), **_pool_checks()
-                )
-                self.redis.where = f"Redis at {mask_url(self.url)}"
-                self.writes = AsyncWrites(self.redis)
-        except BaseException:
-            if self.server is not None:
-                self.server.close()
-            raise
+        #: the writes on one server, sent once (store/aiocalls.py); None on a cluster
+        self.writes: AsyncWrites | None
+        self.redis, self.writes = async_connection(self.url, self.server)  # store/aioconn.py
         # INFO when the URL was found (env, config, the embedded server), not given
         log.log(logging.DEBUG if target.explicit else logging.INFO, "using %s", target.describe())
         self.library_version: str | None = None
@@ -93,16 +74,8 @@ class AsyncClient:
         """Connect and load the function library (done by the first call if not before)."""
         if self.library_version is not None:
             return self
-        if self.cluster:  # the library on every primary; ConnectionFailed naming the URL
-            self.library_version = await ready_cluster(self.redis, self.url)
-            return self
-        try:
-            installed = await run_handshake_async(self.redis, handshake())
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            raise ConnectionFailed(
-                f"cannot connect to Redis at {mask_url(self.url)}: {exc}"
-            ) from None
-        self.library_version = installed
+        # on a cluster on every primary; ConnectionFailed naming the URL (store/aioconn.py)
+        self.library_version = await ready_connection(self.redis, self.url)
         return self
 
     def queue(self, name: str) -> AsyncQueue:
@@ -146,19 +119,6 @@ class AsyncClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def _pool_checks() -> dict[str, Any]:
-    """redis-py 8's asyncio pool skips its check of a connection before handing it out
-    (closed by the server: a restart between two calls) while maintenance notifications are
-    on, their default 'auto' on a TCP connection: the first call after a restart then failed
-    on the dead connection. Off here, the pool replaces it, as the sync one does. (redis-py
-    before 7 has neither the notifications nor the skip.)"""
-    try:
-        from redis.maint_notifications import MaintNotificationsConfig
-    except ImportError:
-        return {}
-    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
 
 
 def _retrieved(task: asyncio.Future) -> None:
@@ -422,17 +382,9 @@ class AsyncQueue(QueueBase):
     async def _publishes_ends(self) -> bool:
         """Whether the ends of this queue's jobs are published on their channels now
         (records.publishes_ends over the registry's live supervisors)."""
-        r, key = self.client.redis, RegistryKeys(self.client.prefix).supervisors
-        if self.client.cluster:  # TIME has no key: asked of the registry's primary, as
-            # Client.supervisors() does (redis-py's default node may be down)
-            seconds, micros = await r.time(target_nodes=r.get_node_from_key(key))
-            entries = await r.hgetall(key)
-        else:
-            async with r.pipeline(transaction=False) as pipe:
-                pipe.time()
-                pipe.hgetall(key)
-                (seconds, micros), entries = await pipe.execute()
-        supervisors = records.live(entries.values(), seconds + micros / 1e6)
+        key = RegistryKeys(self.client.prefix).supervisors
+        now, entries = await time_and_hash(self.client.redis, key, self.client.cluster)
+        supervisors = records.live(entries.values(), now)
         return records.publishes_ends(supervisors, self.name)
 
     @as_connection_failed

@@ -14,7 +14,8 @@ from .operate import Operate
 from .queue_base import BatchResult, QueueBase
 from .store.keys import RegistryKeys
 from .store.lazyredis import redis
-from .store.library import Dispatched, fcall_pipelined, lua_error
+from .store.library import Dispatched, lua_error
+from .store.reload import fcall_pipelined
 from .tracing import traceparent
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ class Queue(QueueBase, Operate):
     def _pipelined(self, name: str, chunks: list[list]) -> list:
         """FCALL `name` once per chunk of arguments, pipelined in one round trip; their
         replies. On one server sent once (store/calls.py: never again after a lost reply);
-        on a cluster a primary's lost library loaded again (store/library.fcall_pipelined)."""
+        on a cluster a primary's lost library loaded again (store/reload.fcall_pipelined)."""
         try:
             if not self.client.cluster:
                 return self.client.fastcall.pipelined(name, [self.keys.base], chunks)

@@ -9,12 +9,17 @@ import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
 
 from queasy_py.store.embedded import EmbeddedServer
+
+if TYPE_CHECKING:
+    from lua_calls import Lua
+
+    from queasy_py import Queue
 
 
 @dataclass
@@ -125,3 +130,27 @@ def raw(redis_url: str) -> Iterator[redis.Redis]:
     finally:
         conn.function_load(source(), replace=True)
         conn.close()
+
+
+# --- the library's functions, and a queue of the public API, on the per-test prefix ------------
+
+
+@pytest.fixture
+def lua(r: redis.Redis, redis_url: str, prefix: str) -> Lua:
+    """Raw FCALLs of the library (tests/lua_calls.py) on `prefix`, the bundled library loaded."""
+    from lua_calls import Lua
+
+    from queasy_py.store.library import ensure_loaded
+
+    with redis.Redis.from_url(redis_url) as conn:
+        ensure_loaded(conn)
+    return Lua(r, prefix)
+
+
+@pytest.fixture
+def q(redis_url: str, prefix: str) -> Iterator[Queue]:
+    """Queue 'q' of a Client without workers on `prefix`, closed at teardown."""
+    from queasy_py import Client
+
+    with Client(redis_url, workers=0, prefix=prefix) as client:
+        yield client.queue("q")

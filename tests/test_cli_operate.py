@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import records
 import redis
 from lua_calls import Lua, schedule
 from runtime_helpers import ACT, Runtime, queue_spec, wait_for
@@ -638,7 +639,7 @@ def test_inspect_and_jobs_show_data_nested_deeper_than_orjson_writes(
     deep = "[" * 300 + "]" * 300
     q = client.queue("q")
     q.dispatch({"n": 1}, id="deep")
-    client.redis.hset(q.keys.job("deep"), "data", deep)
+    records.garble(client.redis, q.keys.base, "deep", "data", deep)
     job = q.get_job("deep")
     assert job is not None and job.data == deep
     code, out, err = queasy("inspect", "q", "deep")

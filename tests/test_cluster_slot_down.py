@@ -2,7 +2,7 @@
 unserved for now: a failover, a slot dropped and assigned again): the call waits it out, up
 to the client's slot_wait (SLOT_WAIT, 10 s), as it waits out a moving slot, then raises
 ConnectionFailed naming the call (connfailed.py). ClusterDownError is listed among the
-refusals waited out (store/cluster.SLOT_BUSY), but it is a redis-py ClusterError, which the
+refusals waited out (store/clustercalls.SLOT_BUSY), but it is a redis-py ClusterError, which the
 wait re-raised at once (sync and async): redis-py's own 0.25 s was all it got.
 
 The real `cluster` fixture; the queue's slot is dropped by its owner alone (CLUSTER

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import records
 import redis
 from runtime_helpers import ACT, Runtime, queue_spec, wait_for
 
@@ -166,7 +167,7 @@ def test_a_dead_letter_of_data_nested_deeper_than_orjson_writes_is_kept(rt: Runt
     requeue() leaves it, as no dispatch takes such data."""
     q = rt.queue("q")
     q.dispatch({"n": 1}, id="deep")
-    rt.r.hset(q.keys.job("deep"), "data", DEEP)  # what any producer with the keys can do
+    records.garble(rt.r, q.keys.base, "deep", "data", DEEP)  # what any producer can do
     rt.start({"q": queue_spec(ACT, fail_handler=DEAD_LETTER, max_retries=0)})
     (letter,) = wait_for(lambda: dead_letter.read(q), what="the dead letter of job deep")
     assert letter["job"]["id"] == "deep"

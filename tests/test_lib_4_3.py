@@ -5,30 +5,16 @@ while the queue has a schedule, and a trace written around the library capped on
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 import redis
 from lua_calls import NOW, SCHEDULE_ID, Lua, schedule
 
-from queasy_py import Client, InvalidInput, Queue
+from queasy_py import InvalidInput, Queue
 from queasy_py.aio import AsyncClient
-from queasy_py.store.library import Ack, Dispatched, ensure_loaded
+from queasy_py.store.library import Ack, Dispatched
 
 RESERVED = f"id '{SCHEDULE_ID}' is reserved"
-
-
-@pytest.fixture
-def lua(r: redis.Redis, redis_url: str, prefix: str) -> Lua:
-    with redis.Redis.from_url(redis_url) as conn:
-        ensure_loaded(conn)
-    return Lua(r, prefix)
-
-
-@pytest.fixture
-def q(redis_url: str, prefix: str) -> Iterator[Queue]:
-    with Client(redis_url, workers=0, prefix=prefix) as client:
-        yield client.queue("q")
 
 
 def finished_then_failed(lua: Lua, id: str) -> None:

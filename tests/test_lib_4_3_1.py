@@ -7,31 +7,17 @@ run of the periodic job more. Raw FCALL and the public API against a real server
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 from lua_calls import NOW, SCHEDULE_ID, Lua, schedule, snapshot
 
-from queasy_py import Client, InvalidInput, Queue
+from queasy_py import InvalidInput, Queue
 from queasy_py.aio import AsyncClient, AsyncQueue
-from queasy_py.store.library import Ack, ensure_loaded
+from queasy_py.store.library import Ack
 
 REFUSED = f"id '{SCHEDULE_ID}' is the occurrence of this queue's schedule"
-
-
-@pytest.fixture
-def lua(r: redis.Redis, redis_url: str, prefix: str) -> Lua:
-    with redis.Redis.from_url(redis_url) as conn:
-        ensure_loaded(conn)
-    return Lua(r, prefix)
-
-
-@pytest.fixture
-def q(redis_url: str, prefix: str) -> Iterator[Queue]:
-    with Client(redis_url, workers=0, prefix=prefix) as client:
-        yield client.queue("q")
 
 
 def failed(lua: Lua, *ids: str) -> None:

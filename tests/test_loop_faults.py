@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import records
 import redis
 from lua_calls import live
 from runtime_helpers import Runtime, queue_spec, wait_for
@@ -225,7 +226,8 @@ def test_a_job_record_with_garbage_counts_runs_with_them_as_0(rt: Runtime, own: 
     q = rt.queue("q")
     q.dispatch({"tag": "bad"}, id="bad")
     q.dispatch({"tag": "good"}, id="good")
-    own.r.hset(f"{q.keys.base}:job:bad", mapping={"retry_count": "x", "stall_count": "1e+300"})
+    records.garble(own.r, q.keys.base, "bad", "retry_count", "x")
+    records.garble(own.r, q.keys.base, "bad", "stall_count", "1e+300")
     sup = rt.start({"q": queue_spec()}, workers=1)
     rt.wait_records(1, "end", tag="good")
     (bad,) = rt.wait_records(1, "end", tag="bad")

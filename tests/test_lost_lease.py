@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import records
 import redis
 from runtime_helpers import Runtime, queue_spec, wait_for
 
@@ -44,15 +45,15 @@ def test_a_job_leased_again_while_it_runs_waits_for_its_first_run(
     q.dispatch({"gate": "s"}, id="s", delay=1.0)  # dequeued later: a snapshot before it
     raw = redis.Redis.from_url(redis_url)
     try:
-        before = {key: raw.dump(key) for key in (q.keys.waiting, q.keys.job("s"))}
-        assert all(before.values()), before
+        waiting, saved = raw.dump(q.keys.waiting), records.record(raw, q.keys.base, "s")
+        assert waiting and saved, (waiting, saved)
         rt.wait_records(1, "start", id="s")
         leases = list(raw.scan_iter(match=f"{q.keys.base}:lease:*"))
         assert leases
         with raw.pipeline(transaction=True) as pipe:  # the dequeue lost: waiting, no lease
-            for key, dumped in before.items():
-                pipe.restore(key, 0, dumped, replace=True)
-            pipe.delete(q.keys.active("s"))
+            pipe.restore(q.keys.waiting, 0, waiting, replace=True)
+            records.drop(raw, q.keys.base, "s", into=pipe)
+            records.put_record(raw, q.keys.base, "s", saved, into=pipe)
             for key in leases:
                 pipe.hdel(key, "s")
             pipe.execute()
@@ -100,7 +101,7 @@ def test_a_job_pushed_again_while_it_runs_waits_for_its_first_run(
         leases = list(raw.scan_iter(match=f"{q.keys.base}:lease:*"))
         assert leases
         with raw.pipeline(transaction=True) as pipe:  # the server never had the job
-            pipe.delete(q.keys.active("s"), q.keys.job("s"))
+            records.drop(raw, q.keys.base, "s", into=pipe)
             pipe.zrem(q.keys.waiting, "s")
             for key in leases:
                 pipe.hdel(key, "s")

@@ -10,6 +10,7 @@ record gone, its lease kept) nor the other jobs of the same call.
 from __future__ import annotations
 
 import pytest
+import records
 import redis
 from lua_calls import EXPIRY, HOST, KEEP, MAXLEN, NOW, Leased, Lua
 
@@ -120,7 +121,7 @@ def test_an_event_of_an_id_with_spaces_written_around_the_library_reads_whole(
     the client of the job's event were the words after the id's first)."""
     lua.add("ok")
     r.zadd(f"{lua.B}:waiting", {spaced: NOW})
-    r.hset(f"{lua.B}:rec", spaced, f'{NOW} - 0 0 0 0\t\t"x"')  # (5.0: a field of B:rec)
+    records.put_record(r, lua.B, spaced, {"id": spaced, "data": '"x"', "run_at": str(NOW)})
     jobs = {job.id: job for job in lua.dequeue("c1", limit=5).jobs}
     assert set(jobs) == {"ok", spaced}
     for job in jobs.values():
@@ -177,7 +178,7 @@ def test_an_enqueued_at_garbled_with_spaces_shifts_no_number_of_the_lease(
     enqueued_at's second word, its timeout_count for its attempts. Such a record gets a lease
     of 4.0.0 ("<token> <leased_at>"), and its ack reads the record."""
     lua.add("a")
-    r.hset(f"{lua.B}:job:a", "enqueued_at", enqueued)
+    records.garble(r, lua.B, "a", "enqueued_at", enqueued)
     (job,) = lua.dequeue("c1", limit=1).jobs
     assert lua.retry("c1", job, run_at=NOW) == 0  # retry_count 1: its end kept whole
     (job,) = lua.dequeue("c1", limit=1).jobs

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
+import records
 import redis
 from lua_calls import EXPIRY, KEEP, NOW, Lua, live, snapshot
 
@@ -95,7 +96,7 @@ def test_the_largest_time_is_written_as_an_integer_everywhere(lua: Lua, r: redis
     wake.ssubscribe(lua.B + ":wake")
     try:
         assert lua.add("far", run_at=MAX_MS) == Dispatched.CREATED
-        assert r.hget(lua.B + ":rec", "far").split(" ")[0] == str(MAX_MS)  # (its run_at)
+        assert records.record(r, lua.B, "far")["run_at"] == str(MAX_MS)
         assert lua.get_job("far")["run_at"] == MAX_MS
         assert r.zscore(lua.B + ":waiting", "far") == MAX_MS
         message = None
@@ -114,7 +115,7 @@ def test_the_largest_time_is_written_as_an_integer_everywhere(lua: Lua, r: redis
     assert r.hget(lua.B + ":lease:c1", "far") == f"{job.token} {MAX_MS} {NOW} 0 0 0 1 {MAX_MS}"
     assert lua.record("far", now=MAX_MS)["leased_at"] == str(MAX_MS)
     assert lua.retry("c1", job, run_at=MAX_MS, now=MAX_MS) == Ack.OK
-    assert r.hget(lua.B + ":rec", "far").split(" ")[0] == str(MAX_MS)
+    assert records.record(r, lua.B, "far")["run_at"] == str(MAX_MS)
     (event,) = lua.events()
     assert (event["run_at"], event["ended_at"]) == (str(MAX_MS), str(MAX_MS))
 
@@ -286,7 +287,7 @@ def test_a_stray_id_in_waiting_is_dropped_and_the_others_are_leased(
     checkout = lua.dequeue("c1", limit=3)
     assert checkout.ids == ["a", "b"]
     assert r.zrange(lua.B + ":waiting", 0, -1) == []
-    assert not r.hexists(lua.B + ":rec", "ghost")
+    assert not records.has_record(r, lua.B, "ghost")
     assert lua.counts() == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 2}
     assert [lua.finish("c1", job) for job in checkout.jobs] == [Ack.OK, Ack.OK]
 
@@ -314,8 +315,8 @@ def test_a_relative_retry_time_counts_from_the_servers_clock(lua: Lua, r: redis.
     server_ms = int(r.time()[0]) * 1000
     args = [job.id, job.token, "+5000", "retry", "42", "", "ValueError", "bad value", ""]
     assert lua.call("queasy_retry", [lua.B], "", "c1", 100, *args) == [Ack.OK]
-    run_at = int(r.hget(lua.B + ":job:rel", "run_at"))
+    run_at = int(records.record(r, lua.B, "rel")["run_at"])
     assert server_ms + 5000 <= run_at <= server_ms + 5000 + 2000
     assert r.zscore(lua.B + ":waiting", "rel") == run_at
     assert lua.retry("c1", late, run_at="+999999", now=MAX_MS - 10) == Ack.OK
-    assert r.hget(lua.B + ":job:late", "run_at") == str(MAX_MS)
+    assert records.record(r, lua.B, "late")["run_at"] == str(MAX_MS)

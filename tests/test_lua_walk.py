@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import redis
 from lua_calls import EVENT_FIELDS, NOW, Lua
+from records import living
 
 from queasy_py.store import events
 from queasy_py.store.library import ensure_loaded
@@ -277,10 +278,10 @@ class Walk:
             check_queue(base, raw)
         for row, base in ((self.lua.counts(now=self.now), self.lua.B),):
             waiting = dict(raw.get(base + ":waiting", ("zset", []))[1])
-            active = [k for k in raw if k.startswith(base + ":active:")]
+            view = living(raw, base)
             assert row["waiting"] + row["delayed"] == len(waiting)
-            assert row["blocked"] == len(raw.get(base + ":blocked", ("set", set()))[1])
-            assert row["active"] == len(active)
+            assert row["blocked"] == len(view.blocked)
+            assert row["active"] == len(view.actives)
 
 
 def is_int(text: Any, empty_ok: bool = False) -> bool:
@@ -294,10 +295,9 @@ def check_queue(B: str, raw: dict) -> None:
         return raw.get(B + suffix, (None, empty))[1]
 
     waiting = dict(get(":waiting", []))
-    blocked = set(get(":blocked", set()))
+    view = living(raw, B)  # 4.x's B:job:<id> and B:active:<id>, B:blocked's ids (or 5.0's)
+    blocked, records, actives = view.blocked, view.records, view.actives
     expiry, fresh = dict(get(":expiry", [])), dict(get(":fresh", []))
-    records = {k[len(B) + 5 :]: v for k, (_, v) in raw.items() if k.startswith(B + ":job:")}
-    actives = {k[len(B) + 8 :]: v for k, (_, v) in raw.items() if k.startswith(B + ":active:")}
     leases = {k[len(B) + 7 :]: v for k, (_, v) in raw.items() if k.startswith(B + ":lease:")}
     for zset in (waiting, expiry, fresh, dict(get(":swept", []))):
         for member, score in zset.items():

@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 import psutil
 import pytest
+import records
 import redis
 from runtime_helpers import ACT, FAIL_RECORD, Runtime, queue_spec, wait_for
 
@@ -35,9 +36,7 @@ def rt(redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path) -> Iterator[
 
 def overwrite_data(rt: Runtime, queue: str, job_id: str, raw: bytes) -> None:
     """What any producer with access to the keys can do: HSET a waiting job's data."""
-    key = QueueKeys(rt.prefix, queue, queue).job(job_id)
-    assert rt.r.exists(key)
-    rt.r.hset(key, "data", raw)
+    records.garble(rt.r, QueueKeys(rt.prefix, queue, queue).base, job_id, "data", raw)
 
 
 def by_id(events: list[dict[str, str]]) -> dict[str, dict[str, str]]:
@@ -82,9 +81,7 @@ def test_a_trace_that_is_not_utf8_does_not_stop_the_jobs_dequeued_with_it(rt: Ru
     q = rt.queue("q")
     q.dispatch_many({"data": {"tag": "innocent"}, "id": f"i{n}"} for n in (1, 2, 3))
     q.dispatch({"tag": "odd trace"}, id="odd")
-    key = QueueKeys(rt.prefix, "q", "q").job("odd")
-    assert rt.r.exists(key)
-    rt.r.hset(key, "trace", b"\xff\xfe-not-utf8")
+    records.garble(rt.r, QueueKeys(rt.prefix, "q", "q").base, "odd", "trace", b"\xff\xfe-not-utf8")
     rt.start({"q": queue_spec()}, workers=1)  # room for all four in one dequeue
 
     events = by_id(rt.wait_events("q", 4, timeout=20))

@@ -184,6 +184,34 @@ def test_an_async_write_after_a_restart_between_calls_works(
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("call", WRITES)
+def test_an_async_write_after_the_server_closed_its_connection_is_sent_once_and_works(
+    server: EmbeddedServer, call: str
+) -> None:
+    """The server closed the client's connections between two calls, and stays up (CLIENT
+    KILL: an operator, a timeout, a proxy): the connection the write takes is found closed
+    and replaced before anything is sent, so the write works, applied once: the pool's own
+    check does it (store/aioconn.pool_checks; AsyncWrites' check of its own is gone)."""
+
+    def kill() -> int:
+        with redis.Redis.from_url(server.url) as admin:
+            return int(admin.client_kill_filter(_type="normal", skipme=True))
+
+    async def scenario() -> None:
+        async with AsyncClient(server.url, prefix="qt-gone") as client:
+            q = client.queue("q")
+            await q.dispatch({"n": 1}, id="a")
+            await q.dispatch({"n": 1}, id="c")
+            assert await q.cancel("c")
+            assert await asyncio.to_thread(kill) >= 1  # the loop reads the EOF meanwhile
+            await ASYNC_CALLS["AsyncQueue." + call](q)  # no ConnectionFailed
+            assert await q.get_job("a") is not None
+            if call == "dispatch":  # sent once: one job more ('a' waited), not two
+                assert (await q.counts())["waiting"] == 2
+
+    asyncio.run(scenario())
+
+
 #: the reads (redis-py's own commands, through its pool)
 READS = ("get_job", "counts", "schedule_info", "jobs", "events")
 
@@ -195,7 +223,7 @@ def test_an_async_read_after_a_restart_between_calls_works(
     """The same restart for the reads: redis-py 8's asyncio pool skips its check of the
     connection it hands out while maintenance notifications are on (their default 'auto'),
     so the first read after a restart failed with ConnectionFailed ('Connection closed by
-    server'). AsyncClient turns them off (aio._pool_checks): the pool replaces it."""
+    server'). AsyncClient turns them off (store/aioconn.pool_checks): the pool replaces it."""
 
     async def scenario() -> None:
         async with AsyncClient(server.url, prefix="qt-gone") as client:

@@ -487,7 +487,7 @@ def test_the_scheduling_loops_reads_convert_a_queue_of_4_x(
     leases to hand back (runtime/handback.py) and the schedules at start (runtime/
     schedules.py) through read_converting: a queue not converted yet is converted first."""
     from queasy_py.store.connection import loop_client
-    from queasy_py.store.library import read_converting
+    from queasy_py.store.upgrading import read_converting
 
     lua = big_4x_queue(r, "loop")
     taken = lua.dequeue("c1", limit=3).jobs

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from ..store.library import fcall, read_converting
+from ..store.library import fcall
+from ..store.upgrading import read_converting
 from .scheduler import QueueState
 
 if TYPE_CHECKING:

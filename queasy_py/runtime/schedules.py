@@ -25,7 +25,7 @@ import redis
 from .. import defaults
 from ..errors import InvalidInput
 from ..store import fields
-from ..store.library import read_converting
+from ..store.upgrading import read_converting
 from .outage import transient
 
 if TYPE_CHECKING:

@@ -40,7 +40,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +54,7 @@ from ..tracing import traced
 from .frames import Pipe, job_heads
 from .guards import LogStream, run_loop
 from .handler import load
+from .inbox import exit_with_everything, handled
 from .results import check_result, describe_error, encode_results, invalid_data, stored_result
 
 if TYPE_CHECKING:
@@ -135,15 +135,6 @@ class Runner:
                 exit_with_everything()  # the supervisor is gone
         finally:
             self.send_lock.release()
-
-    def pong(self) -> None:
-        """Answer a ping: the reader got the GIL and the event loop (if any) its turn, so
-        the worker's other jobs can go on (on the event loop when it has one)."""
-        with self.send_lock:
-            try:
-                self.pipe.send_frame(b'"pong"')
-            except (OSError, ValueError):
-                exit_with_everything()  # the supervisor is gone
 
     def _flush_soon(self) -> None:
         """On the event loop: one flush for the async results of this loop iteration."""
@@ -230,14 +221,7 @@ class Runner:
                     exit_with_everything()  # the supervisor is gone: stop at once, jobs too
                 if os.getppid() != self.parent:  # it died after sending: start none of them
                     exit_with_everything()
-                if frame == b'"stop"':  # sent only to a worker with no jobs left
-                    os._exit(0)
-                if frame == b'"ping"':  # answered once the reader and the event loop run
-                    loop = self.loop
-                    if loop is None:
-                        self.pong()
-                    else:  # a coroutine that never yields stops every async job
-                        loop.call_soon_threadsafe(self.pong)
+                if handled(frame, self.pipe, self.send_lock, self.loop):  # stop, ping: inbox
                     continue
                 with self.lock:
                     turn = self.reader
@@ -348,29 +332,6 @@ class Runner:
                 self.backlog.append((seq, handle, data, job))
                 plain += 1
         return plain
-
-
-def exit_with_everything() -> None:
-    """Exit at once, taking every process a job started: those still under this worker
-    (also in a session of their own) and, the worker being the leader of its own process
-    group (pool.start_worker), the group: background children that init adopted too.
-    A job spinning in pure Python holds the GIL for a switch interval (5 ms) each time this
-    thread gives it up for a system call; the walk below makes hundreds of them (the import,
-    a read per process in /proc), which took seconds: a short interval makes it milliseconds."""
-    sys.setswitchinterval(1e-5)
-    try:
-        import psutil  # only on this path
-
-        for child in psutil.Process().children(recursive=True):
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
-    except Exception:  # exit anyway
-        pass
-    if os.getpgrp() == os.getpid():
-        os.killpg(0, signal.SIGKILL)
-    os._exit(0)
 
 
 def log_level() -> int:

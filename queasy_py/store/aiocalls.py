@@ -3,15 +3,15 @@
 redis-py reports a reply lost after the command went out as it reports a connection never
 made ("cannot reach Redis"), and with a URL's retry options it sends the command again: a
 write sent twice is not the same write (calls.py). Here a write takes a connection of the
-client's pool and checks it (_in_step: one the server closed, a restarted server's, is
-connected again before anything is sent; a refused connection is redis-py's ConnectionError,
-"cannot reach Redis"), sends its commands once and reads their replies. A connection lost
-after that raises ConnectionFailed saying the server may have applied it (calls.lost_reply);
-nothing is sent again, not even a send that failed: asyncio's transport may still flush what
-it buffered when it is closed. A call the server refused with "Function not found" did not
-run: it is sent again once the library is loaded (the version handshake; AsyncReloadingRedis,
-the AsyncClient's redis client, which does the same for its own library calls:
-store/reloading.py's, awaitable).
+client's pool, which checks it (one the server closed, a restarted server's, is connected
+again before anything is sent: store/aioconn.pool_checks; a refused connection is redis-py's
+ConnectionError, "cannot reach Redis"), sends its commands once and reads their replies. A
+connection lost after that raises ConnectionFailed saying the server may have applied it
+(calls.lost_reply); nothing is sent again, not even a send that failed: asyncio's transport
+may still flush what it buffered when it is closed. A call the server refused with "Function
+not found" did not run: it is sent again once the library is loaded (the version handshake;
+AsyncReloadingRedis, the AsyncClient's redis client, which does the same for its own library
+calls: store/reloading.py's, awaitable).
 """
 
 from __future__ import annotations
@@ -25,15 +25,9 @@ import redis
 import redis.asyncio as aioredis
 
 from .calls import lost_reply
-from .library import (
-    gone_calls,
-    handshake,
-    library_key,
-    library_reloaded,
-    put_back,
-    raise_first,
-    run_handshake_async,
-    sent_again_if_gone_async,
+from .library import handshake, library_key, library_reloaded, run_handshake_async
+from .reload import gone_calls, put_back, raise_first, sent_again_if_gone_async
+from .upgrading import (
     sent_again_if_upgrading_async,
     upgrade_call,
     upgraded_async,
@@ -120,9 +114,8 @@ class AsyncWrites:
     async def _replies(self, commands: list[tuple[Any, ...]], what: str) -> list[Any]:
         """One round trip: the replies, an error reply in its place."""
         packed = b"".join(hiredis.pack_command(command) for command in commands)
-        conn = await self._pool.get_connection()  # connected: nothing sent yet
+        conn = await self._pool.get_connection()  # connected and checked: nothing sent yet
         try:
-            await _in_step(conn)
             replies = await self._roundtrip(conn, packed, len(commands), what)
         except BaseException:
             await conn.disconnect(nowait=True)  # a reply may be on its way: never reused
@@ -144,17 +137,3 @@ class AsyncWrites:
             return replies
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             raise lost_reply(what, exc) from exc
-
-
-async def _in_step(conn: Any) -> None:
-    """Connect `conn` again when the server closed it (its EOF read: a restarted server) or
-    it holds a stray reply; nothing was sent on it yet. A refused connection raises
-    redis-py's ConnectionError (cannot reach Redis: nothing sent)."""
-    try:
-        # redis-py 8's can_read; can_read_destructive before (deprecated in 8)
-        stale = await (getattr(conn, "can_read", None) or conn.can_read_destructive)()
-    except (redis.ConnectionError, redis.TimeoutError, OSError):
-        stale = True
-    if stale:
-        await conn.disconnect()
-        await conn.connect()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from typing import Any
 
 import redis
@@ -22,66 +21,23 @@ from redis.exceptions import ClusterError, RedisClusterException
 from redis.retry import Retry
 
 from ..errors import AuthenticationFailed, ConnectionFailed
-from .cluster import (
-    _NUMKEYS_COMMANDS,
+from .cluster import parse_cluster_url, refused_credentials
+from .clustercalls import (
     SLOT_BUSY,
     SLOT_WAIT,
-    parse_cluster_url,
+    AsyncKeysFromCall,
+    SlotWait,
+    library_checked,
     passed_over,
-    refused_credentials,
-    slot_busy,
-    upgrading_queue,
+    routed_key,
+    unchecked_primary,
 )
 from .connection import producer_options
-from .library import (
-    LIBRARY_CALLS,
-    handshake,
-    library_key,
-    library_reloaded,
-    parse_version,
-    run_handshake_async,
-    sent_again_if_gone_async,
-    upgrade_call,
-    upgraded_async,
-)
+from .library import handshake, parse_version, run_handshake_async
+from .reload import sent_again_if_gone_async
+from .upgrading import maybe_upgrading, upgrade_call, upgraded_async
 
 log = logging.getLogger("queasy_py")
-
-
-class _AsyncKeysFromCall:
-    """An asyncio commands parser that reads FCALL's keys from the call itself and asks the
-    wrapped parser (COMMAND GETKEYS when needed) for every other command."""
-
-    def __init__(self, parser: Any, client: Any) -> None:
-        self._parser = parser
-        self._client = client
-
-    async def initialize(self, node: Any) -> None:
-        """Read the command table (COMMAND) from `node`, redis-py's default node (the
-        primary of slot 0), or when it does not answer (killed or frozen, not failed over;
-        retries are off) from another primary of the slot map, which becomes the default."""
-        try:
-            return await self._parser.initialize(node)
-        except (redis.ConnectionError, redis.TimeoutError):
-            for other in self._client.get_primaries():
-                if other is node:
-                    continue
-                try:
-                    await self._parser.initialize(other)
-                except (redis.ConnectionError, redis.TimeoutError):
-                    continue
-                self._client.nodes_manager.default_node = other
-                return None
-            raise
-
-    async def get_keys(self, *args: Any) -> Any:
-        if len(args) > 2 and str(args[0]).lower() in _NUMKEYS_COMMANDS:
-            count = int(args[2])
-            return tuple(args[3 : 3 + count]) if count else None
-        return await self._parser.get_keys(*args)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._parser, name)
 
 
 class AsyncClusterClient(RedisCluster):
@@ -92,7 +48,7 @@ class AsyncClusterClient(RedisCluster):
 
     def __init__(self, *args: Any, node_options: dict[str, Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.commands_parser = _AsyncKeysFromCall(self.commands_parser, self)  # pipelines share it
+        self.commands_parser = AsyncKeysFromCall(self.commands_parser, self)  # pipelines share it
         #: the options of a plain connection to one node (the version handshake's)
         self.node_options = node_options
         #: host:port of the primaries passed over by ready_cluster (ClusterClient.unchecked)
@@ -100,8 +56,8 @@ class AsyncClusterClient(RedisCluster):
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         """ClusterClient.execute_command's waits, and its library calls (_library_call)."""
-        key = library_key(args) if str(args[0]).upper() in LIBRARY_CALLS else None
-        if key is None or "target_nodes" in kwargs:
+        key = routed_key(args, kwargs)
+        if key is None:
             return await self._waiting(*args, **kwargs)
         await self.check_library(key)
         return await sent_again_if_gone_async(
@@ -111,35 +67,32 @@ class AsyncClusterClient(RedisCluster):
 
     async def check_library(self, key: str) -> None:
         """ClusterClient.check_library."""
-        if self.unchecked and self.get_node_from_key(key).name in self.unchecked:
+        if unchecked_primary(self, key):
             await self.load_library(key)
 
     async def load_library(self, key: str, gone: bool = False) -> str:
         """ClusterClient.load_library: the version handshake on the primary of `key`."""
         node = self.get_node_from_key(key)
         version = await handshake_at(node, self.node_options)
-        self.unchecked.discard(node.name)
-        if gone:
-            log.warning(library_reloaded(f"Redis Cluster primary {node.name}", version))
-        return version
+        return library_checked(self, node, version, gone)
 
     async def _waiting(self, *args: Any, _queue: str | None = None, **kwargs: Any) -> Any:
-        """ClusterClient._waiting (a read of a queue being upgraded from library 4.x too)."""
-        deadline = time.monotonic() + self.slot_wait
-        delay = 0.02
+        """ClusterClient._waiting, awaitable (store/clustercalls.SlotWait; a read of a queue
+        being upgraded from library 4.x too)."""
+        waits = SlotWait(self.slot_wait)
         while True:
             try:
                 return await super().execute_command(*args, **kwargs)
             except (*SLOT_BUSY, ClusterError) as exc:
-                if _queue is not None and upgrading_queue(exc):
+                if _queue is not None and maybe_upgrading(exc):
                     upgrade = functools.partial(self._waiting, *upgrade_call(_queue))
                     _queue = None
                     await upgraded_async(upgrade)
                     continue
-                if not slot_busy(exc) or time.monotonic() + delay > deadline:
-                    raise  # CLUSTERDOWN still: ConnectionFailed naming the call (connfailed)
+                delay = waits.after(exc)
+                if delay is None:
+                    raise
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.5)
 
 
 def async_cluster_client(url: str) -> AsyncClusterClient:

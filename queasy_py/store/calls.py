@@ -44,11 +44,8 @@ import hiredis
 import redis
 
 from ..errors import ConnectionFailed
-from .library import (
-    gone_calls,
-    put_back,
-    raise_first,
-    sent_again_if_gone,
+from .reload import gone_calls, put_back, raise_first, sent_again_if_gone
+from .upgrading import (
     sent_again_if_upgrading,
     upgrade_call,
     upgraded,
@@ -213,18 +210,6 @@ class FastCall:
             held.ended.detach()
         conn.disconnect()
         self._client.connection_pool.release(conn)
-
-
-def raise_refused(replies: list[Any]) -> list[Any]:
-    """The replies of pipelined calls, or the first error reply raised, its `applied` the
-    indexes of the calls that were not refused (a pipeline is not one step: those ran)."""
-    first = next((reply for reply in replies if isinstance(reply, Exception)), None)
-    if first is None:
-        return replies
-    first.applied = [  # type: ignore[attr-defined]
-        i for i, reply in enumerate(replies) if not isinstance(reply, Exception)
-    ]
-    raise first
 
 
 def lost_reply(what: str, exc: BaseException) -> ConnectionFailed:

@@ -18,38 +18,28 @@ from urllib.parse import unquote
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
-from redis.exceptions import (
-    AskError,
-    ClusterDownError,
-    ClusterError,
-    RedisClusterException,
-    SlotNotCoveredError,
-    TryAgainError,
-)
+from redis.exceptions import ClusterError, RedisClusterException
 from redis.retry import Retry
 
 from .. import defaults
 from ..errors import AuthenticationFailed, ConfigError, ConnectionFailed
+from .clustercalls import (
+    SLOT_BUSY,
+    SLOT_WAIT,
+    KeysFromCall,
+    SlotWait,
+    library_checked,
+    passed_over,
+    routed_key,
+    unchecked_primary,
+)
 from .connection import CLUSTER_SCHEMES, producer_options
 from .connection import is_cluster_url as is_cluster_url  # its home before
-from .library import (
-    LIBRARY_CALLS,
-    ensure_loaded,
-    library_key,
-    library_reloaded,
-    maybe_upgrading,
-    parse_version,
-    sent_again_if_gone,
-    upgrade_call,
-    upgraded,
-)
+from .library import ensure_loaded, parse_version
+from .reload import sent_again_if_gone
+from .upgrading import maybe_upgrading, upgrade_call, upgraded
 
 log = logging.getLogger("queasy_py")
-
-#: seconds a producer's call waits for a moving or unserved slot (ClusterClient.slot_wait)
-SLOT_WAIT = defaults.SLOT_WAIT
-#: commands whose keys follow their numkeys argument (name, numkeys, keys...)
-_NUMKEYS_COMMANDS = frozenset({"fcall", "fcall_ro"})
 
 
 def parse_cluster_url(url: str) -> tuple[list[ClusterNode], dict[str, Any]]:
@@ -115,41 +105,6 @@ def _query_options(url: str, base: str, query: str) -> dict[str, Any]:
     return options
 
 
-class _KeysFromCall:
-    """A redis-py commands parser that reads FCALL's keys from the call itself and asks the
-    wrapped parser (COMMAND GETKEYS when needed) for every other command."""
-
-    def __init__(self, parser: Any) -> None:
-        self._parser = parser
-
-    def get_keys(self, redis_conn: Any, *args: Any) -> Any:
-        if len(args) > 2 and str(args[0]).lower() in _NUMKEYS_COMMANDS:
-            count = int(args[2])
-            return list(args[3 : 3 + count]) if count else None
-        return self._parser.get_keys(redis_conn, *args)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._parser, name)
-
-
-#: replies that say a command did not run because its slot is moving or unserved for now
-#: (the library's migration guard answers TRYAGAIN): sending it again is safe
-SLOT_BUSY = (TryAgainError, ClusterDownError, AskError, SlotNotCoveredError)  # MOVED is an ASK
-
-
-def slot_busy(exc: BaseException) -> bool:
-    """Whether a producer's call refused with `exc` waits (ClusterClient.slot_wait) and is
-    sent again: one of SLOT_BUSY (CLUSTERDOWN too: a ClusterError of redis-py's), or
-    redis-py's redirections ran out (a ClusterError "TTL exhausted": ASK, then TRYAGAIN...)."""
-    return isinstance(exc, SLOT_BUSY) or (
-        isinstance(exc, ClusterError) and "TTL exhausted" in str(exc)
-    )
-
-
-#: a library call's refusal that may say its queue is being upgraded from library 4.x
-upgrading_queue = maybe_upgrading
-
-
 #: keyless commands redis-py sends to its default node that may be sent again, to another
 #: node, when it does not answer (they read only)
 RESENDABLE = frozenset({"COMMAND", "TIME", "PING"})
@@ -170,7 +125,7 @@ class ClusterClient(RedisCluster):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.commands_parser = _KeysFromCall(self.commands_parser)  # pipelines share it
+        self.commands_parser = KeysFromCall(self.commands_parser)  # pipelines share it
         #: host:port of the primaries that did not answer the version handshake at connect
         #: (load_everywhere): it is made before the first library call sent there
         self.unchecked: set[str] = set()
@@ -183,10 +138,10 @@ class ClusterClient(RedisCluster):
         return pipe
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        command = str(args[0]).upper()
-        if command in LIBRARY_CALLS and "target_nodes" not in kwargs:
-            return self._library_call(*args, **kwargs)
-        if command not in RESENDABLE or "target_nodes" in kwargs:
+        key = routed_key(args, kwargs)
+        if key is not None and self.reloads_library:
+            return self._library_call(key, *args, **kwargs)
+        if str(args[0]).upper() not in RESENDABLE or "target_nodes" in kwargs:
             return self._waiting(*args, **kwargs)
         others = len(self.get_nodes()) - 1
         while True:
@@ -201,14 +156,11 @@ class ClusterClient(RedisCluster):
                 others -= 1
                 self.replace_default_node()
 
-    def _library_call(self, *args: Any, **kwargs: Any) -> Any:
-        """FCALL or FCALL_RO: the version handshake made first on a primary passed over at
-        connect; a call that finds the library gone there (nothing ran) is sent again, once,
-        after the handshake loaded it (VersionMismatch, as at connect, for a newer major
-        library or a foreign one named 'queasy')."""
-        key = library_key(args)
-        if key is None or not self.reloads_library:
-            return self._waiting(*args, **kwargs)
+    def _library_call(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        """FCALL or FCALL_RO routed by `key`: the version handshake made first on a primary
+        passed over at connect; a call that finds the library gone there (nothing ran) is sent
+        again, once, after the handshake loaded it (VersionMismatch, as at connect, for a
+        newer major library or a foreign one named 'queasy')."""
         self.check_library(key)
         return sent_again_if_gone(
             lambda: self._waiting(*args, _queue=key, **kwargs),
@@ -217,7 +169,7 @@ class ClusterClient(RedisCluster):
 
     def check_library(self, key: str) -> None:
         """The version handshake on the primary of `key` if it was passed over at connect."""
-        if self.unchecked and self.get_node_from_key(key).name in self.unchecked:
+        if unchecked_primary(self, key):
             self.load_library(key)
 
     def load_library(self, key: str, gone: bool = False) -> str:
@@ -225,31 +177,27 @@ class ClusterClient(RedisCluster):
         library there when it is missing or older; its version."""
         node = self.get_node_from_key(key)
         version = ensure_loaded(self.get_redis_connection(node))
-        self.unchecked.discard(node.name)
-        if gone:
-            log.warning(library_reloaded(f"Redis Cluster primary {node.name}", version))
-        return version
+        return library_checked(self, node, version, gone)
 
     def _waiting(self, *args: Any, _queue: str | None = None, **kwargs: Any) -> Any:
-        """The command, sent again while its slot is busy (up to slot_wait). A library
-        call on the queue `_queue` refused with 'TRYAGAIN upgrading' (its keys of library
-        4.x not converted yet: a read cannot convert them, a write converts a step), which
-        redis-py follows as a moving slot's TRYAGAIN until its TTL runs out, makes
+        """The call sent, a moving or unserved slot waited out (store/clustercalls.SlotWait).
+        A library call on the queue `_queue` refused with 'TRYAGAIN upgrading' (its keys of
+        library 4.x not converted yet: a read cannot convert them, a write converts a step),
+        which redis-py follows as a moving slot's TRYAGAIN until its TTL runs out, makes
         queasy_upgrade convert them first (it answers 0 at once for a queue converted)."""
-        deadline = time.monotonic() + self.slot_wait
-        delay = 0.02
+        waits = SlotWait(self.slot_wait)
         while True:
             try:
                 return super().execute_command(*args, **kwargs)
             except (*SLOT_BUSY, ClusterError) as exc:
-                if _queue is not None and upgrading_queue(exc):
+                if _queue is not None and maybe_upgrading(exc):
                     upgraded(functools.partial(self._waiting, *upgrade_call(_queue)))
                     _queue = None  # (converted: once is enough)
                     continue
-                if not slot_busy(exc) or time.monotonic() + delay > deadline:
-                    raise  # CLUSTERDOWN still: ConnectionFailed naming the call (connfailed)
+                delay = waits.after(exc)
+                if delay is None:
+                    raise
                 time.sleep(delay)
-                delay = min(delay * 2, 0.5)
 
 
 def connect_cluster(
@@ -385,16 +333,6 @@ def load_everywhere(rc: RedisCluster) -> str:
     if unanswered:
         log.warning(passed_over(unanswered))
     return max(versions, key=parse_version)
-
-
-def passed_over(unanswered: list[str]) -> str:
-    """The WARNING for primaries that did not answer the version handshake at connect."""
-    return (
-        f"Redis Cluster primary {', '.join(unanswered)} does not answer: the queasy library "
-        "was not checked there (it will be before the first call of its queues); the calls "
-        "of its queues fail until it answers again or the cluster fails it over, the other "
-        "queues work"
-    )
 
 
 class ClusterCall:

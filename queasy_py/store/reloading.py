@@ -23,14 +23,9 @@ from typing import Any
 
 import redis
 
-from .library import (
-    ensure_loaded,
-    library_key,
-    library_reloaded,
-    sent_again_if_gone,
-    sent_again_if_upgrading,
-    upgrade_call,
-)
+from .library import ensure_loaded, library_key, library_reloaded
+from .reload import sent_again_if_gone
+from .upgrading import sent_again_if_upgrading, upgrade_call
 
 log = logging.getLogger("queasy_py")
 

@@ -34,6 +34,7 @@ from redis.retry import Retry
 
 from queasy_py import InvalidInput, Queue
 
+from ..records import has_record, record
 from .connect import open_redis
 from .faults import missing_function, refused_write
 from .handlers import SCHEDULED
@@ -118,10 +119,10 @@ class Hostile:
         if not clients or not waiting:
             return
         job_id = waiting[0].decode()
-        data = self.r.hget(queue.keys.job(job_id), "data")
-        if data is None:
+        stored = record(self.r, base, job_id)
+        if stored is None:
             return
-        message = f"{job_id}\nforged{self.n}\n0\n0\n0\n0\n\n".encode() + data  # no trace
+        message = f"{job_id}\nforged{self.n}\n0\n0\n0\n0\n\n{stored['data']}".encode()  # no trace
         self.r.spublish(queue.keys.push(self.rng.choice(clients)), message)
         self.counts["forged"] += 1
 
@@ -168,8 +169,7 @@ class Hostile:
     def _nothing_written(self, queue: Queue, valid_id: str | None, args: list[str]) -> None:
         if valid_id is None:
             return
-        keys = queue.keys
-        if self.r.exists(keys.job(valid_id), keys.active(valid_id)):
+        if has_record(self.r, queue.keys.base, valid_id):
             self.flag(
                 (7, "half", self.n),
                 f"7 hostile: a refused queasy_dispatch wrote its valid job {valid_id}: {args!r}",
@@ -194,7 +194,7 @@ class Hostile:
                 queue.dispatch_many([{"data": data, "id": job_id}, bad])
         except InvalidInput:
             self.counts["api_refused"] += 1
-            if self.r.exists(queue.keys.job(job_id), queue.keys.active(job_id)):
+            if has_record(self.r, queue.keys.base, job_id):
                 self.flag((7, "api-half", self.n), f"7 hostile: {case} wrote {job_id}")
             return
         self.flag((7, "api", self.n), f"7 hostile: a public-API dispatch ({case}) was accepted")
@@ -219,7 +219,8 @@ class Hostile:
                 self.counts["faulted"] += 1
             else:
                 self.flag((7, "schedule-error", self.n), f"7 hostile: {args!r} got {exc}")
-            if self.r.exists(queue.keys.schedule, queue.keys.job("schedule")):
+            written = has_record(self.r, queue.keys.base, "schedule")
+            if self.r.exists(queue.keys.schedule) or written:
                 self.flag((7, "schedule-half", self.n), f"7 hostile: {args!r} wrote a schedule")
             return
         self.flag((7, "schedule", self.n), f"7 hostile: queasy_schedule accepted {args!r}: {reply}")
