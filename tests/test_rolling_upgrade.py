@@ -207,3 +207,21 @@ def test_old_and_new_supervisors_and_producers_share_a_queue(rt: Runtime, old_ro
     for sup in (old, new):
         errors = [line for line in sup.log().splitlines() if " ERROR " in line]
         assert all("failed for good" in line for line in errors), errors
+
+
+def test_an_old_supervisor_refuses_a_newer_major_library(rt: Runtime, old_root: Path) -> None:
+    """Library 5.0.0 is a major version (a stored layout 4.x cannot read: README, "Library
+    version"): a 4.x supervisor meeting it refuses to start, naming both versions, and
+    leaves the library and the queue's jobs as they are; a 4.x producer refuses too."""
+    if int(bundled_version().split(".")[0]) < 5:
+        pytest.skip("the bundled library is of the released major")
+    q = rt.queue("q")
+    q.dispatch({"tag": "kept"}, id="kept")  # the new client loads the bundled library
+    old = rt.start({"q": queue_spec()}, workers=1, root=old_root)
+    assert old.wait(timeout=30) != 0
+    assert "newer major" in old.log() and bundled_version() in old.log(), old.log()
+    done = old_python(old_root, OLD_PRODUCER, rt.url, rt.prefix, "dispatch")
+    assert done.returncode != 0 and "newer major" in done.stderr, done.stderr
+    assert rt.r.fcall("queasy_library", 0) == f"queasy_py {bundled_version()}"
+    job = q.get_job("kept")
+    assert job is not None and job.state == "waiting" and q.counts()["waiting"] == 1

@@ -502,3 +502,27 @@ def test_the_scheduling_loops_reads_convert_a_queue_of_4_x(
     finally:
         loop.close()
     assert r.get(lua.B + ":layout") == "5"
+
+
+def test_an_async_cluster_client_reads_a_queue_of_4_x_after_converting_it(cluster: Any) -> None:
+    """store/aiocluster.py's calls meet 'TRYAGAIN upgrading' as the sync cluster client's."""
+    import asyncio
+
+    from queasy_py.aio import AsyncClient
+
+    old = (FIXTURES / f"queasy-{OLD}.lua").read_text()
+    for port in cluster.primary_ports():
+        cluster.node(port).function_load(old, replace=True)
+    port = cluster.owner(Lua(redis.Redis(), "qp", "aread").B)  # (a base key only)
+    node = redis.Redis(port=port, password=cluster.password, decode_responses=True)
+    lua = big_4x_queue(node, "aread")
+
+    async def main() -> dict[str, int]:
+        async with AsyncClient(cluster.url, prefix="qp") as client:
+            return await client.queue("aread").counts()
+
+    try:
+        assert asyncio.run(main())["waiting"] == 2 * BUDGET + 200
+        assert node.get(lua.B + ":layout") == "5"
+    finally:
+        node.close()
