@@ -1475,7 +1475,8 @@ end
 -- the 5.0 layout; nil while B's slot moves: the function refuses with moving(B), nothing
 -- read or written (it is registered with entry(fn, true): no read of the guard before it).
 -- A queue not in the 5.0 layout yet is upgraded first (a step of it: a call refused with
--- TRYAGAIN upgrading when more is left, nothing else done).
+-- TRYAGAIN upgrading when more is left, nothing else done). Also returns whether B was fresh
+-- (layout_of: no job, no mark; dequeue marks it once it registered its client).
 local function guarded_exists(B, key)
   local read, found = pcall(call, 'EXISTS', key, key, B .. ':layout', B .. ':guard:1',
     B .. ':guard:2')
@@ -1484,11 +1485,11 @@ local function guarded_exists(B, key)
   elseif found % 2 == 1 then
     return (found - 1) / 2
   end
-  local refused = layout_of(B, false)
+  local refused, fresh = layout_of(B, false)
   if refused ~= nil then
     error(refused)
   end
-  return call('EXISTS', key)
+  return call('EXISTS', key), fresh
 end
 
 local function moving(B)
@@ -2392,13 +2393,18 @@ local function dequeue(keys, args)
   if expiry_ms < 1 then
     invalid('expiry ms must be >= 1, got 0')
   end
-  local parked = guarded_exists(B, B .. ':parked') -- the call's first read
+  -- the call's first read; `fresh`: B holds no job and no mark (marked below: the call
+  -- registers its client, so B is no longer fresh after it)
+  local parked, fresh = guarded_exists(B, B .. ':parked')
   if parked == nil then
     return moving(B)
   end
   sweep_one(B, now, client, maxlen)
   if not keep_alive(B, now, client, expiry_ms) then
     return {2, ''}
+  end
+  if fresh then
+    call('SET', B .. ':layout', '5')
   end
   local out = list()
   out[1], out[2] = 0, ''

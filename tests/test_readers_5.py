@@ -165,3 +165,15 @@ def test_an_upgraded_queue_costs_one_read_per_call(lua: Lua, redis_url: str) -> 
             if any(k.endswith((":layout", ":upgrade")) for k in c[1:])
         ]
         assert rest == [], name
+
+
+def test_a_dequeue_on_a_fresh_queue_marks_it_and_reads_go_on(r: redis.Redis, prefix: str) -> None:
+    """A dequeue that finds nothing registers its client (B:expiry): the queue is no longer
+    fresh, so it must be marked 5.0 then, or every read of it would be refused with 'TRYAGAIN
+    upgrading' until some other write call (seen first in test_lua_walk's random walk)."""
+    ensure_loaded(r)
+    lua = Lua(r, prefix)  # (not marked, unlike the fixture's)
+    assert lua.dequeue("c1", limit=5).ids == []
+    assert lua.r.get(lua.B + ":layout") == "5"
+    assert lua.counts()["waiting"] == 0  # FCALL_RO: not refused
+    assert lua.get_job("none") is None

@@ -5,13 +5,19 @@ table of library 5.0) as its strings are written, so the module reads both the s
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import records
 import redis
 from lua_calls import NOW, Lua, snapshot
 
+from queasy_py.store.embedded import EmbeddedServer
 from queasy_py.store.library import ensure_loaded
+
+#: the last 4.x library (tests/fixtures): the layout of the 4.x records this module still reads
+V44 = Path(__file__).parent / "fixtures" / "queasy-4.4.0.lua"
 
 ERR = {"name": "ValueError", "kind": "retry", "message": "m", "traceback": "T", "at": "7"}
 
@@ -21,6 +27,18 @@ def lua(r: redis.Redis, redis_url: str, prefix: str) -> Lua:
     with redis.Redis.from_url(redis_url) as conn:
         ensure_loaded(conn)
     return Lua(r, prefix)
+
+
+@pytest.fixture
+def lua44(own_server: EmbeddedServer, prefix: str) -> Iterator[Lua]:
+    """A queue on a server of this module's own with library 4.4.0 loaded (4.x records)."""
+    conn = redis.Redis.from_url(own_server.url, decode_responses=True)
+    conn.flushall()
+    conn.function_load(V44.read_text(), replace=True)
+    try:
+        yield Lua(conn, prefix)
+    finally:
+        conn.close()
 
 
 def v5(lua: Lua) -> None:
@@ -35,7 +53,8 @@ def v5(lua: Lua) -> None:
     r.hset(B + ":blocked", "x", f"1 0 clamp - {NOW}\t{NOW} {NOW} 0 0 0 0\t\t2")
 
 
-def test_a_4x_record_is_its_hash_wherever_it_lives(lua: Lua) -> None:
+def test_a_4x_record_is_its_hash_wherever_it_lives(lua44: Lua) -> None:
+    lua = lua44
     lua.add("w", '"w"', NOW + 1000)  # delayed
     job = lua.take("a")
     assert lua.retry("c1", job, run_at=NOW) == 0  # its last error in its record
@@ -90,14 +109,16 @@ def test_the_dump_view_of_4x_is_its_keys(lua: Lua) -> None:
 
 @pytest.mark.parametrize("layout", ["4", "5"])
 def test_garble_put_and_drop_write_around_the_library(
-    lua: Lua, redis_url: str, layout: str
+    request: pytest.FixtureRequest, layout: str
 ) -> None:
+    lua: Lua = request.getfixturevalue("lua" if layout == "5" else "lua44")
     r, B = lua.r, lua.B
     if layout == "5":
         v5(lua)
     else:
         lua.add("w", '"w\tdata"')
-    with redis.Redis.from_url(redis_url) as raw:  # bytes, as a garbled record may hold
+    url = request.getfixturevalue("redis_url" if layout == "5" else "own_server")
+    with redis.Redis.from_url(url if layout == "5" else url.url) as raw:  # bytes, as garbled  # bytes, as a garbled record may hold
         records.garble(raw, B, "w", "run_at", "1e+12")
         records.garble(raw, B, "w", "stall_count", "x y")
         records.garble(raw, B, "w", "data", b"\xff")
