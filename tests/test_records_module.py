@@ -118,7 +118,7 @@ def test_garble_put_and_drop_write_around_the_library(
     else:
         lua.add("w", '"w\tdata"')
     url = request.getfixturevalue("redis_url" if layout == "5" else "own_server")
-    with redis.Redis.from_url(url if layout == "5" else url.url) as raw:  # bytes, as garbled  # bytes, as a garbled record may hold
+    with redis.Redis.from_url(url if layout == "5" else url.url) as raw:  # bytes, as garbled
         records.garble(raw, B, "w", "run_at", "1e+12")
         records.garble(raw, B, "w", "stall_count", "x y")
         records.garble(raw, B, "w", "data", b"\xff")
