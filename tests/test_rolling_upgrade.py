@@ -1,5 +1,6 @@
-"""A rolling deploy from the released code (commit RELEASED, library 4.2.1) to this one (4.3+):
-supervisors and producers of both versions on one server and the same queues.
+"""A deploy from the released code (commit RELEASED, library 4.2.1) to this one (5.0: a major
+version, so the old supervisors stop before the new ones start; the new library converts the
+queue's 4.x records at its first call), and an old supervisor refused a newer major library.
 
 The released tree is built from the repository's own history (`git archive`) into a temporary
 folder; an old supervisor runs it (its queasy_py, its lua/queasy.lua, its tests/ handlers) as
@@ -78,38 +79,59 @@ def starts(rt: Runtime) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- schedules
 
 
+OLD_INFO = """
+import json, sys
+from queasy_py import Client
+url, prefix = sys.argv[1:3]
+with Client(url, workers=0, prefix=prefix) as client:
+    info = client.queue("q").schedule_info()
+    print(json.dumps(info and {"state": info.state, "fire_at": info.fire_at, "spec": info.spec}))
+"""
+
+
+def old_schedule_info(old_root: Path, rt: Runtime) -> dict[str, Any] | None:
+    """The queue's schedule as the released code reads it (a client of this tree would load
+    library 5.0 over the released 4.2.1 that the old supervisor runs on)."""
+    done = old_python(old_root, OLD_INFO, rt.url, rt.prefix)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
 def test_a_late_occurrence_an_old_supervisor_created_runs_under_a_new_one_of_the_same_config(
     rt: Runtime, old_root: Path
 ) -> None:
     """An old supervisor stores the schedule as written (`0/20 * * * * *`); a new one of the
     same config computes the canonical text (`*/20 * * * * *`): it took the stored text for a
     changed schedule and moved the pending occurrence, late after the old one stopped, to the
-    next fire time, so the missed run (catch_up="once") never ran. Each version's create
-    wrote its own text, so in a mixed deploy the two moved late occurrences back and forth."""
+    next fire time, so the missed run (catch_up="once") never ran. Across the major version
+    (4.2.1 to 5.0) the occurrence is a 4.x record the new library converts first."""
     spec = queue_spec(SCHEDULED, schedule="0/20 * * * * *")
     old = rt.start({"q": spec}, root=old_root)
-    q = rt.queue("q")
-    wait_for(lambda: (i := q.schedule_info()) and i.state == "delayed", what="the occurrence")
+    wait_for(
+        lambda: (i := old_schedule_info(old_root, rt)) and i["state"] == "delayed",
+        what="the occurrence",
+    )
     assert old.stop() == 0
-    pending = q.schedule_info()
-    assert pending is not None and pending.fire_at is not None
-    assert pending.spec == "cron 0/20 * * * * * UTC"  # as the released code writes it
-    wait_for(lambda: time.time() > pending.fire_at + 1.5, timeout=25, what="a late occurrence")
+    pending = old_schedule_info(old_root, rt)
+    assert pending is not None and pending["fire_at"] is not None
+    assert pending["spec"] == "cron 0/20 * * * * * UTC"  # as the released code writes it
+    wait_for(lambda: time.time() > pending["fire_at"] + 1.5, timeout=25, what="a late occurrence")
     new = rt.start({"q": spec})
     (late, *_) = rt.wait_records(1, "start", timeout=25)
-    assert late["fire_at"] == pending.fire_at, "the late occurrence was moved, not run"
-    # the text stays the one the old supervisors compare with: they do not move it back
-    wait_for(lambda: (i := q.schedule_info()) and i.fire_at > pending.fire_at, what="the next")
+    assert late["fire_at"] == pending["fire_at"], "the late occurrence was moved, not run"
+    q = rt.queue("q")
+    wait_for(lambda: (i := q.schedule_info()) and i.fire_at > pending["fire_at"], what="the next")
     info = q.schedule_info()
-    assert info is not None and info.spec == "cron 0/20 * * * * * UTC"
+    assert info is not None and info.spec == "cron 0/20 * * * * * UTC"  # the stored text kept
     assert new.stop() == 0
     assert "is now" not in new.log()
+    assert rt.r.fcall("queasy_library", 0) == f"queasy_py {bundled_version()}"
 
 
 # ---------------------------------------------------------------- jobs, producers, operators
 
 OLD_PRODUCER = """
-import json, sys
+import json, sys, time
 from queasy_py import Client
 url, prefix, op = sys.argv[1:4]
 with Client(url, workers=0, prefix=prefix) as client:
@@ -121,6 +143,10 @@ with Client(url, workers=0, prefix=prefix) as client:
                 for n in range(2, 20)]
         ids = q.dispatch_many(jobs)
         print(json.dumps(ids))
+    elif op == "later":  # waiting when the old supervisor stops: 4.x records left behind
+        for n in range(10):
+            q.dispatch({"tag": f"later-{n}"}, id=f"later-{n}", delay=float(sys.argv[4]))
+        q.dispatch({"tag": "later-0", "v": 2}, id="later-0", delay=float(sys.argv[4]))
     elif op == "purge":
         print(json.dumps(q.purge(sys.argv[4])))
     elif op == "version":
@@ -128,82 +154,53 @@ with Client(url, workers=0, prefix=prefix) as client:
 """
 
 
-def test_old_and_new_supervisors_and_producers_share_a_queue(rt: Runtime, old_root: Path) -> None:
-    """Old and new supervisors on one queue, fed by producers of both versions: every job runs
-    once, none is left leased, the newest library stays loaded (an old client never loads 4.2.1
-    back), and each side's purge gets the reply it knows."""
-    new = rt.start({"q": queue_spec()}, workers=2)
-    q = rt.queue("q")
-    wait_for(lambda: "listening on q" in new.log(), what="the new supervisor")  # 4.3.0 loaded
+def test_a_deploy_from_4x_to_5_runs_every_job_once(rt: Runtime, old_root: Path) -> None:
+    """A deploy across the major version (library 4.2.1 to 5.0: the two cannot share a server,
+    test_an_old_supervisor_refuses_a_newer_major_library): the old supervisor runs the old
+    producers' jobs and stops; jobs it left waiting (4.x records: delayed, one updated twice)
+    and its failed job are converted at the new library's first call; the new supervisor runs
+    each waiting one once, the new CLI requeues the old failure, and the new tools read it all."""
     old = rt.start({"q": queue_spec()}, workers=2, root=old_root)
     wait_for(lambda: "listening on q" in old.log(), what="the old supervisor")
-    q.dispatch_many(
-        [{"data": {"tag": f"new-{n}", "sleep": 0.05}, "id": f"new-{n}"} for n in range(19)]
-    )
-    q.dispatch({"tag": "new-f", "raise": "permanent", "times": 1}, id="new-f")
     done = old_python(old_root, OLD_PRODUCER, rt.url, rt.prefix, "dispatch")
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)) == 18
-    ends = rt.wait_records(38, "end", timeout=30)
-    assert sorted(Counter(e["id"] for e in ends).values()) == [1] * 38
-    wait_for(lambda: q.counts().get("failed") == 2, what="the two failed jobs")
-    assert sorted(Counter(s["id"] for s in rt.records("start")).values()) == [1] * 40
-    pids = {e["pid"] for e in ends}
-    assert pids & old.workers() and pids & new.workers(), "both versions ran jobs"
-    version = old_python(old_root, OLD_PRODUCER, rt.url, rt.prefix, "version")
-    assert version.stdout.strip() == f"queasy_py {bundled_version()}", version.stderr
+    later = old_python(old_root, OLD_PRODUCER, rt.url, rt.prefix, "later", "6")
+    assert later.returncode == 0, later.stderr
+    rt.wait_records(19, "end", timeout=30)
+    wait_for(lambda: len(rt.records("start")) == 20, what="old-f's one run")
+    assert old.stop() == 0
+    assert not {s["id"] for s in rt.records("start")} & {f"later-{n}" for n in range(10)}
+    new = rt.start({"q": queue_spec()}, workers=2)
+    ends = rt.wait_records(29, "end", timeout=40)
+    assert sorted(Counter(e["id"] for e in ends).values()) == [1] * 29
+    assert sorted(Counter(s["id"] for s in rt.records("start")).values()) == [1] * 30
+    assert {e["pid"] for e in ends if e["id"].startswith("later-")} <= new.workers()
     assert rt.r.fcall("queasy_library", 0) == f"queasy_py {bundled_version()}"
-    wait_for(lambda: q.counts().get("active", 0) == 0, what="no lease left")
-    # purges of either version against 4.3.0
-    purged = old_python(old_root, OLD_PRODUCER, rt.url, rt.prefix, "purge", "finished")
-    assert purged.returncode == 0, purged.stderr
-    assert json.loads(purged.stdout) + q.purge("finished") == 38
-    assert q.purge("finished") == 0
-    # failed jobs requeued by either version's CLI: each runs once more (and finishes)
-    cli = [sys.executable, "-m", "queasy_py.cli", "--log-level", "WARNING", "requeue"]
-    where = ["--redis", rt.url, "--prefix", rt.prefix, "q", "--failed"]
-    env = {"PYTHONPATH": str(old_root), "PATH": "/usr/bin:/bin"}
-    first = subprocess.run(
-        [*cli, *where, "--id", "new-f"],
-        cwd=old_root,
-        env=env,
+    q = rt.queue("q")
+    assert q.counts().get("failed") == 1 and q.counts().get("waiting", 0) == 0
+    job = q.get_job("old-f")
+    assert job is not None and job.state == "failed"
+    assert [r["data"].get("v") for r in rt.records("start") if r["id"] == "later-0"] == [2]
+    # the old failure requeued by the new CLI: it runs once more (and fails again)
+    cli = [str(Path(sys.executable).with_name("queasy")), "--log-level", "WARNING"]
+    where = ["--redis", rt.url, "--prefix", rt.prefix]
+    requeued = subprocess.run(
+        [*cli, "requeue", "q", "--failed", "--id", "old-f", *where],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert first.returncode == 0, first.stderr
-    second = subprocess.run(
-        [str(Path(sys.executable).with_name("queasy")), "requeue", *where, "--id", "old-f"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert second.returncode == 0, second.stderr
-    # (each fails again: its attempt count starts over)
-    wait_for(lambda: len(rt.records("start")) == 42, timeout=30, what="the requeued runs")
-    wait_for(lambda: q.counts().get("failed") == 4, what="the requeued jobs' ends (totals)")
-    counts = Counter(s["id"] for s in rt.records("start"))
-    assert counts.pop("old-f") == counts.pop("new-f") == 2
-    assert set(counts.values()) == {1}
-    for tool in (
-        [*cli[:-1], "status"],
-        [*cli[:-1], "jobs", "q", "--state", "all"],
-        [*cli[:-1], "events", "q"],
-    ):
-        for argv, cwd, extra in (
-            (tool, old_root, env),
-            ([str(Path(sys.executable).with_name("queasy")), *tool[3:]], ROOT, None),
-        ):
-            shown = subprocess.run(
-                [*argv, "--redis", rt.url, "--prefix", rt.prefix],
-                cwd=cwd,
-                env=extra,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            assert shown.returncode == 0, (argv, shown.stderr)
-    assert old.stop() == 0 and new.stop() == 0
+    assert requeued.returncode == 0, requeued.stderr
+    wait_for(lambda: len(rt.records("start")) == 31, timeout=30, what="the requeued run")
+    wait_for(lambda: q.counts().get("failed") == 2, what="its end (totals)")
+    assert q.purge("finished") == 29 and q.purge("finished") == 0
+    for tool in (["status"], ["jobs", "q", "--state", "all"], ["events", "q"]):
+        shown = subprocess.run(
+            [*cli, *tool, *where], capture_output=True, text=True, timeout=60
+        )
+        assert shown.returncode == 0, (tool, shown.stderr)
+    assert new.stop() == 0
     for sup in (old, new):
         errors = [line for line in sup.log().splitlines() if " ERROR " in line]
         assert all("failed for good" in line for line in errors), errors
