@@ -145,8 +145,6 @@ local MAX_PAGE = 1000 -- jobs per call of queasy_jobs, queasy_requeue, queasy_pu
 local MAX_ACKS = 1000
 local MAX_DISPATCH = 1000 -- jobs per call of queasy_dispatch, queasy_dispatch_once (as above)
 local MAX_DEQUEUE = 1000 -- jobs per call of queasy_dequeue (a larger limit takes this many)
-local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
-  'attempts', 'trace', 'enqueued_at'}
 local MAX_TRACE = 256 -- bytes of a job's trace context (a W3C traceparent is 55)
 local ERROR_FIELDS = {'error_name', 'error_kind', 'error_message', 'traceback', 'error_at'}
 local END_STATES = {finished = true, failed = true, cancelled = true}
@@ -349,19 +347,6 @@ local function field_int(v, high)
   return math.floor(n)
 end
 
-local function read_job(key)
-  local v = call('HMGET', key, unpack(JOB_FIELDS))
-  if v[1] == false then
-    return nil
-  end
-  return {
-    id = v[1], data = v[2] or '', run_at = field_int(v[3], MAX_MS),
-    retry_count = field_int(v[4], MAX_MS), stall_count = field_int(v[5], MAX_MS),
-    timeout_count = field_int(v[6], MAX_MS), attempts = v[7] or '0', trace = v[8] or '',
-    enqueued_at = v[9],
-  }
-end
-
 -- ---------------------------------------------------------------- records (5.0 layout)
 --[[ A living job's record (waiting, delayed or active: never renamed) is one field of the
 hash B:rec: id -> "<run_at> <enqueued_at> <retry_count> <stall_count> <timeout_count>
@@ -562,18 +547,6 @@ local function lease_line(token, nums, attempts, now_s)
     return token .. ' ' .. now_s
   end
   return token .. ' ' .. nums .. ' ' .. attempts .. ' ' .. now_s
-end
-
--- A new waiting/blocked record of a job dispatched at `now` (ms, a number or an integer
--- string: a batch formats it once), never leased yet, with the trace context of its
--- dispatch when `trace` is a non-empty string. Its counts and attempts are 0: absent (a
--- count field absent reads as 0 everywhere, describe fills it in; library 4.0.0).
-local function new_record(key, id, data, run_at, now, trace)
-  call('HSET', key, 'id', id, 'data', data, 'run_at', int(run_at), 'enqueued_at',
-    type(now) == 'string' and now or int(now))
-  if trace ~= nil and trace ~= '' then
-    call('HSET', key, 'trace', trace)
-  end
 end
 
 -- The error of an attempt that failed: {name, kind, message, traceback} (strings), or nil.
