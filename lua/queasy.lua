@@ -1398,16 +1398,6 @@ local function batch_close(st)
   end
 end
 
--- Write one dispatched job `id` now, on its own (queasy_requeue's new jobs): batch_put on a
--- batch of one id, closed. Returns its code (1-4) and the run_at it now has.
-local function put_job(B, id, data, run_at, update_data, mode, reset, now, trace)
-  local st = batch_open(B, {id}, update_data, mode, reset,
-    type(now) == 'string' and now or int(now), trace)
-  local code, at = batch_put(st, id, data, run_at)
-  batch_close(st)
-  return code, at
-end
-
 -- Put each triple of ARGV from `from` with `put(st, id, data, run_at)` (-> code, run_at:
 -- batch_put, or a function that calls it) into the batch `st`; a job left waiting (code 1
 -- or 2) and ready now is pushed to a parked client, else counted for the wake-up. The
