@@ -167,8 +167,6 @@ local MAX_PAGE = 1000 -- jobs per call of queasy_jobs, queasy_requeue, queasy_pu
 local MAX_ACKS = 1000
 local MAX_DISPATCH = 1000 -- jobs per call of queasy_dispatch, queasy_dispatch_once (as above)
 local MAX_DEQUEUE = 1000 -- jobs per call of queasy_dequeue (a larger limit takes this many)
-local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
-  'attempts', 'trace', 'enqueued_at'}
 local MAX_TRACE = 256 -- bytes of a job's trace context (a W3C traceparent is 55)
 local ERROR_FIELDS = {'error_name', 'error_kind', 'error_message', 'traceback', 'error_at'}
 local END_STATES = {finished = true, failed = true, cancelled = true}
@@ -371,19 +369,6 @@ local function field_int(v, high)
   return math.floor(n)
 end
 
-local function read_job(key)
-  local v = call('HMGET', key, unpack(JOB_FIELDS))
-  if v[1] == false then
-    return nil
-  end
-  return {
-    id = v[1], data = v[2] or '', run_at = field_int(v[3], MAX_MS),
-    retry_count = field_int(v[4], MAX_MS), stall_count = field_int(v[5], MAX_MS),
-    timeout_count = field_int(v[6], MAX_MS), attempts = v[7] or '0', trace = v[8] or '',
-    enqueued_at = v[9],
-  }
-end
-
 -- ---------------------------------------------------------------- records (5.0 layout)
 --[[ A living job's record (waiting, delayed or active: never renamed) is one field of the
 hash B:rec: id -> "<run_at> <enqueued_at> <retry_count> <stall_count> <timeout_count>
@@ -584,18 +569,6 @@ local function lease_line(token, nums, attempts, now_s)
     return token .. ' ' .. now_s
   end
   return token .. ' ' .. nums .. ' ' .. attempts .. ' ' .. now_s
-end
-
--- A new waiting/blocked record of a job dispatched at `now` (ms, a number or an integer
--- string: a batch formats it once), never leased yet, with the trace context of its
--- dispatch when `trace` is a non-empty string. Its counts and attempts are 0: absent (a
--- count field absent reads as 0 everywhere, describe fills it in; library 4.0.0).
-local function new_record(key, id, data, run_at, now, trace)
-  call('HSET', key, 'id', id, 'data', data, 'run_at', int(run_at), 'enqueued_at',
-    type(now) == 'string' and now or int(now))
-  if trace ~= nil and trace ~= '' then
-    call('HSET', key, 'trace', trace)
-  end
 end
 
 -- The error of an attempt that failed: {name, kind, message, traceback} (strings), or nil.
@@ -1858,16 +1831,6 @@ local function batch_close(st)
   end
 end
 
--- Write one dispatched job `id` now, on its own (queasy_requeue's new jobs): batch_put on a
--- batch of one id, closed. Returns its code (1-4) and the run_at it now has.
-local function put_job(B, id, data, run_at, update_data, mode, reset, now, trace)
-  local st = batch_open(B, {id}, update_data, mode, reset,
-    type(now) == 'string' and now or int(now), trace)
-  local code, at = batch_put(st, id, data, run_at)
-  batch_close(st)
-  return code, at
-end
-
 -- Put each triple of ARGV from `from` with `put(st, id, data, run_at)` (-> code, run_at:
 -- batch_put, or a function that calls it) into the batch `st`; a job left waiting (code 1
 -- or 2) and ready now is pushed to a parked client, else counted for the wake-up. The
@@ -1933,6 +1896,9 @@ Emits:   a job ready now (code 1 or 2) is pushed to a fresh parked client subscr
          push channel while one has slots (leased to it and SPUBLISHed on B:push:<client>);
          otherwise SPUBLISH B:wake <earliest run_at> when any job was created or updated and
          left waiting.
+Cost:    per call, not per job (5.0): one HMGET of B:rec for the ids (ZMSCORE of B:waiting
+         and HMGET of B:blocked only for those that have a record), one HSET of B:rec, one
+         ZADD of B:waiting (one HSET of B:blocked with blocked jobs); a push costs its own.
 ]]
 local function dispatch(keys, args)
   local B = keys[1]
@@ -2022,6 +1988,7 @@ Writes:  for each job created or updated, the end of its window, max(run_at, now
 Refuses: as queasy_dispatch (the id SCHEDULE_ID of a scheduled queue too); and a window that
          is not a whole number 1..999999999999.
 Emits:   as queasy_dispatch.
+Cost:    as queasy_dispatch's, and one MGET of the B:once:<id> of the ids without a job.
 ]]
 local function dispatch_once(keys, args)
   local B = keys[1]
