@@ -97,6 +97,12 @@ def old_schedule_info(old_root: Path, rt: Runtime) -> dict[str, Any] | None:
     return json.loads(done.stdout)
 
 
+def old_server(rt: Runtime, old_root: Path) -> None:
+    """The server as the released deploy left it: its library (4.2.1) loaded. (A server of
+    these tests holds the bundled 5.0 from earlier tests: an old supervisor refuses it.)"""
+    rt.r.function_load((old_root / "lua/queasy.lua").read_text(), replace=True)
+
+
 def test_a_late_occurrence_an_old_supervisor_created_runs_under_a_new_one_of_the_same_config(
     rt: Runtime, old_root: Path
 ) -> None:
@@ -106,6 +112,7 @@ def test_a_late_occurrence_an_old_supervisor_created_runs_under_a_new_one_of_the
     next fire time, so the missed run (catch_up="once") never ran. Across the major version
     (4.2.1 to 5.0) the occurrence is a 4.x record the new library converts first."""
     spec = queue_spec(SCHEDULED, schedule="0/20 * * * * *")
+    old_server(rt, old_root)
     old = rt.start({"q": spec}, root=old_root)
     wait_for(
         lambda: (i := old_schedule_info(old_root, rt)) and i["state"] == "delayed",
@@ -146,7 +153,7 @@ with Client(url, workers=0, prefix=prefix) as client:
     elif op == "later":  # waiting when the old supervisor stops: 4.x records left behind
         for n in range(10):
             q.dispatch({"tag": f"later-{n}"}, id=f"later-{n}", delay=float(sys.argv[4]))
-        q.dispatch({"tag": "later-0", "v": 2}, id="later-0", delay=float(sys.argv[4]))
+        q.dispatch({"tag": "later-0b"}, id="later-0", delay=float(sys.argv[4]))  # its update
     elif op == "purge":
         print(json.dumps(q.purge(sys.argv[4])))
     elif op == "version":
@@ -160,6 +167,7 @@ def test_a_deploy_from_4x_to_5_runs_every_job_once(rt: Runtime, old_root: Path) 
     producers' jobs and stops; jobs it left waiting (4.x records: delayed, one updated twice)
     and its failed job are converted at the new library's first call; the new supervisor runs
     each waiting one once, the new CLI requeues the old failure, and the new tools read it all."""
+    old_server(rt, old_root)
     old = rt.start({"q": queue_spec()}, workers=2, root=old_root)
     wait_for(lambda: "listening on q" in old.log(), what="the old supervisor")
     done = old_python(old_root, OLD_PRODUCER, rt.url, rt.prefix, "dispatch")
@@ -181,12 +189,13 @@ def test_a_deploy_from_4x_to_5_runs_every_job_once(rt: Runtime, old_root: Path) 
     assert q.counts().get("failed") == 1 and q.counts().get("waiting", 0) == 0
     job = q.get_job("old-f")
     assert job is not None and job.state == "failed"
-    assert [r["data"].get("v") for r in rt.records("start") if r["id"] == "later-0"] == [2]
+    assert [r["tag"] for r in rt.records("start") if r["id"] == "later-0"] == ["later-0b"]
     # the old failure requeued by the new CLI: it runs once more (and fails again)
-    cli = [str(Path(sys.executable).with_name("queasy")), "--log-level", "WARNING"]
+    cli = [sys.executable, "-m", "queasy_py.cli", "--log-level", "WARNING"]  # (run from ROOT)
     where = ["--redis", rt.url, "--prefix", rt.prefix]
     requeued = subprocess.run(
         [*cli, "requeue", "q", "--failed", "--id", "old-f", *where],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,
@@ -197,7 +206,7 @@ def test_a_deploy_from_4x_to_5_runs_every_job_once(rt: Runtime, old_root: Path) 
     assert q.purge("finished") == 29 and q.purge("finished") == 0
     for tool in (["status"], ["jobs", "q", "--state", "all"], ["events", "q"]):
         shown = subprocess.run(
-            [*cli, *tool, *where], capture_output=True, text=True, timeout=60
+            [*cli, *tool, *where], cwd=ROOT, capture_output=True, text=True, timeout=60
         )
         assert shown.returncode == 0, (tool, shown.stderr)
     assert new.stop() == 0
