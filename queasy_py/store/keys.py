@@ -41,11 +41,6 @@ class QueueKeys:
     def waiting(self) -> str:
         return f"{self.base}:waiting"
 
-    @property
-    def records(self) -> str:
-        """The hash of the queue's living job records (library 5.0: id -> record string)."""
-        return f"{self.base}:rec"
-
     def done(self, job_id: str) -> str:
         """The channel PUBLISHed when job `job_id` ends (Queue.result waits on it)."""
         return f"{self.base}:done:{job_id}"
