@@ -2,14 +2,15 @@
 today's library and through `benchmarks/layout5/proto.lua`, side by side.
 
     python benchmarks/layout5/cost.py [--n 20000] [--batch 10] [--maxlen 100000]
-        [--keep 1000] [--layouts 4,5,5h] [--callgrind] [--keep-dumps DIR]
+        [--keep 1000] [--layouts 4,5,5h] [--library FILE] [--callgrind] [--keep-dumps DIR]
 
 One server of its own (the embedded one; with --callgrind under valgrind, as
 benchmarks/server_cost.py, whose helpers this reuses). For each layout, on a queue of its own:
 a first round of N jobs (so the retention and the event stream are in their steady state),
 then N jobs measured phase by phase, as server_cost.py runs them: dispatch (calls of 1,000,
 ids given: "<round>-<k>"), dequeue (--batch per FCALL, one client), finish (--batch acks per
-FCALL, events and --keep ends kept). Layouts: 4 (the library as loaded: queasy_dispatch,
+FCALL, events and --keep ends kept). Layouts: 4 (the library as loaded, the bundled one or
+--library FILE, e.g. tests/fixtures/queasy-4.4.0.lua to compare 4.4.0 with 5.0: queasy_dispatch,
 queasy_dequeue, queasy_finish), 5 (the prototype, records as fields of one hash per queue:
 q5_*), 5h (the prototype, a record as a small hash per job: q5h_*). The same arguments go to
 each. Printed per phase and layout: FCALL µs/job, the server process's CPU µs/job, the
@@ -43,7 +44,7 @@ from queasy_py.store.library import ensure_loaded  # noqa: E402
 PROTO = HERE / "proto.lua"
 #: layout -> (the function names' prefix, what it is)
 LAYOUTS = {
-    "4": ("queasy_", "today's library (4.2.0)"),
+    "4": ("queasy_", "the library loaded (bundled, or --library)"),
     "5": ("q5_", "prototype: records in one hash per queue"),
     "5h": ("q5h_", "prototype: a small hash per record"),
 }
@@ -214,6 +215,9 @@ def main() -> int:
     parser.add_argument("--maxlen", type=int, default=100000, help="event entries kept (0: none)")
     parser.add_argument("--keep", type=int, default=1000, help="finished ends kept")
     parser.add_argument("--layouts", default="4,5,5h", help="of 4, 5, 5h (comma-separated)")
+    parser.add_argument("--library", metavar="FILE",
+                        help="layout 4: this library file instead of the bundled lua/queasy.lua"
+                        " (e.g. tests/fixtures/queasy-4.4.0.lua, to compare with it)")  # fmt: skip
     parser.add_argument("--callgrind", action="store_true", help="count instructions too")
     parser.add_argument("--keep-dumps", metavar="DIR",
                         help="with --callgrind: keep the dumps in DIR (per layout, in order:"
@@ -228,6 +232,9 @@ def main() -> int:
     results: dict[str, list[tuple[str, dict]]] = {}
     with server_for(args) as (url, pid, grind), redis.Redis.from_url(url) as r:
         ensure_loaded(r)
+        if args.library:
+            r.function_load(Path(args.library).read_text(), replace=True)
+        library = r.fcall("queasy_library", 0).decode()
         r.function_load(PROTO.read_text(), replace=True)
         server = psutil.Process(pid)
         for layout in layouts:
@@ -241,7 +248,7 @@ def main() -> int:
             except Failed as exc:
                 failures.append(f"layout {layout}: {exc}")
     print(f"{args.n:,} no-op jobs, {args.batch} per dequeue/finish, maxlen {args.maxlen},"
-          f" keep {args.keep}")  # fmt: skip
+          f" keep {args.keep}; layout 4 is the library {library}")  # fmt: skip
     print()
     grind_col = " instructions/job |" if grind else ""
     print(f"| layout | phase | FCALL µs/job | process CPU µs/job | commands run inside, calls/job"
