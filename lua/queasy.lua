@@ -145,8 +145,6 @@ local MAX_PAGE = 1000 -- jobs per call of queasy_jobs, queasy_requeue, queasy_pu
 local MAX_ACKS = 1000
 local MAX_DISPATCH = 1000 -- jobs per call of queasy_dispatch, queasy_dispatch_once (as above)
 local MAX_DEQUEUE = 1000 -- jobs per call of queasy_dequeue (a larger limit takes this many)
-local JOB_FIELDS = {'id', 'data', 'run_at', 'retry_count', 'stall_count', 'timeout_count',
-  'attempts', 'trace', 'enqueued_at'}
 local MAX_TRACE = 256 -- bytes of a job's trace context (a W3C traceparent is 55)
 local ERROR_FIELDS = {'error_name', 'error_kind', 'error_message', 'traceback', 'error_at'}
 local END_STATES = {finished = true, failed = true, cancelled = true}
@@ -349,19 +347,6 @@ local function field_int(v, high)
   return math.floor(n)
 end
 
-local function read_job(key)
-  local v = call('HMGET', key, unpack(JOB_FIELDS))
-  if v[1] == false then
-    return nil
-  end
-  return {
-    id = v[1], data = v[2] or '', run_at = field_int(v[3], MAX_MS),
-    retry_count = field_int(v[4], MAX_MS), stall_count = field_int(v[5], MAX_MS),
-    timeout_count = field_int(v[6], MAX_MS), attempts = v[7] or '0', trace = v[8] or '',
-    enqueued_at = v[9],
-  }
-end
-
 -- ---------------------------------------------------------------- records (5.0 layout)
 --[[ A living job's record (waiting, delayed or active: never renamed) is one field of the
 hash B:rec: id -> "<run_at> <enqueued_at> <retry_count> <stall_count> <timeout_count>
@@ -469,10 +454,12 @@ end
 -- data, and what its lease (lease_line) holds between the token and leased_at: `nums`, its
 -- first five numbers as stored ("<run_at> <enqueued_at> <retry> <stall> <timeout>"), and
 -- `attempts`, those of the lease (the record's + 1); `nums` false for a record whose
--- enqueued_at is not digits (upgraded without one: '-'): its lease is 4.0.0's "<token>
--- <leased_at>", whose ack reads the record. nil for a value that is not a record (written
--- around the library). A number garbled around the library reads as field_int reads it (as
--- 4.x read its fields), and its lease is 4.0.0's form unless its enqueued_at is digits.
+-- enqueued_at is unknown ('-': upgraded without one; '' or longer than 15 characters:
+-- garbled): its lease is 4.0.0's "<token> <leased_at>", whose ack reads the record (as 4.x's
+-- lease_line; an enqueued_at garbled otherwise goes into the lease as it is, which
+-- lease_of() does not take: the ack reads the record). nil for a value that is not a record
+-- (written around the library). Numbers garbled around the library (not six words of
+-- digits, but enqueued_at) read as rec_job reads them: 0, and enqueued_at unknown.
 local function rec_lease(v)
   local t1 = find(v, '\t', 1, true)
   local t2 = t1 and find(v, '\t', t1 + 1, true)
@@ -480,7 +467,20 @@ local function rec_lease(v)
     return nil
   end
   local sub = string.sub
+  local trace = t2 == t1 + 1 and '' or sub(v, t1 + 1, t2 - 1)
   local p1 = find(v, ' ', 1, true)
+  -- the usual record (never failed, never leased): "<run_at> <enqueued_at> 0 0 0 0", told
+  -- by one comparison of its end and one find
+  if p1 and t1 > 9 and sub(v, t1 - 8, t1 - 1) == ' 0 0 0 0'
+      and find(v, ' ', p1 + 1, true) == t1 - 8 then
+    local run_at = sub(v, 1, p1 - 1)
+    if numeral(run_at) then
+      local long = t1 - 9 - p1 -- (of enqueued_at, from p1 + 1)
+      local nums = long > 0 and long <= 15 and (long > 1 or string.byte(v, t1 - 9) ~= 45)
+        and sub(v, 1, t1 - 3)
+      return run_at, '0', '0', '0', trace, sub(v, t2 + 1), nums, '1'
+    end
+  end
   local p2 = p1 and p1 < t1 and find(v, ' ', p1 + 1, true)
   local p3 = p2 and p2 < t1 and find(v, ' ', p2 + 1, true)
   local p4 = p3 and p3 < t1 and find(v, ' ', p3 + 1, true)
@@ -493,13 +493,9 @@ local function rec_lease(v)
     if numeral(run_at) and (retry == '0' or numeral(retry)) and (stall == '0'
         or numeral(stall)) and (timeout == '0' or numeral(timeout))
         and (attempts == '0' or numeral(attempts)) then
-      local nums = false
-      if enqueued ~= '-' and numeral(enqueued) then
-        nums = sub(v, 1, p5 - 1)
-        attempts = attempts == '0' and '1' or int(tonumber(attempts) + 1)
-      end
-      return run_at, retry, stall, timeout, sub(v, t1 + 1, t2 - 1), sub(v, t2 + 1), nums,
-        attempts
+      local nums = enqueued ~= '-' and enqueued ~= '' and #enqueued <= 15 and sub(v, 1, p5 - 1)
+      attempts = attempts == '0' and '1' or int(tonumber(attempts) + 1)
+      return run_at, retry, stall, timeout, trace, sub(v, t2 + 1), nums, attempts
     end
   end
   -- numbers garbled around the library: read as rec_job reads them
@@ -551,18 +547,6 @@ local function lease_line(token, nums, attempts, now_s)
     return token .. ' ' .. now_s
   end
   return token .. ' ' .. nums .. ' ' .. attempts .. ' ' .. now_s
-end
-
--- A new waiting/blocked record of a job dispatched at `now` (ms, a number or an integer
--- string: a batch formats it once), never leased yet, with the trace context of its
--- dispatch when `trace` is a non-empty string. Its counts and attempts are 0: absent (a
--- count field absent reads as 0 everywhere, describe fills it in; library 4.0.0).
-local function new_record(key, id, data, run_at, now, trace)
-  call('HSET', key, 'id', id, 'data', data, 'run_at', int(run_at), 'enqueued_at',
-    type(now) == 'string' and now or int(now))
-  if trace ~= nil and trace ~= '' then
-    call('HSET', key, 'trace', trace)
-  end
 end
 
 -- The error of an attempt that failed: {name, kind, message, traceback} (strings), or nil.
@@ -1411,15 +1395,19 @@ end
 begins (batch_open: one HMGET of B:rec; ZMSCORE of B:waiting for the ids that have a record,
 to tell a waiting one from an active one; HMGET of B:blocked for the active ones), changed
 as its jobs are put (batch_put) and pushed, and written once, at the end (batch_close: one
-HSET of B:rec, one of B:blocked, one ZADD and one ZREM of B:waiting). An id's state:
-'waiting' (waiting or delayed: a record in B:rec and in B:waiting), 'active' (a record not
-in B:waiting: leased, or pushed in this call), or nil (none). A value of B:rec that is not
-a record (written around the library) reads as none while its id is in B:waiting (a
-dispatch writes over it, as 4.x over a record without its id field), as active otherwise.
-A new id costs no command of its own. ]]
-local function batch_open(B, ids)
-  local st = {B = B, state = {}, rec = {}, blk = {}, found = {}, queued = {}, run = {},
-    dirty = list(), bdirty = list(), touched = list()}
+HSET of B:rec, one ZADD of B:waiting, one HSET of B:blocked; one ZREM of the ids pushed).
+An id's state: 'waiting' (waiting or delayed: a record in B:rec and in B:waiting),
+'active' (a record not in B:waiting: leased, or pushed in this call), or nil (none). A value
+of B:rec that is not a record (written around the library) reads as none while its id is in
+B:waiting (a dispatch writes over it, as 4.x over a record without its id field), as active
+otherwise. Each put appends its writes to the lists of the batch's commands (`recs`: id,
+record; `scored`: run_at, id; `blocked`: id, value): an id put twice is in them twice, and
+the later pair wins (HSET and ZADD take their pairs in order). A new id costs no command of
+its own, and no table but its record's (the next put of that id reads it). ]]
+local function batch_open(B, ids, update_data, mode, reset, now_s, trace)
+  local st = {B = B, state = {}, rec = {}, blk = {}, found = {}, recs = list(),
+    scored = list(), blocked = nil, pushed = nil, update_data = update_data, mode = mode,
+    reset = reset, now_s = now_s, trace = trace or ''}
   if #ids == 0 then
     return st
   end
@@ -1438,17 +1426,14 @@ local function batch_open(B, ids)
   end
   local scores, active = call('ZMSCORE', B .. ':waiting', unpack(present)), nil
   for k, id in ipairs(present) do
-    if scores[k] then
-      st.queued[id] = true -- (in B:waiting as the call began)
-      if rec_parts(st.rec[id]) ~= nil then
-        st.state[id] = 'waiting'
-      else
-        st.rec[id] = nil
-      end
-    else
+    if not scores[k] then
       st.state[id] = 'active'
       active = active or list()
       active[#active + 1] = id
+    elseif rec_parts(st.rec[id]) ~= nil then
+      st.state[id] = 'waiting'
+    else
+      st.rec[id] = nil
     end
   end
   if active ~= nil then
@@ -1460,28 +1445,26 @@ local function batch_open(B, ids)
   return st
 end
 
--- Note that the record of `id` changed (written by batch_close).
-local function batch_touch(st, id)
-  if not st.touched[id] then
-    st.touched[id] = true
-    st.dirty[#st.dirty + 1] = id
-  end
-end
-
--- Write one dispatched job into the batch: a new waiting job (code 1), an update of the
--- waiting one (2), or a job blocked behind the active one (3 new, 4 its update composed, so
--- that the updates apply to the active job, if it is requeued, as to a waiting job: the
--- run_at merges composed, the union of the other flags). A new record gets `trace` ('' or
--- nil: none) and enqueued_at `now_s`; an update keeps its trace, enqueued_at and attempts.
--- Returns the code and the run_at the job now has.
-local function batch_put(st, id, data, run_at, update_data, mode, reset, now_s, trace)
-  local state = st.state[id]
-  if state == nil then
-    st.rec[id] = rec_pack(int(run_at), now_s, '0', '0', '0', '0', trace or '', data)
-    st.state[id], st.run[id] = 'waiting', run_at
-    batch_touch(st, id)
+-- Write one dispatched job into the batch, with the batch's flags (batch_open: update_data,
+-- mode, reset; now_s, trace): a new waiting job (code 1), an update of the waiting one (2),
+-- or a job blocked behind the active one (3 new, 4 its update composed, so that the updates
+-- apply to the active job, if it is requeued, as to a waiting job: the run_at merges
+-- composed, the union of the other flags). A new record gets the trace ('' none) and
+-- enqueued_at now_s; an update keeps its trace, enqueued_at and attempts. Returns the code
+-- and the run_at the job now has.
+local function batch_put(st, id, data, run_at)
+  local state, recs, scored = st.state[id], st.recs, st.scored
+  local n, m = #recs, #scored
+  if state == nil then -- a new id (or a value that is no record)
+    -- (rec_pack's string, its constant parts joined)
+    local at = int(run_at)
+    local record = at .. ' ' .. st.now_s .. ' 0 0 0 0\t' .. st.trace .. '\t' .. data
+    st.rec[id], st.state[id] = record, 'waiting'
+    recs[n + 1], recs[n + 2], scored[m + 1], scored[m + 2] = id, record, at, id
     return 1, run_at
-  elseif state == 'waiting' then
+  end
+  local update_data, mode, reset = st.update_data, st.mode, st.reset
+  if state == 'waiting' then
     local job = rec_job(id, st.rec[id])
     if update_data then
       job.data = data
@@ -1490,94 +1473,69 @@ local function batch_put(st, id, data, run_at, update_data, mode, reset, now_s, 
     if reset then
       job.retry_count, job.stall_count, job.timeout_count = 0, 0, 0
     end
-    st.rec[id], st.run[id] = rec_of(job), job.run_at
-    batch_touch(st, id)
+    local record = rec_of(job)
+    st.rec[id] = record
+    recs[n + 1], recs[n + 2], scored[m + 1], scored[m + 2] = id, record, int(job.run_at), id
     return 2, job.run_at
   end
   -- the id is active: a blocked job waits for it
-  if not st.bdirty[id] then
-    st.bdirty[id] = true
-    st.bdirty[#st.bdirty + 1] = id
-  end
   local u, record = blocked_parts(st.blk[id])
+  local code = 4
   if u == nil then
     local kind, lo, hi = then_merge('clamp', nil, nil, mode, run_at)
     st.blk[id] = blocked_pack(update_data, reset, kind, lo, hi,
-      rec_pack(int(run_at), now_s, '0', '0', '0', '0', trace or '', data))
-    return 3, run_at
+      rec_pack(int(run_at), st.now_s, '0', '0', '0', '0', st.trace, data))
+    code = 3
+  else
+    local job = rec_job(id, record)
+    local old_run_at = job.run_at
+    if update_data then
+      job.data = data
+    end
+    job.run_at = merge_run_at(old_run_at, run_at, mode)
+    if reset then
+      job.retry_count, job.stall_count, job.timeout_count = 0, 0, 0
+    end
+    local kind, lo, hi = run_at_update(u.u_run_at, u.u_lo, u.u_hi, old_run_at)
+    kind, lo, hi = then_merge(kind, lo, hi, mode, run_at)
+    st.blk[id] = blocked_pack(update_data or u.u_data, reset or u.u_reset, kind, lo, hi,
+      rec_of(job))
+    run_at = job.run_at
   end
-  local job = rec_job(id, record)
-  local old_run_at = job.run_at
-  if update_data then
-    job.data = data
-  end
-  job.run_at = merge_run_at(old_run_at, run_at, mode)
-  if reset then
-    job.retry_count, job.stall_count, job.timeout_count = 0, 0, 0
-  end
-  local kind, lo, hi = run_at_update(u.u_run_at, u.u_lo, u.u_hi, old_run_at)
-  kind, lo, hi = then_merge(kind, lo, hi, mode, run_at)
-  st.blk[id] = blocked_pack(update_data or u.u_data, reset or u.u_reset, kind, lo, hi,
-    rec_of(job))
-  return 4, job.run_at
+  local blocked = st.blocked or list()
+  blocked[#blocked + 1], blocked[#blocked + 2], st.blocked = id, st.blk[id], blocked
+  return code, run_at
 end
 
--- The waiting job `id` of the batch was pushed (leased to a parked client): active now.
+-- The waiting job `id` of the batch, just put, was pushed (leased to a parked client): it is
+-- active now, and leaves B:waiting (after the batch's ZADD, which may hold it: one ZREM).
 local function batch_pushed(st, id)
-  st.state[id], st.run[id] = 'active', false
-  batch_touch(st, id) -- (a new record is written; one that was waiting leaves B:waiting)
+  st.state[id] = 'active'
+  local pushed = st.pushed or list()
+  pushed[#pushed + 1], st.pushed = id, pushed
 end
 
--- Write what the batch changed: the records (B:rec), the blocked jobs (B:blocked), the
--- run_ats of the jobs left waiting (B:waiting) and the ids pushed out of it.
+-- Write what the batch changed: the records (B:rec), the run_ats of the jobs put waiting
+-- (B:waiting) and the ids pushed out of it, the blocked jobs (B:blocked).
 local function batch_close(st)
   local B = st.B
-  local recs, scored, gone = list(), list(), nil
-  for _, id in ipairs(st.dirty) do
-    recs[#recs + 1] = id
-    recs[#recs + 1] = st.rec[id]
-    local at = st.run[id]
-    if at then
-      scored[#scored + 1] = int(at)
-      scored[#scored + 1] = id
-    elseif at == false and st.queued[id] then
-      gone = gone or list()
-      gone[#gone + 1] = id
-    end
+  if #st.recs > 0 then
+    call('HSET', B .. ':rec', unpack(st.recs))
+    call('ZADD', B .. ':waiting', unpack(st.scored))
   end
-  if #recs > 0 then
-    call('HSET', B .. ':rec', unpack(recs))
+  if st.pushed ~= nil then
+    call('ZREM', B .. ':waiting', unpack(st.pushed))
   end
-  if #scored > 0 then
-    call('ZADD', B .. ':waiting', unpack(scored))
-  end
-  if gone ~= nil then
-    call('ZREM', B .. ':waiting', unpack(gone))
-  end
-  if #st.bdirty > 0 then
-    local blocked = list()
-    for _, id in ipairs(st.bdirty) do
-      blocked[#blocked + 1] = id
-      blocked[#blocked + 1] = st.blk[id]
-    end
-    call('HSET', B .. ':blocked', unpack(blocked))
+  if st.blocked ~= nil then
+    call('HSET', B .. ':blocked', unpack(st.blocked))
   end
 end
 
--- Write one dispatched job `id` now, on its own (queasy_requeue's new jobs): batch_put on a
--- batch of one id, closed. Returns its code (1-4) and the run_at it now has.
-local function put_job(B, id, data, run_at, update_data, mode, reset, now, trace)
-  local st = batch_open(B, {id})
-  local code, at = batch_put(st, id, data, run_at, update_data, mode, reset,
-    type(now) == 'string' and now or int(now), trace)
-  batch_close(st)
-  return code, at
-end
-
--- Put each triple of ARGV from `from` with `put(id, data, run_at)` (-> code, run_at) into
--- the batch `st`; a job left waiting (code 1 or 2) and ready now is pushed to a parked
--- client, else counted for the wake-up. The batch is written at the end (nothing reads
--- B:rec or B:waiting in between). Returns the codes.
+-- Put each triple of ARGV from `from` with `put(st, id, data, run_at)` (-> code, run_at:
+-- batch_put, or a function that calls it) into the batch `st`; a job left waiting (code 1
+-- or 2) and ready now is pushed to a parked client, else counted for the wake-up. The
+-- batch is written at the end (nothing reads B:rec or B:waiting in between). Returns the
+-- codes.
 local function dispatch_jobs(st, now, args, from, run_ats, put)
   local B = st.B
   local codes = {}
@@ -1585,7 +1543,7 @@ local function dispatch_jobs(st, now, args, from, run_ats, put)
   local parked = nil -- read once, when the first job ready now is met
   for i = from, #args, 3 do
     local id = args[i]
-    local code, run_at = put(id, args[i + 1], run_ats[(i - from) / 3 + 1])
+    local code, run_at = put(st, id, args[i + 1], run_ats[(i - from) / 3 + 1])
     codes[#codes + 1] = code
     if code <= 2 then
       if run_at <= now then
@@ -1638,6 +1596,9 @@ Emits:   a job ready now (code 1 or 2) is pushed to a fresh parked client subscr
          push channel while one has slots (leased to it and SPUBLISHed on B:push:<client>);
          otherwise SPUBLISH B:wake <earliest run_at> when any job was created or updated and
          left waiting.
+Cost:    per call, not per job (5.0): one HMGET of B:rec for the ids (ZMSCORE of B:waiting
+         and HMGET of B:blocked only for those that have a record), one HSET of B:rec, one
+         ZADD of B:waiting (one HSET of B:blocked with blocked jobs); a push costs its own.
 ]]
 local function dispatch(keys, args)
   local B = keys[1]
@@ -1647,10 +1608,8 @@ local function dispatch(keys, args)
   local run_ats = dispatch_triples(args, 6, now, 'queasy_dispatch')
   check_reserved(B, args, 6)
   local now_s = int(now)
-  local st = batch_open(B, triple_ids(args, 6))
-  return dispatch_jobs(st, now, args, 6, run_ats, function(id, data, run_at)
-    return batch_put(st, id, data, run_at, update_data, mode, reset, now_s, trace)
-  end)
+  local st = batch_open(B, triple_ids(args, 6), update_data, mode, reset, now_s, trace)
+  return dispatch_jobs(st, now, args, 6, run_ats, batch_put)
 end
 
 -- The dedup window of queasy_dispatch_once. A window that ends within `window` ms of the call
@@ -1729,6 +1688,7 @@ Writes:  for each job created or updated, the end of its window, max(run_at, now
 Refuses: as queasy_dispatch (the id SCHEDULE_ID of a scheduled queue too); and a window that
          is not a whole number 1..999999999999.
 Emits:   as queasy_dispatch.
+Cost:    as queasy_dispatch's, and one MGET of the B:once:<id> of the ids without a job.
 ]]
 local function dispatch_once(keys, args)
   local B = keys[1]
@@ -1743,7 +1703,7 @@ local function dispatch_once(keys, args)
   local now_s = int(now)
   local ids = triple_ids(args, 6)
   local open = open_windows(B, now, ids)
-  local st = batch_open(B, ids)
+  local st = batch_open(B, ids, update_data, mode, reset, now_s, '')
   -- the windows of their own (B:once:<id>) of the ids without a job: one MGET for all
   local once, oids = {}, list()
   for _, id in ipairs(ids) do
@@ -1768,11 +1728,13 @@ local function dispatch_once(keys, args)
       later[id] = at + window
     end
   end
-  local codes = dispatch_jobs(st, now, args, 6, run_ats, function(id, data, run_at)
+  local codes = dispatch_jobs(st, now, args, 6, run_ats, function(_, id, data, run_at)
     local state = st.state[id]
     if state == 'active' then -- (leased: running, or pushed to a client; a blocked copy
       return 5 -- would run the id a second time)
-    elseif state == nil then -- no job of the id: its window, if any, must have ended
+    elseif state == nil and not st.found[id] then -- no job of the id: its window, if any,
+      -- must have ended (a value of B:rec that is no record, in B:waiting: written over,
+      -- as 4.x's put_job wrote over a record without its id field)
       local own = once[id]
       local close = math.max(open[id] or 0, own and tonumber(own) or 0) -- (garbled: none)
       if close > now then
@@ -1784,7 +1746,7 @@ local function dispatch_once(keys, args)
         ended[#ended + 1] = B .. ':once:' .. id
       end
     end
-    local code, at = batch_put(st, id, data, run_at, update_data, mode, reset, now_s, '')
+    local code, at = batch_put(st, id, data, run_at)
     mark(id, at) -- its window, from the run_at it now has
     return code, at
   end)
@@ -1829,7 +1791,7 @@ local function dispatch_letter(keys, args)
   local failed_at = args[5] ~= '' and ms(args[5], 'run_at of the failure')
   check_reserved(B, args, 3)
   local id = args[3]
-  local st = batch_open(B, {id})
+  local st = batch_open(B, {id}, false, 'keep', false, int(now), trace)
   if st.found[id] then -- (a blocked job waits for an active one: its id has a record too)
     return 5
   end
@@ -1841,10 +1803,7 @@ local function dispatch_letter(keys, args)
       return 5
     end
   end
-  local now_s = int(now)
-  return dispatch_jobs(st, now, args, 3, {now}, function(jid, data, run_at)
-    return batch_put(st, jid, data, run_at, false, 'keep', false, now_s, trace)
-  end)[1]
+  return dispatch_jobs(st, now, args, 3, {now}, batch_put)[1]
 end
 
 --[[ queasy_cancel: remove a waiting, delayed or blocked job. Never touches an active job.
@@ -2080,11 +2039,14 @@ Returns: {status, next_run_at, id, token, data, run_at, retry_count, stall_count
           timeout_count, trace ('' none, and '' for one longer than MAX_TRACE written around
           the library: 4.3.0), id, ...}: status 0 ok or 2 swept (then no jobs); next_run_at is
           the earliest run_at still waiting ('' if none), so the caller can sleep until then.
-Sweeps at most one dead client first. An id in B:waiting without a record in B:rec is
-dropped from B:waiting and skipped (with a value there that is not a record, written around
-the library, that value is dropped too); an id leaves B:waiting only as its record is
-leased (the record stays in B:rec as it is: active, as it is not in B:waiting). Commands per
-call, not per job: ZRANGE, one HMGET of B:rec, ZREM, one HSET of the leases.
+Sweeps at most one dead client first. An id in B:waiting without a record in B:rec, or
+with a blocked job (so active: its entry in B:waiting was written around the library; an
+active id without a blocked job cannot be told from a waiting one without a read of every
+client's leases), is dropped from B:waiting and skipped (with a value in B:rec that is not
+a record, written around the library, that value is dropped too); an id leaves B:waiting
+only as its record is leased (the record stays in B:rec as it is: active, as it is not in
+B:waiting). Commands per call, not per job: ZRANGE, one HMGET of B:rec, EXISTS of
+B:blocked (and while it exists its HMGET), ZREM, one HSET of the leases.
 ]]
 local function dequeue(keys, args)
   local B = keys[1]
@@ -2116,6 +2078,17 @@ local function dequeue(keys, args)
       -- their records, in one read (they stay where they are: a leased record is active as
       -- it is not in B:waiting); each is taken apart with plain find()s (rec_lease)
       local recs = call('HMGET', B .. ':rec', unpack(ids))
+      -- an id with a blocked job is active (a blocked job waits only behind an active one):
+      -- its entry in B:waiting, written around the library, is dropped and its record not
+      -- leased a second time (one EXISTS per call; one HMGET while jobs are blocked)
+      if call('EXISTS', B .. ':blocked') == 1 then
+        local blocked = call('HMGET', B .. ':blocked', unpack(ids))
+        for k = 1, #ids do
+          if blocked[k] then
+            recs[k] = false
+          end
+        end
+      end
       local now_s = int(now)
       local taken, o, garbled = 0, 2, nil -- leases so far; the last index of out
       for k, id in ipairs(ids) do
@@ -2137,7 +2110,8 @@ local function dequeue(keys, args)
           taken = taken + 1
           local token = nonce .. '.' .. small(taken)
           leases[2 * taken - 1] = id
-          leases[2 * taken] = lease_line(token, nums, attempts, now_s)
+          leases[2 * taken] = nums and (token .. ' ' .. nums .. ' ' .. attempts .. ' ' .. now_s)
+            or (token .. ' ' .. now_s) -- (lease_line, inline)
           if #trace > MAX_TRACE then -- one written around the library: none (4.3.0)
             trace = ''
           end

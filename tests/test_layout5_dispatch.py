@@ -21,7 +21,7 @@ import redis
 from lua_calls import EXPIRY, NOW, Lua
 
 from queasy_py.store.embedded import EmbeddedServer
-from queasy_py.store.library import ensure_loaded
+from queasy_py.store.library import ensure_loaded, source
 
 FIXTURES = Path(__file__).parent / "fixtures"
 COUNTS = ("retry_count", "stall_count", "timeout_count", "attempts")
@@ -324,7 +324,8 @@ def test_a_dispatch_of_new_ids_writes_fields_of_one_hash(lua: Lua) -> None:
         "data": '{"k": 7}', "run_at": str(NOW), "enqueued_at": str(NOW), "retry_count": "0",
         "stall_count": "0", "timeout_count": "0", "attempts": "0", "trace": TRACE,
     }  # fmt: skip
-    assert sorted(lua.r.keys(lua.B + ":*")) == [lua.B + ":rec", lua.B + ":waiting"]
+    keys = {key for key in lua.r.keys(lua.B + ":*") if key != lua.B + ":layout"}  # (its mark)
+    assert keys == {lua.B + ":rec", lua.B + ":waiting"}  # no key per job
 
 
 def test_a_dequeue_leaves_the_record_in_place_and_leases_it(lua: Lua) -> None:
@@ -403,3 +404,107 @@ def test_a_garbled_record_or_blocked_value_does_not_fail_a_dispatch(lua: Lua, va
     assert split(lua.r.hget(lua.B + ":rec", "w"))["data"] == '"w"'
     flags, rec = lua.r.hget(lua.B + ":blocked", "a").split("\t", 1)
     assert split(rec)["data"] == '"b"'
+
+
+def test_schedule_creates_moves_and_sees_its_occurrence_as_4_4_0(lua: Lua, old: Lua) -> None:
+    """queasy_schedule and queasy_unschedule read the occurrence from B:rec: created, moved
+    while it waits, kept while it is leased (active), a dispatch of its id refused; every
+    reply and the occurrence's record as 4.4.0's."""
+    s = NOW + 1_000
+
+    def sched(seen: Any, create_at: Any, retime_at: Any = "", now: int = NOW) -> Any:
+        return both(lua, old, "queasy_schedule", now, "every 1s", seen, create_at, retime_at, 2, 3)
+
+    assert both(lua, old, "queasy_unschedule", NOW) == [0, ""]
+    assert sched("", s) == [2, str(s), "every 1s", "", "waiting"]
+    assert sched("", s + 1) == [1, str(s), "every 1s", "", "waiting"]  # stale
+    assert sched(s, s + 1_000) == [0, str(s), "every 1s", "", "waiting"]
+    assert sched(s, s + 1_000, s + 500) == [3, str(s + 500), "every 1s", "", "waiting"]
+    assert state5(lua, []) == state4(old, [])
+    assert both(lua, old, "queasy_unschedule", NOW) == [2, "waiting"]
+    with pytest.raises(redis.ResponseError, match="reserved"):
+        lua.add("schedule", '"x"')
+    now = s + 500
+    dequeue = [now, "c1", "n1", 5, EXPIRY, 100, "0"]
+    assert both(lua, old, "queasy_dequeue", *dequeue)[2] == "schedule"
+    assert sched(s + 500, s + 1_000, s + 2_000, now) == [0, str(s + 500), "every 1s", "", "active"]
+    assert both(lua, old, "queasy_unschedule", now) == [2, "active"]
+    assert state5(lua, ["c1"]) == state4(old, ["c1"])
+
+
+PROBE = """
+redis.register_function('queasy_probe_promote', entry(function(keys, args)
+  -- ARGV: now, id, any_blocked ('1'|'0'); the active record ends first (as finish, fail)
+  call('HDEL', keys[1] .. ':rec', args[2])
+  return promote(keys[1], args[2], args[3] == '1') and 1 or 0
+end))
+"""
+
+
+@pytest.fixture
+def probe(r: redis.Redis, redis_url: str, prefix: str) -> Iterator[Lua]:
+    """This library with one more function, which ends an active job as finish and fail end
+    it and calls promote (the library's own code, which l5-a2's finish and fail call); the
+    library alone is loaded back after the test."""
+    with redis.Redis.from_url(redis_url) as conn:
+        conn.function_load(source() + PROBE, replace=True)
+    try:
+        yield Lua(r, prefix)
+    finally:
+        with redis.Redis.from_url(redis_url) as conn:
+            conn.function_load(source(), replace=True)
+
+
+@pytest.mark.parametrize(
+    "flags", [("1", "if_later", "1"), ("0", "keep", "0"), ("1", "if_earlier", "0")]
+)
+def test_promote_makes_the_blocked_job_waiting_as_4_4_0(
+    old: Lua, probe: Lua, redis_url: str, flags: tuple[str, str, str]
+) -> None:
+    """The blocked job of an id that ends becomes its waiting record, at its own run_at, as
+    4.4.0's finish promotes it (its record field by field; B:blocked left empty)."""
+    tokens = []
+    for side in (probe, old):
+        side.add("a", '"one"')
+        tokens.append(side.dequeue("c1", limit=1).jobs[0].token)
+        assert side.dispatch(("a", '"two"', NOW + 40), trace=TRACE) == [3]
+        args = [NOW + 1, *flags, "", "a", '"three"', NOW + 20]
+        assert side.call("queasy_dispatch", [side.B], *args) == [4]
+    head = [NOW + 2, "c1", 100, 10, 3_600_000, "h", 0]
+    assert old.call("queasy_finish", [old.B], *head, "a", tokens[1], "", "", "") == [0]
+    pushes = Pushes(redis_url, probe, [])
+    try:
+        assert probe.call("queasy_probe_promote", [probe.B], NOW + 2, "a", "1") == 1
+        assert probe.call("queasy_probe_promote", [probe.B], NOW + 2, "b", "1") == 0  # none
+        run_at = int(old.r.zscore(old.B + ":waiting", "a") or 0)  # (4.4.0's)
+        assert pushes.messages() == [(":wake", str(run_at))]
+    finally:
+        pushes.close()
+    assert state5(probe, [])["waiting"] == state4(old, [])["waiting"]
+    assert probe.r.exists(probe.B + ":blocked") == 0
+    assert split(probe.r.hget(probe.B + ":rec", "a"))["trace"] == TRACE
+
+
+def test_promote_drops_a_blocked_value_that_is_not_a_record(probe: Lua) -> None:
+    probe.r.hset(probe.B + ":blocked", "a", "1 1 replace - -\tgarbage")
+    assert probe.call("queasy_probe_promote", [probe.B], NOW, "a", "1") == 0
+    assert probe.r.exists(probe.B + ":blocked", probe.B + ":rec", probe.B + ":waiting") == 0
+    probe.r.hset(probe.B + ":blocked", "b", f"1 1 replace - -\t{NOW} {NOW} 0 0 0 0\t\t1")
+    assert probe.call("queasy_probe_promote", [probe.B], NOW, "b", "0") == 0  # any_blocked false
+    assert probe.r.hlen(probe.B + ":blocked") == 1
+
+
+def test_a_waiting_entry_of_an_id_with_a_blocked_job_is_not_leased_again(lua: Lua) -> None:
+    """An id with a blocked job is active (a blocked job waits only behind an active one):
+    an entry of it in B:waiting (written around the library) is dropped, and its record is
+    not leased to a second client (4.x: the record had moved to B:active:<id>, and dequeue's
+    RENAMENX failed)."""
+    active = lua.take("a", client="c1")
+    assert lua.add("a", '"blocked"') == 3
+    lua.r.zadd(lua.B + ":waiting", {"a": NOW})
+    lua.add("b")
+    assert lua.dequeue("c2", limit=5).ids == ["b"]
+    assert lua.r.hget(lua.B + ":lease:c1", "a") == f"{active.token} {NOW} {NOW} 0 0 0 1 {NOW}"
+    assert not lua.r.hexists(lua.B + ":lease:c2", "a")
+    assert lua.r.zrange(lua.B + ":waiting", 0, -1) == []
+    assert split(lua.r.hget(lua.B + ":rec", "a"))["data"] == '"x"'  # the active record stays

@@ -68,7 +68,7 @@ def test_purge_with_counted_replies_the_records_dropped_and_without_as_before(lu
 def test_a_producer_cannot_dispatch_the_occurrence_id_into_a_scheduled_queue(lua: Lua) -> None:
     occurrence = NOW + 3_600_000
     assert schedule(lua, None, occurrence).code == 2
-    before = lua.r.hgetall(f"{lua.B}:job:{SCHEDULE_ID}")
+    before = lua.r.hget(f"{lua.B}:rec", SCHEDULE_ID)
     for call in (
         lambda: lua.dispatch(("x", '"1"', ""), (SCHEDULE_ID, '{"fire_at": 1}', "")),
         lambda: lua.dispatch_once(("y", '"1"', ""), (SCHEDULE_ID, "1", ""), window=1000),
@@ -77,7 +77,7 @@ def test_a_producer_cannot_dispatch_the_occurrence_id_into_a_scheduled_queue(lua
             call()
     # nothing written for the whole call: x and y are not there, the occurrence unmoved
     assert lua.get_job("x") is None and lua.get_job("y") is None
-    assert lua.r.hgetall(f"{lua.B}:job:{SCHEDULE_ID}") == before
+    assert lua.r.hget(f"{lua.B}:rec", SCHEDULE_ID) == before
     assert lua.r.zscore(f"{lua.B}:waiting", SCHEDULE_ID) == occurrence
     # the library's own occurrence writes go on: the pending one moves
     assert schedule(lua, occurrence, occurrence + 1, retime_at=NOW + 60_000).code == 3
@@ -119,7 +119,8 @@ def test_a_trace_written_around_the_library_is_dropped_on_dequeue(lua: Lua) -> N
     traceparent = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
     lua.add("ok", trace=traceparent)
     lua.add("long")
-    lua.r.hset(f"{lua.B}:job:long", "trace", "0" * 10_000)  # a raw HSET: no check
+    nums, _, data = lua.r.hget(f"{lua.B}:rec", "long").split("\t", 2)
+    lua.r.hset(f"{lua.B}:rec", "long", f"{nums}\t{'0' * 10_000}\t{data}")  # a raw HSET: no check
     jobs = {job.id: job for job in lua.dequeue(limit=2).jobs}
     assert jobs["ok"].trace == traceparent
     assert jobs["long"].trace == ""  # as a push of it is read: longer than MAX_TRACE, none
@@ -139,7 +140,7 @@ def test_a_letter_is_dispatched_when_nothing_or_its_own_failure_is_kept(lua: Lua
     assert lua.fail("c1", lua.take("y")) == Ack.OK
     assert letter(lua, "y", failed_at="") == Dispatched.CREATED  # a letter without its run_at
     assert sorted(lua.r.zrange(f"{lua.B}:waiting", 0, -1)) == ["gone", "x", "y"]
-    assert lua.r.hget(f"{lua.B}:job:x", "data") == '{"n": 1}'
+    assert lua.r.hget(f"{lua.B}:rec", "x").split("\t", 2)[2] == '{"n": 1}'
 
 
 def test_a_letter_of_a_job_that_is_live_or_ran_again_is_skipped_and_writes_nothing(
@@ -150,13 +151,13 @@ def test_a_letter_of_a_job_that_is_live_or_ran_again_is_skipped_and_writes_nothi
     assert lua.fail("c1", lua.take("later", now=NOW + 5), now=NOW + 5) == Ack.OK
     assert lua.add("waiting", data='"theirs"') == Dispatched.CREATED
     before = {k: lua.r.type(k) for k in lua.r.keys(f"{lua.B}*")}
-    waiting = lua.r.hgetall(f"{lua.B}:job:waiting")
+    waiting = lua.r.hget(f"{lua.B}:rec", "waiting")
     for id in ("waiting", "active", "finished"):
         assert letter(lua, id) == Dispatched.SKIPPED, id
     assert letter(lua, "later", failed_at=NOW) == Dispatched.SKIPPED  # a later run failed
     assert {k: lua.r.type(k) for k in lua.r.keys(f"{lua.B}*")} == before
-    assert lua.r.hgetall(f"{lua.B}:job:waiting") == waiting
-    assert lua.r.scard(f"{lua.B}:blocked") == 0
+    assert lua.r.hget(f"{lua.B}:rec", "waiting") == waiting
+    assert not lua.r.exists(f"{lua.B}:blocked")
 
 
 @pytest.mark.parametrize(

@@ -288,7 +288,8 @@ def test_a_trace_written_around_the_library_cannot_shift_a_pushed_jobs_data(
     traceparent's characters (0-9 a-f -) is pushed as none, as a too-long one is."""
     ear = listen("c1")
     lua.add("a", data='{"n": 1}', run_at=SOON)
-    lua.r.hset(f"{lua.B}:job:a", "trace", "00-ab\n{}")  # a raw HSET: no check
+    nums, _, data = lua.r.hget(f"{lua.B}:rec", "a").split("\t", 2)
+    lua.r.hset(f"{lua.B}:rec", "a", f"{nums}\t00-ab\n{{}}\t{data}")  # a raw HSET: no check
     lua.dequeue("c1", limit=2, park=True)
     assert lua.add("a", data='{"n": 2}', run_at="") == Dispatched.UPDATED
     [(channel, data)] = ear.messages()[1:]  # after the wake of the delayed dispatch

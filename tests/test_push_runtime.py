@@ -57,7 +57,8 @@ def test_an_idle_supervisor_parks_its_slots_and_runs_a_pushed_job(rt: Runtime) -
     job_id = rt.queue("q").dispatch({"tag": "p", "gate": "p"})
     rt.wait_records(1, "start", tag="p")
     keys = QueueKeys(rt.prefix, "q", "q")
-    assert rt.r.exists(keys.active(job_id))
+    # active: its record in B:rec, not in B:waiting (5.0)
+    assert rt.r.hexists(keys.base + ":rec", job_id) and rt.r.zscore(keys.waiting, job_id) is None
     # leased by the dispatch, not a dequeue (library 4.0.0: the lease is in the client's hash)
     assert rt.r.hget(keys.lease(client), job_id).startswith("p")
     rt.open_gate("p")

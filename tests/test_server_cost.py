@@ -56,11 +56,14 @@ def finish_all(lua: Lua, leases: list[tuple[str, str]], client: str = "c1") -> l
 
 
 def test_dispatch_adds_a_batch_to_waiting_in_one_zadd(lua: Lua) -> None:
+    lua.dispatch(("first", "1", ""))  # (the queue's first write: 5.0 marks its layout)
     jobs = [(f"j{i}", '{"n": 1}', "") for i in range(50)]
     ran = inner(lua.r, lambda: lua.dispatch(*jobs))
-    # one EXISTS per new id, and one of the migration guard (every call: lua/queasy.lua entry)
-    assert ran == {"exists": 51, "hset": 50, "zadd": 1, "hgetall": 1, "spublish": 1}
-    assert lua.counts() == {"waiting": 50, "delayed": 0, "blocked": 0, "active": 0}
+    # 5.0: no command per new id: one HMGET of B:rec for the batch (4.x: one EXISTS per id),
+    # one HSET of B:rec (4.x: one per id), one ZADD; the migration guard's EXISTS (every
+    # call: lua/queasy.lua entry), B:parked's HGETALL (a job ready now), the wake
+    assert ran == {"exists": 1, "hmget": 1, "hset": 1, "zadd": 1, "hgetall": 1, "spublish": 1}
+    assert lua.counts() == {"waiting": 51, "delayed": 0, "blocked": 0, "active": 0}
     lua.r.flushall()
     # the one ZADD takes each new id at its last run_at (a later triple of the same batch
     # updates it: code 2), and an id pushed to a parked client does not enter B:waiting
@@ -85,11 +88,12 @@ def test_dispatch_adds_a_batch_to_waiting_in_one_zadd(lua: Lua) -> None:
 def test_dequeue_moves_each_record_in_one_command(lua: Lua) -> None:
     lua.dispatch(*[(f"j{i}", "1", "") for i in range(10)])
     ran = inner(lua.r, lambda: lua.dequeue("c1", limit=10))
-    assert ran.get("renamenx") == 10
-    # no EXISTS per record: the one EXISTS is the migration guard's (every call), with
-    # B:parked's: none, so no HDEL of this client's parked slots (a dequeue that takes its
-    # limit clears them)
-    assert ran.get("exists") == 1 and "rename" not in ran and "hdel" not in ran
+    # 5.0: no command per record (4.x: an HMGET and a RENAMENX each): one HMGET of B:rec for
+    # the call, the records stay where they are; the EXISTS are the migration guard's (every
+    # call), with B:parked's: none, so no HDEL of this client's parked slots (a dequeue that
+    # takes its limit clears them), and B:blocked's (none: no HMGET of it)
+    assert ran.get("hmget") == 1 and "renamenx" not in ran and "rename" not in ran
+    assert ran.get("exists") == 2 and "hdel" not in ran and ran.get("hset") == 1
     assert lua.counts()["active"] == 10
     assert lua.dequeue("c2", limit=10, park=True).jobs == [] and lua.parked() == {"c2": 10}
     lua.dispatch(*[(f"k{i}", "1", str(NOW + 100)) for i in range(10)])  # (not pushed)
@@ -180,7 +184,8 @@ def test_a_new_record_holds_no_zero_count(lua: Lua) -> None:
     attempts are 0: absent, read as 0), and every reader still shows them."""
     ran = inner(lua.r, lambda: lua.dispatch(("a", '{"n": 1}', "")))
     assert ran["hset"] == 1
-    assert set(lua.r.hgetall(lua.B + ":job:a")) == {"id", "data", "run_at", "enqueued_at"}
+    # 5.0: a field of B:rec, its counts and attempts '0'
+    assert lua.r.hget(lua.B + ":rec", "a") == f'{NOW} {NOW} 0 0 0 0\t\t{{"n": 1}}'
     rec = lua.record("a")
     assert rec is not None
     counts = {k: rec[k] for k in ("retry_count", "stall_count", "timeout_count", "attempts")}
@@ -189,7 +194,7 @@ def test_a_new_record_holds_no_zero_count(lua: Lua) -> None:
     assert (job.retry_count, job.stall_count, job.timeout_count) == (0, 0, 0)
     assert lua.record("a")["attempts"] == "1"  # the lease it holds now
     assert lua.retry("c1", job, run_at=NOW) == 0
-    assert lua.r.hmget(lua.B + ":job:a", "retry_count", "attempts") == ["1", "1"]
+    assert lua.r.hget(lua.B + ":rec", "a").split("\t")[0].split(" ")[2::3] == ["1", "1"]
 
 
 def test_a_lease_lives_in_the_clients_lease_hash_only(lua: Lua) -> None:
@@ -202,7 +207,7 @@ def test_a_lease_lives_in_the_clients_lease_hash_only(lua: Lua) -> None:
     a, b = lua.call("queasy_leases", [lua.B], NOW, "c1")[1::2]
     held = {"a": f"{a} {NOW} {NOW} 0 0 0 1 {NOW + 3}", "b": f"{b} {NOW} {NOW} 0 0 0 1 {NOW + 3}"}
     assert lua.r.hgetall(lua.B + ":lease:c1") == held
-    assert set(lua.r.hgetall(lua.B + ":active:a")) == {"id", "data", "run_at", "enqueued_at"}
+    assert lua.r.hget(lua.B + ":rec", "a") == f'{NOW} {NOW} 0 0 0 0\t\t"x"'  # (5.0: as it was)
     rec = lua.record("a")
     assert (rec["state"], rec["client"], rec["leased_at"], rec["attempts"]) == (
         "active", "c1", str(NOW + 3), "1",
@@ -334,14 +339,17 @@ def test_a_calls_events_keep_the_order_of_its_acks(lua: Lua) -> None:
 def test_dispatch_once_keeps_a_batch_of_windows_in_one_hset(lua: Lua) -> None:
     """Library 4.1.0: the windows of a batch of ready jobs go into their bucket in one HSET
     (4.0.0 ran one SET NX GET PX per new id), and each live bucket is read with one HMGET."""
+    lua.dispatch(("first", "1", ""))  # (the queue's first write: 5.0 marks its layout)
     jobs = [(f"j{i}", '{"n": 1}', "") for i in range(50)]
     ran = inner(lua.r, lambda: lua.dispatch_once(*jobs, window=60_000))
-    # per new id: one EXISTS (its records and B:once:<id>) and its record's HSET; per call:
-    # the guard's EXISTS, the windows' HSET, PEXPIRE and ZADD, B:windows trimmed and read
+    # 5.0: no command per new id: per call, the guard's EXISTS, one HMGET of B:rec, one MGET
+    # of the ids' B:once:<id> (4.x: one EXISTS per id), one HSET of B:rec (4.x: one per id),
+    # the windows' HSET, PEXPIRE and ZADD, B:windows trimmed and read
     assert ran == {
-        "exists": 51, "hset": 51, "zadd": 2, "pexpire": 1, "zremrangebyscore": 1, "zrange": 1,
-        "hgetall": 1, "spublish": 1,
+        "exists": 1, "hmget": 1, "mget": 1, "hset": 2, "zadd": 2, "pexpire": 1,
+        "zremrangebyscore": 1, "zrange": 1, "hgetall": 1, "spublish": 1,
     }  # fmt: skip
     more = [(f"k{i}", '{"n": 1}', "") for i in range(50)]
     ran = inner(lua.r, lambda: lua.dispatch_once(*more, window=60_000, now=NOW + 1))
-    assert ran["hmget"] == 1 and ran["hset"] == 51 and "set" not in ran
+    # (the live bucket's HMGET, B:rec's)
+    assert ran["hmget"] == 2 and ran["hset"] == 2 and "set" not in ran
