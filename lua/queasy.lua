@@ -848,7 +848,7 @@ local function end_record(B, id, keep, fields, out)
 end
 
 local function ends_batch()
-  return {whole = list(), gone = list(), unended = list()}
+  return {whole = {}, gone = list(), unended = {}} -- (the usual call fills `gone` only)
 end
 
 -- Write the records kept whole gathered by end_record: the earlier records of their ids go
