@@ -219,6 +219,22 @@ def test_fail_replies_and_stores_as_4_4_0(twin: Twin) -> None:
     twin.check()
 
 
+def test_a_fail_job_whose_id_waits_in_the_fail_queue_is_updated_as_4_4_0(twin: Twin) -> None:
+    """(Written around the library: the supervisor makes a new fail job id per failure.) A
+    fail job id with a waiting job in F: its data, run_at and enqueued_at are the new ones,
+    its counts and attempts stay, as 4.4.0's record hash kept its other fields."""
+    tok = made(twin, copy=False)
+    flags = [1, "replace", 1, TRACE]
+    twin.r.fcall("q44_dispatch", 1, twin.F4, NOW, *flags, "f-a", '"old"', "")
+    got = twin.r.fcall("q44_dequeue", 1, twin.F4, NOW, "c9", "m1", 1, EXPIRY, MAXLEN, 0)
+    assert got[2] == "f-a"
+    args = ["f-a", got[3], NOW + 9_000, "retry", "", "", "E", "m", ""]
+    assert twin.r.fcall("q44_retry", 1, twin.F4, NOW, "c9", MAXLEN, *args) == [0]
+    twin.to_layout5()
+    assert fail(twin, "c1", [("a", tok["a"]), ("b", tok["b"])], now=NOW + 20) == [0, 0]
+    twin.check()
+
+
 def test_requeue_of_failed_jobs_as_4_4_0(twin: Twin) -> None:
     tok = made(twin, copy=False)
     assert fail(twin, "c1", [("a", tok["a"]), ("b", tok["b"]), ("c", tok["c"])]) == [0, 0, 0]
