@@ -168,7 +168,7 @@ def test_a_dead_letter_of_data_nested_deeper_than_orjson_writes_is_kept(rt: Runt
     q.dispatch({"n": 1}, id="deep")
     # what any producer with the keys can do (5.0: the data is the last part of its record)
     nums, trace, _ = rt.r.hget(q.keys.base + ":rec", "deep").split("\t", 2)
-    rt.r.hset(q.keys.base + ":rec", "deep", f"{nums}\t{trace}\t{DEEP}")
+    rt.r.hset(q.keys.base + ":rec", "deep", f"{nums}\t{trace}\t{DEEP.decode()}")
     rt.start({"q": queue_spec(ACT, fail_handler=DEAD_LETTER, max_retries=0)})
     (letter,) = wait_for(lambda: dead_letter.read(q), what="the dead letter of job deep")
     assert letter["job"]["id"] == "deep"
