@@ -833,10 +833,7 @@ local END_FIELDS = {'state', 'ended_at', 'started_at', 'pid', 'attempts', 'run_a
 -- from B:rec and its last error from B:err (drop_living: one HDEL each per call). `out`
 -- gathers the records kept whole (`whole`: write_ended, one DEL per call for the earlier
 -- ones, then one HSET each), the keys to delete (`gone`: one DEL per call, the caller's;
--- nothing reads them before it; `maybe`: the records of earlier ends of jobs whose end
--- alone is kept, which exist only where B:ends held an end of their id: the caller deletes
--- them with `gone` unless retain() added every end as new) and the ids whose end goes from
--- B:ends (`unended`).
+-- nothing reads them before it) and the ids whose end goes from B:ends (`unended`).
 local function end_record(B, id, keep, fields, out)
   local ekey = B .. ':ended:' .. id
   if keep and fields ~= nil then
@@ -844,16 +841,14 @@ local function end_record(B, id, keep, fields, out)
     out.whole[#out.whole + 1] = fields
     return
   end
+  out.gone[#out.gone + 1] = ekey
   if not keep then
-    out.gone[#out.gone + 1] = ekey
     out.unended[#out.unended + 1] = id
-  else -- (a record kept of an earlier end exists only with that end in B:ends: see finish)
-    out.maybe[#out.maybe + 1] = ekey
   end
 end
 
 local function ends_batch()
-  return {whole = {}, gone = list(), unended = {}, maybe = list()}
+  return {whole = {}, gone = list(), unended = {}} -- (the usual call fills `gone` only)
 end
 
 -- Write the records kept whole gathered by end_record: the earlier records of their ids go
@@ -932,16 +927,12 @@ end
 
 -- Keep the ends of this call's ended jobs (`scored`: {ended_at, id, ...}, `ends`: {id,
 -- end, ...}) and trim (`dels`: as drop_ends).
--- Returns how many of the ids had no end kept before (HSET's count of new fields; nil when
--- nothing was kept).
 local function retain(B, state, now, keep_count, keep_ms, scored, ends, dels)
-  local added = nil
   if #scored > 0 and keep_count > 0 and keep_ms > 0 then
     call('ZADD', B .. ':' .. state, unpack(scored))
-    added = call('HSET', B .. ':ends', unpack(ends))
+    call('HSET', B .. ':ends', unpack(ends))
   end
   trim(B, state, now, keep_count, keep_ms, #scored / 2 + 2, dels)
-  return added
 end
 
 -- Count `n` jobs that ended in `state` ('finished'|'failed') at `now`: the total since a
@@ -2274,12 +2265,7 @@ local function finish(keys, args)
     end
   end
   -- the records of the trimmed ends join `gone`: one DEL for all (nothing reads them between)
-  local added = retain(B, 'finished', now, ends.count, ends.ms, scored, done, out.gone)
-  if #out.maybe > 0 and added ~= #scored / 2 then -- (an id of the call had an end before)
-    for _, key in ipairs(out.maybe) do
-      out.gone[#out.gone + 1] = key
-    end
-  end
+  retain(B, 'finished', now, ends.count, ends.ms, scored, done, out.gone)
   if #out.gone > 0 then
     call('DEL', unpack(out.gone))
   end
