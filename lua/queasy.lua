@@ -870,7 +870,7 @@ local function end_record(B, id, keep, fields, out)
 end
 
 local function ends_batch()
-  return {whole = list(), gone = list(), unended = list()}
+  return {whole = {}, gone = list(), unended = {}} -- (the usual call fills `gone` only)
 end
 
 -- Write the records kept whole gathered by end_record: the earlier records of their ids go
@@ -896,12 +896,15 @@ local function unended(B, out)
   end
 end
 
--- The living records of the jobs `ids` that ended leave B:rec, and their last errors B:err:
--- one HDEL each per call.
-local function drop_living(B, ids)
+-- The living records of the jobs `ids` that ended leave B:rec, and their last errors B:err
+-- (those of `erred` when given: the ids that may have one): one HDEL each per call.
+local function drop_living(B, ids, erred)
+  erred = erred or ids
   if #ids > 0 then
     call('HDEL', B .. ':rec', unpack(ids))
-    call('HDEL', B .. ':err', unpack(ids))
+  end
+  if #erred > 0 then
+    call('HDEL', B .. ':err', unpack(erred))
   end
 end
 
@@ -2461,7 +2464,8 @@ Emits:   event outcome=finished. A blocked job with the same id becomes waiting.
          of a schedule's occurrence is noted in B:schedule (its next: queasy_schedule).
 Cost:    per job of no result and no earlier failed attempt, its event's XADD only; per call
          the guard's EXISTS, HMGETs of the lease hash and of B:rec, HDELs of the lease hash,
-         B:rec and B:err, the DEL of earlier kept records, the retention's and the stats'.
+         B:rec (and B:err, for jobs leased before), the DEL of earlier kept records, the
+         retention's and the stats'.
 ]]
 local function finish(keys, args)
   local B = keys[1]
@@ -2487,7 +2491,7 @@ local function finish(keys, args)
   local any_blocked = found > 0
   local keep = ends.count > 0 and ends.ms > 0
   local ended = int(now)
-  local scored, done, wholes = list(), list(), nil
+  local scored, done, wholes, erred = list(), list(), nil, {}
   local out = ends_batch()
   local events, host, pending = B .. ':events', ends.host, nil
   local codes, taken = each_leased(B, client, args, 8, 5, function(job, i)
@@ -2530,6 +2534,9 @@ local function finish(keys, args)
     else
       end_record(B, job.id, keep, nil, out)
     end
+    if job.attempts ~= '1' then -- (a last error is written at a requeue, which counts the
+      erred[#erred + 1] = job.id -- lease in attempts: a job leased once has none)
+    end
     scored[#scored + 1] = ended
     scored[#scored + 1] = job.id
     done[#done + 1] = job.id
@@ -2555,7 +2562,7 @@ local function finish(keys, args)
     end
     write_ended(out)
   end
-  drop_living(B, taken)
+  drop_living(B, taken, erred)
   unended(B, out)
   if any_blocked then -- (after the records left B:rec: a promoted job takes its id's place)
     for _, id in ipairs(taken) do

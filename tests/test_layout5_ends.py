@@ -219,6 +219,22 @@ def test_fail_replies_and_stores_as_4_4_0(twin: Twin) -> None:
     twin.check()
 
 
+def test_a_fail_job_whose_id_waits_in_the_fail_queue_is_updated_as_4_4_0(twin: Twin) -> None:
+    """(Written around the library: the supervisor makes a new fail job id per failure.) A
+    fail job id with a waiting job in F: its data, run_at and enqueued_at are the new ones,
+    its counts and attempts stay, as 4.4.0's record hash kept its other fields."""
+    tok = made(twin, copy=False)
+    flags = [1, "replace", 1, TRACE]
+    twin.r.fcall("q44_dispatch", 1, twin.F4, NOW, *flags, "f-a", '"old"', "")
+    got = twin.r.fcall("q44_dequeue", 1, twin.F4, NOW, "c9", "m1", 1, EXPIRY, MAXLEN, 0)
+    assert got[2] == "f-a"
+    args = ["f-a", got[3], NOW + 9_000, "retry", "", "", "E", "m", ""]
+    assert twin.r.fcall("q44_retry", 1, twin.F4, NOW, "c9", MAXLEN, *args) == [0]
+    twin.to_layout5()
+    assert fail(twin, "c1", [("a", tok["a"]), ("b", tok["b"])], now=NOW + 20) == [0, 0]
+    twin.check()
+
+
 def test_requeue_of_failed_jobs_as_4_4_0(twin: Twin) -> None:
     tok = made(twin, copy=False)
     assert fail(twin, "c1", [("a", tok["a"]), ("b", tok["b"]), ("c", tok["c"])]) == [0, 0, 0]
@@ -336,8 +352,8 @@ def active(r: redis.Redis, B: str, n: int, client: str = "c1") -> list[str]:
 
 def test_finish_of_no_op_jobs_runs_no_command_per_job_but_its_event(twin: Twin) -> None:
     """A no-op job (no result, no earlier failed attempt) costs finish its event's XADD
-    only: the leases, the records (B:rec), the last errors (B:err) go in one HDEL each per
-    call, whatever the number of jobs."""
+    only: the leases and the records (B:rec) go in one HDEL each per call, whatever the
+    number of jobs (and the last errors of jobs leased before, B:err)."""
     ran = {}
     for n in (10, 40):
         B = f"{twin.B5}{n}"
@@ -354,7 +370,8 @@ def test_finish_of_no_op_jobs_runs_no_command_per_job_but_its_event(twin: Twin) 
     assert {k: v for k, v in ran[10].items() if k != "xadd"} == {
         k: v for k, v in ran[40].items() if k != "xadd"
     }
-    assert ran[10]["hdel"] == 3  # the leases, the records, the last errors
+    # the leases, the records (a job leased once has no last error: no HDEL of B:err)
+    assert ran[10]["hdel"] == 2
     assert ran[10]["hmget"] == 3  # the leases, the records, the stats
     assert ran[10]["exists"] == 1  # the migration guard's, with B:blocked
 

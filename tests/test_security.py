@@ -40,12 +40,12 @@ SECRET = "s3cret-queasy-pw-91c4"
 
 #: the README's ACL line: the commands queasy_py sends, and those its Lua library calls
 QUEASY_COMMANDS = (
-    "+ping +fcall +fcall_ro +function|load +ssubscribe "
-    "+del +exists +get +hdel +hexists +hget +hgetall +hkeys +hlen +hmget +hrandfield +hscan +hset +incr +spublish "
+    "+ping +fcall +fcall_ro +function|load +ssubscribe +del +exists +get +hdel +hexists +hget "
+    "+hgetall +hkeys +hlen +hmget +hrandfield +hscan +hset +incr +spublish "
     "+pubsub|shardnumsub +rename +renamenx +sadd +scan +scard +set +sismember +smembers "
     "+srandmember +srem +sscan +time +xadd +xrange +xread +xrevrange +zadd +zcard +zcount "
-    "+zrange +zrem +zremrangebyrank +zremrangebyscore +zscore +zmscore +mget +pexpire +multi +exec +lpush "
-    "+ltrim +lrange +llen +lrem"
+    "+zrange +zrem +zremrangebyrank +zremrangebyscore +zscore +zmscore +mget +pexpire +multi "
+    "+exec +lpush +ltrim +lrange +llen +lrem"
 )
 
 
