@@ -333,6 +333,20 @@ local function list()
     nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 end
 
+-- `cmd` [`key`] followed by the values of `items`, in calls of at most 1000 of them (an even
+-- count: pairs stay whole) for a list of any length: Lua's stack holds 8000 values, and one
+-- unpack() of a longer list fails the call half-way, after its earlier writes.
+local function sliced(cmd, key, items)
+  for s = 1, #items, 1000 do
+    local e = math.min(s + 999, #items)
+    if key then
+      call(cmd, key, unpack(items, s, e))
+    else
+      call(cmd, unpack(items, s, e))
+    end
+  end
+end
+
 -- Every number written to Redis (hash fields, scores, stream fields, messages) is an integer
 -- string: a Lua number would go as '%.14g' ('2.5340230079999e+14', '1e+20'). The last
 -- number written is kept with its string: a batch writes the same run_at or now for each
@@ -1299,7 +1313,8 @@ local function upgrade_waiting(B, from, budget)
 end
 
 -- Convert the set B:blocked of 4.x (its records in B:job:<id>) into the hash of 5.0, whole.
--- Returns how many records were converted (0 when B:blocked is not a set).
+-- Returns how many records were converted (0 when B:blocked is not a set). The set is read
+-- whole, however large: its hash is written in slices (sliced).
 local function upgrade_blocked(B)
   local bkey = B .. ':blocked'
   local set, members = pcall(call, 'SCARD', bkey) -- (the hash of 5.0 already: WRONGTYPE)
@@ -1317,10 +1332,8 @@ local function upgrade_blocked(B)
     end
   end
   call('DEL', bkey)
-  if #values > 0 then
-    call('HSET', bkey, unpack(values))
-    call('DEL', unpack(gone))
-  end
+  sliced('HSET', bkey, values) -- (one unpack() of a set of over 4,000 failed the call after
+  sliced('DEL', nil, gone) -- the DEL: its blocked jobs were lost)
   return #values / 2
 end
 

@@ -526,3 +526,26 @@ def test_an_async_cluster_client_reads_a_queue_of_4_x_after_converting_it(cluste
         assert node.get(lua.B + ":layout") == "5"
     finally:
         node.close()
+
+
+def test_a_blocked_set_of_thousands_converts_whole(r: redis.Redis) -> None:
+    """The set B:blocked is read whole and becomes the hash: one unpack() of its values (two
+    per job) failed the call past Lua's 8,000 after the set was DELeted, every blocked job
+    lost (their B:job:<id> left behind, read by nothing)."""
+    lua = Lua(r, "blocked")
+    n = 4_200
+    ids = [f"j{i}" for i in range(n)]
+    for start in range(0, n, 1000):
+        lua.dispatch(*[(id, '"first"', "") for id in ids[start : start + 1000]])
+    for client in ("c1", "c2", "c3", "c4", "c5"):
+        lua.dequeue(client, limit=1000)
+    for start in range(0, n, 1000):
+        assert set(lua.dispatch(*[(id, '"again"', "") for id in ids[start : start + 1000]])) == {3}
+    before = lua.counts()
+    assert before["blocked"] == before["active"] == n
+    load(r, None)
+    upgrade(lua)
+    assert lua.counts() == before
+    assert r.hlen(lua.B + ":blocked") == n
+    assert not [k for k in keys_of(r, lua.B) if k.startswith(lua.B + ":job:")]
+    assert r.hget(lua.B + ":blocked", "j4199") == f'1 1 replace - -\t{NOW} {NOW} 0 0 0 0\t\t"again"'
