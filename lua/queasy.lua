@@ -347,6 +347,20 @@ local function sliced(cmd, key, items)
   end
 end
 
+-- HMGET of the fields `ids` of hash `key`, any number of them (sliced's slices).
+local function hmget_sliced(key, ids)
+  if #ids <= 1000 then
+    return call('HMGET', key, unpack(ids))
+  end
+  local out = {}
+  for s = 1, #ids, 1000 do
+    for _, v in ipairs(call('HMGET', key, unpack(ids, s, math.min(s + 999, #ids)))) do
+      out[#out + 1] = v
+    end
+  end
+  return out
+end
+
 -- Every number written to Redis (hash fields, scores, stream fields, messages) is an integer
 -- string: a Lua number would go as '%.14g' ('2.5340230079999e+14', '1e+20'). The last
 -- number written is kept with its string: a batch writes the same run_at or now for each
@@ -832,16 +846,14 @@ local function requeue_batch()
 end
 
 -- Write the requeues gathered in `out` (requeue): the records, B:waiting, the last errors,
--- and the blocked jobs merged.
+-- and the blocked jobs merged; in slices (sliced): a sweep requeues every lease of its client,
+-- thousands of them maybe (one unpack() of over 8,000 values failed the call half-way,
+-- after the jobs' 'stalled' events: the next call swept them again).
 local function requeued(B, out)
-  if #out.recs > 0 then
-    call('HSET', B .. ':rec', unpack(out.recs))
-    call('ZADD', B .. ':waiting', unpack(out.scored))
-  end
-  write_errors(B, out.errs)
-  if #out.unblocked > 0 then
-    call('HDEL', B .. ':blocked', unpack(out.unblocked))
-  end
+  sliced('HSET', B .. ':rec', out.recs)
+  sliced('ZADD', B .. ':waiting', out.scored)
+  sliced('HSET', B .. ':err', out.errs)
+  sliced('HDEL', B .. ':blocked', out.unblocked)
 end
 
 -- The state of an end (its first word, see B:ends), or nil.
@@ -1500,8 +1512,8 @@ local function sweep_one(B, now, self, maxlen)
         for k = 1, #leases, 2 do
           ids[#ids + 1] = leases[k]
         end
-        local recs = call('HMGET', B .. ':rec', unpack(ids))
-        local blocked = call('HMGET', B .. ':blocked', unpack(ids))
+        local recs = hmget_sliced(B .. ':rec', ids) -- (a client may hold thousands)
+        local blocked = hmget_sliced(B .. ':blocked', ids)
         local out = requeue_batch()
         for n, id in ipairs(ids) do
           local held = leases[2 * n]

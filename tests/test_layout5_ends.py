@@ -290,6 +290,23 @@ def test_sweep_as_4_4_0(twin: Twin) -> None:
     twin.check()
 
 
+def test_sweep_of_a_client_holding_thousands_of_leases_as_4_4_0(twin: Twin) -> None:
+    """5.0 reads a dead client's leases in one HMGET and writes them back in one HSET: one
+    unpack() of more than Lua's 8,000 values failed the call half-way (after the jobs'
+    'stalled' events), so every later call of the queue failed so too, each writing the
+    events again, and the jobs stayed leased to the dead client."""
+    ids = [f"j{i}" for i in range(4_200)]
+    for start in range(0, len(ids), 1000):
+        dispatch(twin, *ids[start : start + 1000])
+    for k in range(5):
+        dequeue(twin, "c1", f"m{k}", limit=1000)
+    dispatch(twin, *ids[:50], tag="blocked", mode="if_later", run_at=NOW + 40_000)
+    twin.to_layout5()
+    assert twin.both("bump", NOW + EXPIRY + 1, "c3", EXPIRY, MAXLEN) == 0
+    twin.check()
+    assert twin.both("counts", NOW + EXPIRY + 1)[:4] == [len(ids) - 50, 50, 0, 0]
+
+
 def test_purge_as_4_4_0(twin: Twin) -> None:
     tok = made(twin, copy=False)
     assert finish(twin, "c1", [("b", tok["b"], "")]) == [0]
