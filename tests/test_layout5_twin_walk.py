@@ -1,5 +1,6 @@
-"""Library 5.0 against 4.4.0 on a random walk: the same calls (dispatch, dequeue, finish,
-retry, fail, cancel, queasy_requeue, queasy_purge, bump with its sweep) on both, from an
+"""Library 5.0 against 4.4.0 on a random walk: the same calls (dispatch, dispatch_once,
+dispatch_letter, dequeue, parked dequeue with its pushes, unpark, leave, finish, retry, fail,
+cancel, queasy_requeue, queasy_purge, bump with its sweep, and the readers) on both, from an
 empty queue; after every call the replies and the stored states must be equal (4.4.0's
 state seen in 5.0's layout: tests/layout5_twin.py). QUEASY_TWIN_SEED replays one walk."""
 
@@ -36,6 +37,20 @@ def conn(own_server: Any) -> Iterator[redis.Redis]:
         r.close()
 
 
+STATES = ("waiting", "delayed", "blocked", "active", "finished", "failed", "cancelled")
+
+
+def unordered(reply: Any) -> Any:
+    """A reader's reply with its fields and rows in no order: a job's fields come in the
+    order of 4.4.0's record hash (an update's HSET appends), and queasy_jobs lists the
+    blocked ones in the order of 4.4.0's set."""
+    if isinstance(reply, list) and reply and reply[0] == "0":  # queasy_jobs: cursor, rows
+        return ["0", sorted((unordered(row) for row in reply[1:]), key=repr)]
+    if isinstance(reply, list) and len(reply) == 2 and isinstance(reply[1], list):
+        return (reply[0], sorted(zip(reply[1][0::2], reply[1][1::2], strict=True)))
+    return reply
+
+
 class Walk:
     def __init__(self, twin: Twin, seed: int) -> None:
         self.t, self.rng, self.now, self.n = twin, random.Random(seed), NOW, 0
@@ -59,8 +74,11 @@ class Walk:
         op = rng.choice(
             ["dispatch"] * 4 + ["dequeue"] * 3 + ["finish"] * 3 + ["retry"] * 2
             + ["fail", "cancel", "requeue", "purge", "bump"]
+            + ["once", "park", "unpark", "leave", "letter", "read"]
         )  # fmt: skip
-        if op == "dispatch":
+        if op in ("once", "park", "unpark", "leave", "letter", "read"):
+            self.more(op, now, client)
+        elif op == "dispatch":
             flags = [rng.choice([0, 1]), rng.choice(["replace", "keep", "if_later", "if_earlier"])]
             flags += [rng.choice([0, 1]), rng.choice(["", TRACE])]
             triples = []
@@ -125,6 +143,55 @@ class Walk:
             if t.both("bump", self.now, client, EXPIRY, MAXLEN) == 2:
                 self.held[client].clear()
         t.check()
+
+    def more(self, op: str, now: int, client: str) -> None:
+        """The calls beyond the end of an attempt: dispatch_once (windows long enough not to
+        expire while the walk runs: the states compare their keys), a parked dequeue and
+        the pushes it takes, unpark, leave, dispatch_letter, and the readers."""
+        rng, t = self.rng, self.t
+        if op == "once":
+            flags = [rng.choice([0, 1]), rng.choice(["replace", "keep", "if_later", "if_earlier"])]
+            flags += [rng.choice([0, 1]), rng.choice([100_000, 300_000])]
+            triples = []
+            for _ in range(rng.randint(1, 3)):
+                run_at = rng.choice(["", now + rng.choice([-5, 0, 400, 5000])])
+                triples += [rng.choice(IDS), f'"{self.n}"', run_at]
+            t.both("dispatch_once", now, *flags, *triples)
+        elif op == "park":
+            args = [now, client, f"n{self.n}", rng.randint(0, 3), EXPIRY, MAXLEN, 1]
+            reply = t.both("dequeue", *args)
+            if reply[0] == 0:
+                for k in range(2, len(reply), 8):
+                    self.held[client][reply[k]] = reply[k + 1]
+            else:
+                self.held[client].clear()
+        elif op == "unpark":
+            t.both("unpark", now, client, f"m{self.n}")
+        elif op == "leave":
+            t.both("leave", now, client)
+        elif op == "letter":
+            at = rng.choice(["", NOW])
+            t.both("dispatch_letter", now, rng.choice(["", TRACE]), rng.choice(IDS), '"l"', at)
+        else:
+            self.read(now)
+
+    def read(self, now: int) -> None:
+        """Every reader answers the same on both (fields and rows in no order: unordered)."""
+        t = self.t
+
+        def same(name: str, *args: Any) -> None:
+            old = t.r.fcall("q44_" + name, 1, t.B4, *args)
+            new = t.r.fcall("queasy_" + name, 1, t.B5, *args)
+            assert unordered(old) == unordered(new), (name, args, old, new)
+
+        for id in IDS:
+            same("get_job", now, id)
+        same("counts", now)
+        for client in CLIENTS:
+            old = sorted(t.r.fcall("q44_leases", 1, t.B4, now, client))
+            assert old == sorted(t.r.fcall("queasy_leases", 1, t.B5, now, client))
+        for state in STATES:
+            same("jobs", now, state, "0", 100, self.rng.choice(["0", "1"]))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
