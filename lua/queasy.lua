@@ -1354,7 +1354,7 @@ end
 -- its leased_at in the record) or of 4.0.0 ("<token> <leased_at>") is written in the form of
 -- 4.1.0 when the record has an enqueued_at (else a lease of 3.x becomes one of 4.0.0). An id
 -- whose waiting record was converted too (4.x held both: its dequeue would have blocked it)
--- is blocked behind the active one.
+-- is blocked behind the active one; an id in B:waiting without a waiting record leaves it.
 local function upgrade_leases(B, client, budget)
   local lkey = B .. ':lease:' .. client
   local flat = call('HGETALL', lkey)
@@ -1370,8 +1370,10 @@ local function upgrade_leases(B, client, budget)
       local legacy = not find(held, ' ', 1, true)
       local v, err, nums, attempts = upgraded(f, legacy)
       local waiting = call('HGET', B .. ':rec', id)
+      -- (out of B:waiting: a 5.0 job there is waiting, not active; a stray id of 4.x there
+      -- without its B:job:<id> is dropped so, as 4.4.0's dequeue dropped it)
+      call('ZREM', B .. ':waiting', id)
       if waiting then
-        call('ZREM', B .. ':waiting', id)
         if not call('HGET', B .. ':blocked', id) then
           call('HSET', B .. ':blocked', id, '0 0 clamp - -\t' .. waiting)
         end

@@ -549,3 +549,20 @@ def test_a_blocked_set_of_thousands_converts_whole(r: redis.Redis) -> None:
     assert r.hlen(lua.B + ":blocked") == n
     assert not [k for k in keys_of(r, lua.B) if k.startswith(lua.B + ":job:")]
     assert r.hget(lua.B + ":blocked", "j4199") == f'1 1 replace - -\t{NOW} {NOW} 0 0 0 0\t\t"again"'
+
+
+def test_a_stray_waiting_id_of_an_active_job_is_not_leased_again(r: redis.Redis) -> None:
+    """An id in B:waiting without its B:job:<id> (a stray: written around 4.x) whose job is
+    active: 4.4.0's dequeue drops the stray id, the job runs once. The upgrade made the
+    active record that id's, still in B:waiting: 5.0 read it as waiting and leased it to
+    another client while the first one ran it (a second run at once)."""
+    lua = Lua(r, "stray")
+    job = lua.take("a")
+    r.zadd(lua.B + ":waiting", {"a": NOW})
+    load(r, None)
+    upgrade(lua)
+    assert lua.call("queasy_get_job", [lua.B], NOW, "a")[0] == "active"
+    assert lua.dequeue("c2", limit=10, now=NOW + 1).jobs == []
+    assert lua.counts(NOW + 1) == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 1}
+    assert lua.finish("c1", job, now=NOW + 2) == 0
+    assert lua.counts(NOW + 2) == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
