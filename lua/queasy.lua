@@ -669,31 +669,6 @@ local function ended_fields(id, v, errv, extra)
   return out
 end
 
--- A value of the hash B:blocked: "<u_data> <u_reset> <u_run_at> <u_lo> <u_hi>\t<record>"
--- (see run_at_update; u_lo, u_hi '-' for no bound) as u_data, u_reset, u_run_at, u_lo, u_hi
--- ('' for no bound, as run_at_update reads them) and the record string; nil for a value
--- whose record is not one (written around the library). Flags garbled around the library
--- read as none ('0', 'keep', no bound: as 4.x read garbage u_* fields).
-local function blocked_update(bv)
-  local t = bv and find(bv, '\t', 1, true)
-  local rec = t and string.sub(bv, t + 1)
-  if not rec or rec_parts(rec) == nil then
-    return nil
-  end
-  local d, r, mode, lo, hi = string.match(string.sub(bv, 1, t - 1),
-    '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
-  if d == nil then
-    return '0', '0', 'keep', '', '', rec
-  end
-  return d, r, mode, lo == '-' and '' or lo, hi == '-' and '' or hi, rec
-end
-
--- The value of B:blocked of a record string `rec` with its composed update.
-local function blocked_string(u_data, u_reset, kind, lo, hi, rec)
-  return (u_data and '1' or '0') .. ' ' .. (u_reset and '1' or '0') .. ' ' .. kind .. ' '
-    .. (lo and int(lo) or '-') .. ' ' .. (hi and int(hi) or '-') .. '\t' .. rec
-end
-
 local RUN_AT_MODES = {replace = true, keep = true, if_later = true, if_earlier = true}
 
 -- mode: 'replace' | 'keep' | 'if_later' | 'if_earlier'
@@ -815,15 +790,15 @@ local function requeue(job, run_at, err, now, bv, out)
   local id = job.id
   local data = job.data
   if bv then
-    local u_data, u_reset, mode, lo, hi, brec = blocked_update(bv)
+    local u, brec = blocked_parts(bv)
     local b = brec and rec_job(id, brec)
     if b ~= nil then
-      if u_data == '1' then
+      if u.u_data then
         data = b.data -- else its data stays as it is in the record
       end
-      local kind, lo_n, hi_n = run_at_update(mode, lo, hi, b.run_at)
+      local kind, lo_n, hi_n = run_at_update(u.u_run_at, u.u_lo, u.u_hi, b.run_at)
       run_at = apply_update(kind, lo_n, hi_n, b.run_at, run_at)
-      if u_reset == '1' then
+      if u.u_reset then
         job.retry_count, job.stall_count, job.timeout_count = 0, 0, 0
       end
     end
@@ -2159,7 +2134,7 @@ local function cancel(keys, args)
   local v, errv = call('HGET', B .. ':blocked', id), false
   local is_blocked = v ~= false
   if is_blocked then
-    v = select(6, blocked_update(v)) or false -- (a value that is not one: no job)
+    v = select(2, blocked_parts(v)) or false -- (a value that is not one: no job)
     if not v then
       return 0
     end
@@ -2269,7 +2244,7 @@ local function requeue_failed(keys, args)
             call('HGET', ekey, 'data') or 'null')
           if lives then -- active
             call('HSET', B .. ':blocked', id,
-              blocked_string(true, true, 'replace', nil, nil, rec))
+              blocked_pack(true, true, 'replace', nil, nil, rec))
           else
             call('HSET', B .. ':rec', id, rec)
             call('ZADD', B .. ':waiting', int(now), id)
@@ -2695,7 +2670,7 @@ local function dispatch_fails(F, now, args, at)
     local old = v and rec_job(fid, v)
     if old and call('ZSCORE', F .. ':waiting', fid) == false then -- active
       blocks[#blocks + 1] = fid
-      blocks[#blocks + 1] = blocked_string(false, false, 'clamp', nil, nil,
+      blocks[#blocks + 1] = blocked_pack(false, false, 'clamp', nil, nil,
         rec_pack(now_s, now_s, '0', '0', '0', '0', '', args[i + 3]))
     else
       recs[#recs + 1] = fid

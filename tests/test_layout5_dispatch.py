@@ -21,18 +21,11 @@ import redis
 from lua_calls import EXPIRY, NOW, Lua
 
 from queasy_py.store.embedded import EmbeddedServer
-from queasy_py.store.library import ensure_loaded, source
+from queasy_py.store.library import source
 
 FIXTURES = Path(__file__).parent / "fixtures"
 COUNTS = ("retry_count", "stall_count", "timeout_count", "attempts")
 TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-
-
-@pytest.fixture
-def lua(r: redis.Redis, redis_url: str, prefix: str) -> Lua:
-    with redis.Redis.from_url(redis_url) as conn:
-        ensure_loaded(conn)
-    return Lua(r, prefix)
 
 
 @pytest.fixture

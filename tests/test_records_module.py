@@ -14,19 +14,11 @@ import redis
 from lua_calls import NOW, Lua, snapshot
 
 from queasy_py.store.embedded import EmbeddedServer
-from queasy_py.store.library import ensure_loaded
 
 #: the last 4.x library (tests/fixtures): the layout of the 4.x records this module still reads
 V44 = Path(__file__).parent / "fixtures" / "queasy-4.4.0.lua"
 
 ERR = {"name": "ValueError", "kind": "retry", "message": "m", "traceback": "T", "at": "7"}
-
-
-@pytest.fixture
-def lua(r: redis.Redis, redis_url: str, prefix: str) -> Lua:
-    with redis.Redis.from_url(redis_url) as conn:
-        ensure_loaded(conn)
-    return Lua(r, prefix)
 
 
 @pytest.fixture
