@@ -83,7 +83,7 @@ class Client:
         self.closes = 0
         try:  # a bad URL is a ConfigError now; the connection is made by the first call
             if self.cluster:
-                from .store.cluster import parse_cluster_url
+                from .store.clusterurl import parse_cluster_url
 
                 parse_cluster_url(self.url)
             elif plain_url(self.url):

@@ -64,7 +64,7 @@ def runtime(
         return
     from redis.cluster import RedisCluster
 
-    from queasy_py.store.cluster import parse_cluster_url
+    from queasy_py.store.clusterurl import parse_cluster_url
 
     cluster = request.getfixturevalue("local_cluster")
     nodes, options = parse_cluster_url(cluster.url)

@@ -20,7 +20,7 @@ import redis
 from runtime_helpers import wait_for
 
 from queasy_py import Client, ConfigError, ConnectionFailed
-from queasy_py.store.cluster import parse_cluster_url
+from queasy_py.store.clusterurl import parse_cluster_url
 from queasy_py.store.embedded import EmbeddedServer
 from queasy_py.store.library import bundled_version
 

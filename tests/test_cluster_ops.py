@@ -49,7 +49,7 @@ def cluster_runtime(
     """A Runtime on `cluster` (its view a RedisCluster client), records on the test server."""
     from redis.cluster import RedisCluster
 
-    from queasy_py.store.cluster import parse_cluster_url
+    from queasy_py.store.clusterurl import parse_cluster_url
 
     nodes, options = parse_cluster_url(cluster.url)
     view = RedisCluster(startup_nodes=nodes, decode_responses=True, **options)

@@ -21,7 +21,7 @@ from redis.exceptions import ClusterError, RedisClusterException
 from redis.retry import Retry
 
 from ..errors import AuthenticationFailed, ConnectionFailed
-from .cluster import parse_cluster_url, refused_credentials
+from .cluster import refused_credentials
 from .clustercalls import (
     SLOT_BUSY,
     SLOT_WAIT,
@@ -32,6 +32,7 @@ from .clustercalls import (
     routed_key,
     unchecked_primary,
 )
+from .clusterurl import parse_cluster_url
 from .connection import producer_options
 from .library import handshake, parse_version, run_handshake_async
 from .reload import sent_again_if_gone_async

@@ -92,7 +92,7 @@ def check_url(url: str) -> None:
     """
     scheme = url.partition("://")[0].lower() if "://" in url else ""
     if scheme in CLUSTER_SCHEMES:
-        from .cluster import parse_cluster_url
+        from .clusterurl import parse_cluster_url
 
         parse_cluster_url(url)  # ConfigError naming what is wrong
         return

@@ -9,7 +9,8 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from queasy_py.store.cluster import is_cluster_url, parse_cluster_url
+from queasy_py.store.cluster import is_cluster_url
+from queasy_py.store.clusterurl import parse_cluster_url
 
 
 def open_redis(url: str, **options: Any) -> Any:
