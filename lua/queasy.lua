@@ -149,7 +149,7 @@ than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond
 call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '5.0.0'
+local VERSION = '5.0.1'
 -- the functions called per job, as locals (a global is two table lookups per use); the
 -- globals exist only while a function runs: `entry` (registration) sets them
 local call, format, find = nil, nil, nil
@@ -347,18 +347,25 @@ local function sliced(cmd, key, items)
   end
 end
 
--- HMGET of the fields `ids` of hash `key`, any number of them (sliced's slices).
-local function hmget_sliced(key, ids)
+-- A read `cmd` (HMGET, ZMSCORE) of `key` for the members `ids`, any number of them, in
+-- sliced's slices: its replies in the order of `ids`.
+local function read_sliced(cmd, key, ids)
   if #ids <= 1000 then
-    return call('HMGET', key, unpack(ids))
+    return call(cmd, key, unpack(ids))
   end
   local out = {}
   for s = 1, #ids, 1000 do
-    for _, v in ipairs(call('HMGET', key, unpack(ids, s, math.min(s + 999, #ids)))) do
-      out[#out + 1] = v
+    local part = call(cmd, key, unpack(ids, s, math.min(s + 999, #ids)))
+    for k = 1, math.min(1000, #ids - s + 1) do -- (a nil member of a reply: ipairs stops)
+      out[s + k - 1] = part[k]
     end
   end
   return out
+end
+
+-- HMGET of the fields `ids` of hash `key`, any number of them.
+local function hmget_sliced(key, ids)
+  return read_sliced('HMGET', key, ids)
 end
 
 -- Every number written to Redis (hash fields, scores, stream fields, messages) is an integer
@@ -1194,8 +1201,8 @@ local UPGRADE_BUDGET = 500 -- 4.x records converted per call
 
 -- The hash `key` as a table field -> value, or nil when it does not exist.
 local function hash_of(key)
-  local flat = call('HGETALL', key)
-  if #flat == 0 then
+  local flat = redis.pcall('HGETALL', key)
+  if flat.err or #flat == 0 then -- (not a hash, written around the library: no record)
     return nil
   end
   local t = {}
@@ -1332,7 +1339,10 @@ end
 -- is blocked behind the active one; an id in B:waiting without a waiting record leaves it.
 local function upgrade_leases(B, client, budget)
   local lkey = B .. ':lease:' .. client
-  local flat = call('HGETALL', lkey)
+  local flat = redis.pcall('HGETALL', lkey)
+  if flat.err then -- (not a hash, written around the library: no leases to convert)
+    return 0, true
+  end
   local n = 0
   for i = 1, #flat, 2 do
     local id, held = flat[i], flat[i + 1]
@@ -1545,7 +1555,8 @@ local function live_parked(B, now)
   for i = 1, #flat, 2 do
     clients[#clients + 1] = flat[i]
   end
-  local fresh, stale = call('ZMSCORE', B .. ':fresh', unpack(clients)), {}
+  -- (in slices: one unpack() of over 8,000 clients failed every dispatch of the queue)
+  local fresh, stale = read_sliced('ZMSCORE', B .. ':fresh', clients), {}
   for k, client in ipairs(clients) do
     if fresh[k] and tonumber(fresh[k]) >= now then
       out[#out + 1] = {client, tonumber(flat[2 * k])}
@@ -1554,7 +1565,7 @@ local function live_parked(B, now)
     end
   end
   if #stale > 0 then
-    call('HDEL', pkey, unpack(stale))
+    sliced('HDEL', pkey, stale)
   end
   return out
 end

@@ -295,3 +295,31 @@ def test_a_trace_written_around_the_library_cannot_shift_a_pushed_jobs_data(
     [(channel, data)] = ear.messages()[1:]  # after the wake of the delayed dispatch
     job = pushed(data)
     assert channel == "push:c1" and (job.trace, job.data) == ("", '{"n": 2}')
+
+
+def test_thousands_of_parked_clients_do_not_stop_a_dispatch(lua: Lua, listen) -> None:
+    """live_parked read every parked client's freshness with one ZMSCORE of one unpack():
+    past Lua's 8,000 values every dispatch of the queue failed ('too many results to
+    unpack'), its job not written. Real dequeues park 8,200 clients; the one that listens
+    has the most slots and gets the job."""
+    ear = listen("c-listens")
+    for i in range(8_200):
+        assert lua.dequeue(f"c{i}", limit=1, park=True).jobs == []
+    assert lua.dequeue("c-listens", limit=3, park=True).jobs == []
+    assert len(lua.parked()) == 8_201
+    assert lua.add("a") == Dispatched.CREATED
+    [(channel, data)] = ear.messages()
+    assert channel == "push:c-listens" and pushed(data).id == "a"
+    assert lua.get_job("a")["state"] == "active"
+    assert lua.parked()["c-listens"] == 2
+
+
+def test_thousands_of_stale_parked_clients_are_unparked_in_slices(lua: Lua) -> None:
+    """The same read when the parked clients went stale (no bump for half their expiry):
+    they are dropped from B:parked (its HDEL in slices too) and the job waits."""
+    for i in range(8_200):
+        assert lua.dequeue(f"c{i}", limit=1, park=True).jobs == []
+    later = NOW + EXPIRY // 2 + 1  # past their freshness, before their expiry
+    assert lua.add("a", run_at=later, now=later) == Dispatched.CREATED
+    assert lua.parked() == {}
+    assert lua.counts(later) == {"waiting": 1, "delayed": 0, "blocked": 0, "active": 0}

@@ -566,3 +566,32 @@ def test_a_stray_waiting_id_of_an_active_job_is_not_leased_again(r: redis.Redis)
     assert lua.counts(NOW + 1) == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 1}
     assert lua.finish("c1", job, now=NOW + 2) == 0
     assert lua.counts(NOW + 2) == {"waiting": 0, "delayed": 0, "blocked": 0, "active": 0}
+
+
+def test_a_4_x_key_of_another_type_does_not_stop_the_upgrade(r: redis.Redis) -> None:
+    """A 4.x record key that is not a hash (written around the library: a waiting job's
+    B:job:<id>, an active job's B:active:<id>, a client's lease hash) failed every step of the
+    upgrade with WRONGTYPE, so the queue refused every write for good (4.4.0 failed only
+    where it read that key). It is read as no record: the upgrade ends, the other jobs carry
+    on, the stray ids are dropped as 4.4.0's dequeue dropped an id without its record, and
+    the foreign keys are left as they were."""
+    lua = Lua(r, "types")
+    lua.dispatch(("w1", '"w1"', NOW), ("w2", '"w2"', NOW))
+    a1 = lua.take("a1", client="c1")
+    lua.take("a2", client="c2")
+    r.delete(lua.B + ":job:w1")
+    r.set(lua.B + ":job:w1", "not a hash")
+    r.delete(lua.B + ":active:a1")
+    r.rpush(lua.B + ":active:a1", "not a hash")
+    r.delete(lua.B + ":lease:c2")
+    r.set(lua.B + ":lease:c2", "not a hash")
+    load(r, None)
+    upgrade(lua)
+    assert r.get(lua.B + ":layout") == "5"
+    assert lua.add("new", now=NOW + 1) == 1  # writes go on
+    assert sorted(lua.dequeue("c3", limit=10, now=NOW + 2).ids) == ["new", "w2"]
+    assert lua.call("queasy_get_job", [lua.B], NOW + 2, "w1") is None
+    assert lua.finish("c1", a1, now=NOW + 3) == 1  # its record unreadable: stale
+    assert r.get(lua.B + ":job:w1") == "not a hash"
+    assert r.lrange(lua.B + ":active:a1", 0, -1) == ["not a hash"]
+    assert r.get(lua.B + ":lease:c2") == "not a hash"
