@@ -6,17 +6,19 @@ the client was already swept, it sets `swept` and wakes the scheduling loop.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import redis
 
 from ..errors import ConnectionFailed
 from ..store.connection import loop_client
 from ..store.library import Status, ensure_loaded, fcall
+from ..store.upgrading import maybe_upgrading, upgraded
 from .outage import redirect_log, redirected
 from .registry import Registry
 
@@ -117,14 +119,39 @@ class Heartbeat(threading.Thread):
 
     def beat_or_reload(self, r: redis.Redis, client_id: str) -> bool:
         """Beat; when the library is gone (FUNCTION FLUSH, a server restarted without its
-        data), load it again and beat once more."""
+        data), load it again and beat once more; when a queue still holds keys of library 4.x
+        (its bump refused, 'TRYAGAIN upgrading'), convert them (queasy_upgrade, in this
+        thread: the loop goes on) and beat once more."""
         try:
             return self.beat(r, client_id)
-        except redis.ResponseError as exc:
+        except (redis.ResponseError, redis.exceptions.ClusterError) as exc:
+            if maybe_upgrading(exc):
+                self.convert(r)
+                return self.beat(r, client_id)
             if "function not found" not in str(exc).lower():
                 raise
             log.warning("the queasy library is gone; loading %s again", ensure_loaded(r))
             return self.beat(r, client_id)
+
+    def convert(self, r: redis.Redis) -> None:
+        """Convert the 4.x keys of every listened queue to library 5.0's layout (a queue in
+        that layout answers at once)."""
+        for base in self.bases:
+            started, steps = time.monotonic(), itertools.count(1)
+
+            def step(base: str = base, steps: Iterator[int] = steps) -> object:
+                next(steps)
+                return r.fcall("queasy_upgrade", 1, base, "")
+
+            upgraded(step)
+            done = next(steps) - 1
+            if done > 1:
+                log.info(
+                    "converted the keys of library 4.x of %s to library 5.0 (%d steps, %.1f s)",
+                    base,
+                    done,
+                    time.monotonic() - started,
+                )
 
     def run(self) -> None:
         while True:
