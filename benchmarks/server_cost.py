@@ -1,11 +1,13 @@
 """Where a job's server time goes: the library's functions one at a time, per command.
 
     python benchmarks/server_cost.py [--n 20000] [--batch 10] [--maxlen 100000] [--keep 1000]
-                                     [--callgrind]
+                                     [--callgrind] [--reply rec|wide]
 
 Starts its own valkey-server (the embedded one), then runs N no-op jobs through the library
 the way a supervisor does, one phase at a time: `dispatch_many` (calls of 1,000), dequeue
-(`--batch` jobs per FCALL, one client) and finish (`--batch` acks per FCALL, events and
+(`--batch` jobs per FCALL, one client; with the reply 'rec', id, token and record per job, as
+the supervisor asks since library 5.1.0, or with `--reply wide` the 8 values per job of
+earlier libraries) and finish (`--batch` acks per FCALL, events and
 records kept as by default). Then, each into a queue of its own, N jobs of the Spark sink
 benchmark's shape (id user-<i>, data {user_id, email, n}) by `dispatch_many` and by
 `dispatch_once` (`dispatch_batch(dedup_window=86400)`: the sink's path with an id column),
@@ -44,8 +46,12 @@ sys.path.insert(0, str(REPO))
 from queasy_py import Client  # noqa: E402
 from queasy_py.store.embedded import EmbeddedServer, find_server_binary, free_port  # noqa: E402
 
-#: values per job in a dequeue reply (id, token, data, run_at, 3 counts, trace)
-JOB_WIDTH = 8
+#: values per job in a dequeue reply with the reply 'rec' (library 5.1.0: id, token, record)
+JOB_WIDTH = 3
+#: values per job in the reply without it (id, token, data, run_at, 3 counts, trace)
+WIDE_WIDTH = 8
+#: --reply: queasy_dequeue's ARGV[8] and the values per job of its reply
+REPLIES = {"rec": ("rec", JOB_WIDTH), "wide": ("", WIDE_WIDTH)}
 #: what this script sends itself (not run inside an FCALL)
 OUTSIDE = {"fcall", "fcall_ro", "info", "ping", "hello", "client|setinfo", "function|load"}
 
@@ -158,6 +164,12 @@ def main() -> int:
     parser.add_argument("--keep", type=int, default=1000, help="finished records kept")
     parser.add_argument("--callgrind", action="store_true", help="count instructions too")
     parser.add_argument(
+        "--reply",
+        choices=sorted(REPLIES),
+        default="rec",
+        help="dequeue's reply: rec (id, token, record: library 5.1.0) or wide (8 values per job)",
+    )
+    parser.add_argument(
         "--keep-dumps",
         metavar="DIR",
         help="with --callgrind: keep the dumps in DIR for callgrind_annotate (cg.out.2 dispatch,"
@@ -165,6 +177,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     n, batch = args.n, args.batch
+    form, width = REPLIES[args.reply]
     with server_for(args) as (url, pid, grind), Client(url, prefix="cost") as client:
         r, server = client.redis, psutil.Process(pid)
         q = client.queue("bench")
@@ -181,12 +194,12 @@ def main() -> int:
                 k += 1
                 reply = r.execute_command(
                     "FCALL", "queasy_dequeue", 1, base, "", "c1", f"n{k}", batch, 60000,
-                    args.maxlen, 1,
+                    args.maxlen, 1, form,
                 )  # fmt: skip
                 jobs = reply[2:]
                 if not jobs:
                     return
-                leases.extend((jobs[j], jobs[j + 1]) for j in range(0, len(jobs), JOB_WIDTH))
+                leases.extend((jobs[j], jobs[j + 1]) for j in range(0, len(jobs), width))
 
         def finish() -> None:
             started = int(time.time() * 1000)

@@ -62,15 +62,15 @@ derive the keys below from it (same slot, so cluster routing holds).
   B:expiry             zset    client id -> expiry (ms) of each client holding leases here
   B:fresh              zset    client id -> until when (ms) it is fresh: half its expiry window
                                after its last dequeue or bump; pushes go to fresh clients only
-  B:lease:<client>     hash    id -> "<token> <run_at> <enqueued_at> <retry_count>
-                               <stall_count> <timeout_count> <attempts> <leased_at>" of each
-                               job this client has checked out: its lease, with the numbers of
-                               its active record (which does not change while active; attempts
-                               counting this lease), which an ack reads instead of the record
-                               (4.1.0; a record without enqueued_at gets 4.0.0's "<token>
-                               <leased_at>": its ack reads the record; the upgrade rewrites the
-                               leases of 3.x, the token alone, and of 4.0.0 in 4.1.0's form
-                               when their record has the numbers)
+  B:lease:<client>     hash    id -> "<token> <leased_at>" of each job this client has
+                               checked out: its lease (5.1.0, the form of 4.0.0: an ack reads
+                               the job's numbers from its record in B:rec). Library 4.1.0 to
+                               5.0.0 wrote "<token> <run_at> <enqueued_at> <retry_count>
+                               <stall_count> <timeout_count> <attempts> <leased_at>" (the
+                               numbers of the active record, attempts counting this lease);
+                               every reader still takes it, and the upgrade of 4.x data
+                               rewrites the leases of 3.x, the token alone, and of 4.0.0 in
+                               that form when their record has the numbers
   B:swept              zset    client id -> time it was swept (tombstones, kept 24 h)
   B:parked             hash    client id -> free slots it has parked here: an idle client's
                                dequeue leaves them, and dispatch leases a ready job straight
@@ -115,7 +115,11 @@ B:rec, the blocked jobs in the hash B:blocked and the last errors in B:err, wher
 hash per record (B:job:<id> while waiting or blocked, renamed B:active:<id> while leased) and
 a set of blocked ids; every reply, event, end, lease and channel is as 4.4.0's. A queue's keys
 of 4.x are converted by the first write calls on it after 5.0.0 is loaded (see "upgrade of
-4.x data": B:layout, queasy_upgrade).
+4.x data": B:layout, queasy_upgrade). Library 5.1.0 (additive) writes leases in the short form
+"<token> <leased_at>" (an ack reads the numbers from the record it reads anyway) and adds
+queasy_dequeue's optional reply 'rec' (ARGV[8]: id, token and record per job); a 5.0.0
+process keeps working against it (its dequeue's reply without ARGV[8] is as 5.0.0's, and
+the leases of 4.1.0's form it wrote still ack).
 
 Channels are sharded (SPUBLISH; subscribers use SSUBSCRIBE on the primary that owns B's
 slot): on a Redis Cluster a message reaches the subscribers of its shard only, and PUBSUB
@@ -149,7 +153,7 @@ than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond
 call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '5.0.1'
+local VERSION = '5.1.0'
 -- the functions called per job, as locals (a global is two table lookups per use); the
 -- globals exist only while a function runs: `entry` (registration) sets them
 local call, format, find = nil, nil, nil
@@ -411,8 +415,9 @@ hash B:rec: id -> "<run_at> <enqueued_at> <retry_count> <stall_count> <timeout_c
 them (enqueued_at '-' when unknown: a record upgraded from a 4.x one without it); attempts
 counts the leases before the current one (an active job's lease is not in it, as 4.x);
 trace is '' or a traceparent (trace_like: no tab); data is last and may hold anything.
-The numbers come first, in the order of a lease line of 4.1.0 (lease_line), so a lease is
-"<token> " .. the first five .. " <attempts + 1> <leased_at>". ]]
+The numbers come first, in the order of a lease line of 4.1.0, which was "<token> " .. the
+first five .. " <attempts + 1> <leased_at>" (5.1.0 writes "<token> <leased_at>": the ack
+reads the record, ack_counts). ]]
 
 -- The record string of the given parts (numbers as integer strings; trace '' for none).
 local function rec_pack(run_at_s, enqueued_s, retry_s, stall_s, timeout_s, attempts_s, trace,
@@ -508,15 +513,9 @@ end
 -- The parts of a record string `v` that a lease takes, split with plain find()s (no
 -- pattern: a 6-capture match costs ~8k instructions per job): its run_at, retry_count,
 -- stall_count and timeout_count as integer strings (as passed() gives them), its trace and
--- data, and what its lease (lease_line) holds between the token and leased_at: `nums`, its
--- first five numbers as stored ("<run_at> <enqueued_at> <retry> <stall> <timeout>"), and
--- `attempts`, those of the lease (the record's + 1); `nums` false for a record whose
--- enqueued_at is unknown ('-': upgraded without one; '' or longer than 15 characters:
--- garbled): its lease is 4.0.0's "<token> <leased_at>", whose ack reads the record (as 4.x's
--- lease_line; an enqueued_at garbled otherwise goes into the lease as it is, which
--- lease_of() does not take: the ack reads the record). nil for a value that is not a record
--- (written around the library). Numbers garbled around the library (not six words of
--- digits, but enqueued_at) read as rec_job reads them: 0, and enqueued_at unknown.
+-- data; nil for a value that is not a record (written around the library). Numbers garbled
+-- around the library (not six words of digits, but enqueued_at, which a lease does not take)
+-- read as rec_job reads them: 0. (rec_as_is tells its usual paths from the garbled one.)
 local function rec_lease(v)
   local t1 = find(v, '\t', 1, true)
   local t2 = t1 and find(v, '\t', t1 + 1, true)
@@ -532,10 +531,7 @@ local function rec_lease(v)
       and find(v, ' ', p1 + 1, true) == t1 - 8 then
     local run_at = sub(v, 1, p1 - 1)
     if numeral(run_at) then
-      local long = t1 - 9 - p1 -- (of enqueued_at, from p1 + 1)
-      local nums = long > 0 and long <= 15 and (long > 1 or string.byte(v, t1 - 9) ~= 45)
-        and sub(v, 1, t1 - 3)
-      return run_at, '0', '0', '0', trace, sub(v, t2 + 1), nums, '1'
+      return run_at, '0', '0', '0', trace, sub(v, t2 + 1)
     end
   end
   local p2 = p1 and p1 < t1 and find(v, ' ', p1 + 1, true)
@@ -543,26 +539,108 @@ local function rec_lease(v)
   local p4 = p3 and p3 < t1 and find(v, ' ', p3 + 1, true)
   local p5 = p4 and p4 < t1 and find(v, ' ', p4 + 1, true)
   if p5 and p5 < t1 then
-    local run_at, enqueued = sub(v, 1, p1 - 1), sub(v, p1 + 1, p2 - 1)
+    local run_at = sub(v, 1, p1 - 1)
     local retry, stall = sub(v, p2 + 1, p3 - 1), sub(v, p3 + 1, p4 - 1)
     local timeout, attempts = sub(v, p4 + 1, p5 - 1), sub(v, p5 + 1, t1 - 1)
     -- the usual record: numbers as the library writes them (counts '0': one comparison)
     if numeral(run_at) and (retry == '0' or numeral(retry)) and (stall == '0'
         or numeral(stall)) and (timeout == '0' or numeral(timeout))
         and (attempts == '0' or numeral(attempts)) then
-      local nums = enqueued ~= '-' and enqueued ~= '' and #enqueued <= 15 and sub(v, 1, p5 - 1)
-      attempts = attempts == '0' and '1' or int(tonumber(attempts) + 1)
-      return run_at, retry, stall, timeout, trace, sub(v, t2 + 1), nums, attempts
+      return run_at, retry, stall, timeout, trace, sub(v, t2 + 1)
     end
   end
   -- numbers garbled around the library: read as rec_job reads them
   local job = rec_job('', v)
-  local run_at, retry = int(job.run_at), int(job.retry_count)
-  local stall, timeout = int(job.stall_count), int(job.timeout_count)
-  local nums = job.enqueued_at and (run_at .. ' ' .. job.enqueued_at .. ' ' .. retry .. ' '
-    .. stall .. ' ' .. timeout)
-  return run_at, retry, stall, timeout, job.trace, job.data, nums,
-    int(tonumber(job.attempts) + 1)
+  return int(job.run_at), int(job.retry_count), int(job.stall_count), int(job.timeout_count),
+    job.trace, job.data
+end
+
+-- Whether the record string `v` is handed out as it is by queasy_dequeue's reply 'rec': true
+-- when rec_lease reads it on a usual path (its numbers as the library writes them) and its
+-- trace is at most MAX_TRACE bytes, false for another record (the caller builds it anew from
+-- what rec_lease reads), nil for a value that is not a record. rec_lease's checks, without
+-- the strings of its parts (no copy of the data).
+local function rec_as_is(v)
+  local t1 = find(v, '\t', 1, true)
+  local t2 = t1 and find(v, '\t', t1 + 1, true)
+  if not t2 then
+    return nil
+  elseif t2 - t1 > MAX_TRACE + 1 then
+    return false
+  end
+  local sub = string.sub
+  local p1 = find(v, ' ', 1, true)
+  if not p1 or p1 > t1 or not numeral(sub(v, 1, p1 - 1)) then
+    return false
+  end
+  -- the usual record (never failed, never leased): "<run_at> <enqueued_at> 0 0 0 0"
+  if t1 > 9 and sub(v, t1 - 8, t1 - 1) == ' 0 0 0 0'
+      and find(v, ' ', p1 + 1, true) == t1 - 8 then
+    return true
+  end
+  local p2 = find(v, ' ', p1 + 1, true)
+  local p3 = p2 and p2 < t1 and find(v, ' ', p2 + 1, true)
+  local p4 = p3 and p3 < t1 and find(v, ' ', p3 + 1, true)
+  local p5 = p4 and p4 < t1 and find(v, ' ', p4 + 1, true)
+  if not p5 or p5 > t1 then
+    return false
+  end
+  local retry, stall = sub(v, p2 + 1, p3 - 1), sub(v, p3 + 1, p4 - 1)
+  local timeout, attempts = sub(v, p4 + 1, p5 - 1), sub(v, p5 + 1, t1 - 1)
+  return (retry == '0' or numeral(retry)) and (stall == '0' or numeral(stall))
+    and (timeout == '0' or numeral(timeout)) and (attempts == '0' or numeral(attempts))
+end
+
+-- The numbers of the active record `v` that its ack's event and end repeat: `counts`, its
+-- first five numbers as stored
+-- ("<run_at> <enqueued_at> <retry_count> <stall_count> <timeout_count>") and `attempts`
+-- counting its lease (the record's + 1), when they are what library 4.1.0's lease held for
+-- it (lease_line) and lease_of took: every number 1-15 digits, enqueued_at known. Else nil:
+-- the caller reads the record as rec_job does (leased(): a record upgraded without
+-- enqueued_at, numbers garbled around the library), so the event and the end are byte for
+-- byte those of 5.0.0, whose lease held these numbers. The usual record is told by one
+-- anchored match of position captures only (no string made: ~2.5k instructions per job less
+-- in finish than rec_lease's plain find()s and numeral()s of its two numbers, measured with
+-- benchmarks/layout5/cost.py --callgrind), any other by plain find()s (as rec_lease); no
+-- 6-capture match.
+local function ack_counts(v)
+  -- the usual record (never failed, never leased): "<run_at> <enqueued_at> 0 0 0 0\t..."
+  local p1, p = string.match(v, '^%d+() %d+ 0 0 0() 0\t[^\t]*\t')
+  if p1 then
+    if p1 > 16 or p - 7 - p1 > 15 then
+      return nil
+    end
+    return string.sub(v, 1, p - 1), '1'
+  end
+  local t1 = find(v, '\t', 1, true)
+  if not t1 or not find(v, '\t', t1 + 1, true) then
+    return nil
+  end
+  local sub = string.sub
+  local p1 = find(v, ' ', 1, true)
+  if not p1 or p1 > 16 or not numeral(sub(v, 1, p1 - 1)) then
+    return nil
+  end
+  local p2 = find(v, ' ', p1 + 1, true)
+  if not p2 or p2 > t1 or not numeral(sub(v, p1 + 1, p2 - 1)) then
+    return nil
+  end
+  local p3 = find(v, ' ', p2 + 1, true)
+  local p4 = p3 and p3 < t1 and find(v, ' ', p3 + 1, true)
+  local p5 = p4 and p4 < t1 and find(v, ' ', p4 + 1, true)
+  if not p5 or p5 > t1 then
+    return nil
+  end
+  local retry, stall = sub(v, p2 + 1, p3 - 1), sub(v, p3 + 1, p4 - 1)
+  local timeout, attempts = sub(v, p4 + 1, p5 - 1), sub(v, p5 + 1, t1 - 1)
+  if (retry == '0' or numeral(retry)) and (stall == '0' or numeral(stall))
+      and (timeout == '0' or numeral(timeout)) and (attempts == '0' or numeral(attempts)) then
+    attempts = attempts == '0' and '1' or int(tonumber(attempts) + 1)
+    if #attempts <= 15 then
+      return sub(v, 1, p5 - 1), attempts
+    end
+  end
+  return nil
 end
 
 -- A job blocked behind the active one with its id, as B:blocked holds it: "<u_data>
@@ -593,17 +671,15 @@ local function blocked_parts(v)
     u_hi = hi or '-'}, record
 end
 
--- The value of a lease in B:lease:<client> (library 4.1.0): "<token> <run_at> <enqueued_at>
--- <retry_count> <stall_count> <timeout_count> <attempts> <leased_at>", the numbers of the
--- record it leases (`nums`, its first five, and `attempts` counting this lease: rec_lease),
--- so that an ack reads them here and not in the record (which does not change while
--- active). `nums` false (a record without enqueued_at: '-'): a lease of 4.0.0, "<token>
--- <leased_at>", whose ack reads the record.
-local function lease_line(token, nums, attempts, now_s)
-  if not nums then
-    return token .. ' ' .. now_s
-  end
-  return token .. ' ' .. nums .. ' ' .. attempts .. ' ' .. now_s
+-- The value of a lease in B:lease:<client>: "<token> <leased_at>" (the form of 4.0.0, written
+-- again since 5.1.0; dequeue writes it inline). Library 4.1.0 to 5.0.0 wrote "<token> <run_at>
+-- <enqueued_at> <retry_count> <stall_count> <timeout_count> <attempts> <leased_at>", the
+-- numbers of the record it leased, so that an ack read them there (lease_of, kept for those
+-- leases); since every living record is a field of B:rec, which the ack reads anyway, an ack
+-- takes them from the record (ack_counts) and the lease holds the token and its time only.
+-- Every reader takes both forms (holds, leased_at, the readers, sweep_one, handback).
+local function lease_line(token, now_s)
+  return token .. ' ' .. now_s
 end
 
 -- The error of an attempt that failed: {name, kind, message, traceback} (strings), or nil.
@@ -1050,8 +1126,8 @@ local function leased(client, id, token, held, v)
   return job
 end
 
--- The lease `held` of `client` on `id` when it is `token`'s and as library 4.1.0 writes it
--- (lease_line): the active job with the numbers the lease holds (`counts`: "<run_at>
+-- The lease `held` of `client` on `id` when it is `token`'s and as library 4.1.0 to 5.0.0
+-- wrote it: the active job with the numbers the lease holds (`counts`: "<run_at>
 -- <enqueued_at> <retry_count> <stall_count> <timeout_count>", as an event line has them;
 -- `attempts` counting this lease), without reading its record. Else nil: the caller reads
 -- the record (leased(): a lease of 4.0.0 or 3.x, one garbled around the library, a stale
@@ -1086,8 +1162,11 @@ end
 -- and token first), `act(job, i)` runs on the job when `client` still holds its lease (when
 -- `usable(i)` is true, if given; else the lease is left alone) and its record is in B:rec
 -- (one HMGET per call of the ids whose lease holds: `job.v` is the record string). The
--- leases are checked first, then acted on in order. With `quick` (finish), a lease of 4.1.0
--- gives the job's numbers (lease_of: the record is not parsed); else leased(). The leases
+-- leases are checked first, then acted on in order. With `quick` (finish), the job's numbers
+-- come as `counts` and `attempts` (the event line's and the end's, as 4.1.0's lease held
+-- them): from a lease of 4.1.0 (lease_of: written by 5.0.0), else from the record split with
+-- plain find()s (ack_counts: a lease of 5.1.0, "<token> <leased_at>"), else (a record
+-- upgraded without enqueued_at, or garbled around the library) leased(). The leases
 -- taken leave B:lease:<client> in one HDEL after the loop; an id acked twice in one call is
 -- stale the second time (its record leaves B:rec only at the end of the call). Returns one
 -- code per job (0 ok, 1 stale) and the ids acted on.
@@ -1102,13 +1181,25 @@ local function each_leased(B, client, args, from, width, act, usable, quick)
   for k, id in ipairs(ids) do
     local i = from + (k - 1) * width
     if (usable == nil or usable(i)) and not seen[id] then
-      local token = args[i + 1]
-      local job = quick and lease_of(client, id, token, held[k]) -- (as 4.4.0: no holds())
-      if job or holds(held[k], token) then
+      local token, h, job, short = args[i + 1], held[k], nil, false
+      if quick and h then
+        -- the lease is `token`'s when its first space follows the token (holds(); the token
+        -- holds no space then); 5.1.0's form has no other, 4.1.0's has six more
+        local p = find(h, ' ', 1, true)
+        if p == #token + 1 and find(h, token, 1, true) == 1 then
+          if find(h, ' ', p + 1, true) then
+            job = lease_of(client, id, token, h) -- (nil: garbled, read as 4.0.0's below)
+          else
+            short = true
+          end
+        end
+      end
+      if job or short or holds(h, token) then
         seen[id] = true
         cands[#cands + 1] = id
         at[#cands] = k
-        jobs[k] = job or token -- (a token: the job is read from its record below)
+        -- (a token: the job is read from its record below; true: 5.1.0's lease, ack_counts)
+        jobs[k] = job or short or token
       end
     end
   end
@@ -1122,8 +1213,17 @@ local function each_leased(B, client, args, from, width, act, usable, quick)
       elseif type(job) == 'table' then
         job.v = v
       else
-        job = leased(client, id, job, held[k], v)
-        job.v = v
+        local counts, attempts = nil, nil
+        if job == true then
+          counts, attempts = ack_counts(v)
+        end
+        if counts then
+          job = {id = id, client = client, held = held[k], counts = counts, attempts = attempts,
+            v = v}
+        else
+          job = leased(client, id, args[from + (k - 1) * width + 1], held[k], v)
+          job.v = v
+        end
         jobs[k] = job
       end
     end
@@ -1596,14 +1696,14 @@ local function push(B, now, id, parked, record)
     local client = best[1]
     local channel = B .. ':push:' .. client
     if call('PUBSUB', 'SHARDNUMSUB', channel)[2] > 0 then
-      local run_at, retry, stall, timeout, trace, data, nums, attempts = rec_lease(record)
+      local run_at, retry, stall, timeout, trace, data = rec_lease(record)
       if run_at == nil then
         return false -- (not a record: a dispatch writes one, or leaves one in waiting)
       end
       local token = 'p' .. call('INCR', B .. ':seq')
       call('SPUBLISH', channel, table.concat({id, token, run_at, retry, stall, timeout,
         pushed_trace(trace), data}, '\n'))
-      call('HSET', B .. ':lease:' .. client, id, lease_line(token, nums, attempts, int(now)))
+      call('HSET', B .. ':lease:' .. client, id, lease_line(token, int(now)))
       best[2] = best[2] - 1
       if best[2] > 0 then
         call('HSET', B .. ':parked', client, int(best[2]))
@@ -2351,10 +2451,19 @@ ARGV[6]  events maxlen (for events of a sweep)
 ARGV[7]  park '1'|'0' (optional): with '1', when fewer than `limit` jobs are ready the
          client parks the slots left (B:parked), so dispatch pushes jobs straight to it;
          when `limit` jobs were checked out its parked slots are cleared
+ARGV[8]  reply (optional, 5.1.0): '' or absent: 8 values per job (below); 'rec': 3 values
+         per job, {id, token, record}, the record string of the job as B:rec holds it
+         ("<run_at> <enqueued_at> <retry_count> <stall_count> <timeout_count>
+         <attempts>\t<trace>\t<data>", see "records (5.0 layout)"), handed out as stored; one
+         whose numbers were garbled around the library, or whose trace is longer than
+         MAX_TRACE, is handed out normalized (rec_pack of what the lease read: a garbled
+         number 0, enqueued_at unknown 0, the trace '')
 Returns: {status, next_run_at, id, token, data, run_at, retry_count, stall_count,
           timeout_count, trace ('' none, and '' for one longer than MAX_TRACE written around
-          the library: 4.3.0), id, ...}: status 0 ok or 2 swept (then no jobs); next_run_at is
+          the library: 4.3.0), id, ...} (with ARGV[8] 'rec': {status, next_run_at, id, token,
+          record, id, ...}): status 0 ok or 2 swept (then no jobs); next_run_at is
           the earliest run_at still waiting ('' if none), so the caller can sleep until then.
+          Each job leased is written to B:lease:<client> as "<token> <now>" (lease_line).
 Sweeps at most one dead client first. An id in B:waiting without a record in B:rec, or
 with a blocked job (so active: its entry in B:waiting was written around the library; an
 active id without a blocked job cannot be told from a waiting one without a read of every
@@ -2373,6 +2482,11 @@ local function dequeue(keys, args)
   local expiry_ms = whole(args[5], 'expiry ms', MAX_COUNT)
   local maxlen = whole(args[6], 'events maxlen', MAX_COUNT)
   local park = args[7] ~= nil and args[7] ~= '' and flag(args[7], 'park')
+  local form = args[8]
+  if form ~= nil and form ~= '' and form ~= 'rec' then
+    invalid("reply must be 'rec' or '', got " .. shown(form))
+  end
+  local rec_reply = form == 'rec'
   if expiry_ms < 1 then
     invalid('expiry ms must be >= 1, got 0')
   end
@@ -2414,12 +2528,17 @@ local function dequeue(keys, args)
       local taken, o, garbled = 0, 2, nil -- leases so far; the last index of out
       for k, id in ipairs(ids) do
         local v = recs[k]
-        local run_at, retry, stall, timeout, trace, data, nums, attempts = nil, nil, nil,
-          nil, nil, nil, nil, nil
-        if v then
-          run_at, retry, stall, timeout, trace, data, nums, attempts = rec_lease(v)
+        local run_at, retry, stall, timeout, trace, data, as_is = nil, nil, nil, nil, nil,
+          nil, nil
+        if v and rec_reply then -- (the record as it is, unless it must be built anew)
+          as_is = rec_as_is(v)
+          if as_is == false then
+            run_at, retry, stall, timeout, trace, data = rec_lease(v)
+          end
+        elseif v then
+          run_at, retry, stall, timeout, trace, data = rec_lease(v)
         end
-        if run_at == nil then
+        if run_at == nil and not as_is then
           -- a stray id without a record: only dropped from B:waiting (below); with a value
           -- that is not a record (written around the library), that value goes too (no
           -- job could ever run it, and the id is free for a dispatch again, as in 4.x)
@@ -2431,14 +2550,23 @@ local function dequeue(keys, args)
           taken = taken + 1
           local token = nonce .. '.' .. small(taken)
           leases[2 * taken - 1] = id
-          leases[2 * taken] = nums and (token .. ' ' .. nums .. ' ' .. attempts .. ' ' .. now_s)
-            or (token .. ' ' .. now_s) -- (lease_line, inline)
-          if #trace > MAX_TRACE then -- one written around the library: none (4.3.0)
-            trace = ''
+          leases[2 * taken] = token .. ' ' .. now_s -- (lease_line, inline)
+          if rec_reply then
+            if not as_is then -- numbers garbled or a trace too long: built anew, as read
+              local job = rec_job(id, v)
+              v = rec_pack(run_at, job.enqueued_at or '0', retry, stall, timeout,
+                job.attempts, #trace > MAX_TRACE and '' or trace, data)
+            end
+            out[o + 1], out[o + 2], out[o + 3] = id, token, v
+            o = o + 3
+          else
+            if #trace > MAX_TRACE then -- one written around the library: none (4.3.0)
+              trace = ''
+            end
+            out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, token, data, run_at
+            out[o + 5], out[o + 6], out[o + 7], out[o + 8] = retry, stall, timeout, trace
+            o = o + 8
           end
-          out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, token, data, run_at
-          out[o + 5], out[o + 6], out[o + 7], out[o + 8] = retry, stall, timeout, trace
-          o = o + 8
         end
       end
       -- every record selected is leased: they leave B:waiting together

@@ -5,7 +5,10 @@ end of an attempt (finish, retry, fail, cancel, sweep, requeue, purge) on 5.0's 
 server runs both. A queue's 4.x state made by 4.4.0's own calls (prefix p4) is copied into
 5.0's layout (prefix p5: `as_layout5`, what the upgrade of the spec makes of it); then each
 call runs on both, and the replies and the stored states (the 4.x one seen through
-`as_layout5`) must be equal.
+`as_layout5`) must be equal. Leases compare as (token, leased_at) only (`lease_key`): since
+5.1.0 a lease holds no numbers of its record, which 4.x's held between them. A dequeue is
+run on the 5.x side both ways: as called (8 values per job, as 4.4.0's) and, on a copy of
+its queue, with the reply 'rec' (id, token, record per job: `rec_reply_checked`).
 """
 
 from __future__ import annotations
@@ -65,6 +68,19 @@ def ended_hash(h: dict[str, str], state: str) -> dict[str, str]:
     if h.get("attempts", "0") not in first or any(h.get(c, "0") != "0" for c in counts):
         return h
     return {k: v for k, v in h.items() if k not in counts}
+
+
+def lease_key(value: str) -> tuple[str, str]:
+    """A lease as (token, leased_at): 5.1.0 writes "<token> <leased_at>", 4.1.0 to 5.0.0 the
+    numbers of the record between them (which 5.1.0's ack reads from the record)."""
+    words = value.split(" ")
+    return words[0], words[-1]
+
+
+def leases_keyed(kind_value: tuple[str, Any]) -> tuple[str, Any]:
+    """A lease hash (read()'s tuple) with its values as lease_key gives them."""
+    kind, value = kind_value
+    return kind, {id: lease_key(v) for id, v in value.items()}
 
 
 def state_of(r: redis.Redis, base: str, id: str) -> str:
@@ -165,6 +181,7 @@ class Twin:
         self.r = r
         self.B4 = QueueKeys(prefix + "-4", "q", "q").base
         self.B5 = QueueKeys(prefix + "-5", "q", "q").base
+        self.B5r = QueueKeys(prefix + "-5r", "q", "q").base  # a copy of B5: a dequeue's 'rec'
         self.F4 = QueueKeys(prefix + "-4", "q-fail", "q").base
         self.F5 = QueueKeys(prefix + "-5", "q-fail", "q").base
         self.copied = False  # before to_layout5, both() runs 4.4.0 only (making the state)
@@ -187,6 +204,8 @@ class Twin:
         if not self.copied:
             return self.old(name, *args, fail_queue=fail_queue)
         self.log.append((name, args))
+        if name == "dequeue":
+            self.copy_5(self.B5, self.B5r)
         replies = []
         for lib, B, F in (("q44_", self.B4, self.F4), ("queasy_", self.B5, self.F5)):
             keys = [B, F] if fail_queue else [B]
@@ -195,12 +214,48 @@ class Twin:
             except redis.ResponseError as e:
                 replies.append(("error", str(e).split(" script: ")[0]))
         assert replies[0] == replies[1], (name, args, replies)
+        if name == "dequeue":
+            self.rec_reply_checked(args, replies[1])
         return replies[0]
+
+    def copy_5(self, src: str, dst: str) -> None:
+        """Every key of 5.x queue `src` copied under `dst` (those of `dst` dropped first)."""
+        for key in self.r.scan_iter(match=dst + ":*", count=1000):
+            self.r.unlink(key)
+        for key in self.r.scan_iter(match=src + ":*", count=1000):
+            self.r.copy(key, dst + key[len(src) :])
+
+    def rec_reply_checked(self, args: tuple, wide: Any) -> None:
+        """The dequeue `args` again on B5r (B5 as it was before it) with the reply 'rec': the
+        same status, next_run_at, ids and tokens as `wide` (B5's reply), each job's record
+        as B5 held it (every record of the walk is the library's: handed out as it is) and
+        the same numbers, trace and data as `wide` has; B5r's keys then equal B5's."""
+        before = self.r.hgetall(self.B5r + ":rec")
+        padded = list(args) + [""] * (6 - len(args))  # (ARGV[7], park: '' is none)
+        rec = self.r.fcall("queasy_dequeue", 1, self.B5r, *padded, "rec")
+        assert rec[:2] == wide[:2], (args, rec, wide)
+        jobs = [wide[k : k + 8] for k in range(2, len(wide), 8)]
+        assert len(rec) - 2 == 3 * len(jobs), (args, rec, wide)
+        for n, (id, token, data, run_at, retry, stall, timeout, trace) in enumerate(jobs):
+            assert rec[2 + 3 * n : 4 + 3 * n] == [id, token], (args, rec, wide)
+            record = rec[4 + 3 * n]
+            assert record == before[id], (args, record, before[id])
+            nums, r_trace, r_data = record.split("\t", 2)
+            words = nums.split(" ")
+            assert (words[0], *words[2:5]) == (run_at, retry, stall, timeout), (record, wide)
+            assert (r_trace, r_data) == (trace, data), (record, wide)
+        old, new = state(self.r, self.B5), state(self.r, self.B5r)
+        assert old == new, (args, old, new)
+        for key in self.r.scan_iter(match=self.B5r + ":*", count=1000):
+            self.r.unlink(key)
 
     def check(self) -> None:
         """The stored states are equal (4.4.0's as 5.0 holds it)."""
         for b4, b5 in ((self.B4, self.B5), (self.F4, self.F5)):
             old, new = as_layout5(self.r, b4), state(self.r, b5)
+            for name in set(old) & set(new):
+                if name.startswith(":lease:"):  # (the forms of 4.x and 5.1.0: lease_key)
+                    old[name], new[name] = leases_keyed(old[name]), leases_keyed(new[name])
             for name in sorted(set(old) | set(new)):
                 assert old.get(name) == new.get(name), (name, old.get(name), new.get(name))
             for name in old:  # a kept record's fields in 4.4.0's order (a small hash's)

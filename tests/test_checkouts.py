@@ -43,8 +43,10 @@ def built(redis_url: str, prefix: str) -> Iterator[tuple[Any, WorkerProc, socket
 
 
 def record(job_id: str, token: str) -> list[bytes]:
-    """One job of a dequeue reply, as the library writes it."""
-    return [job_id.encode(), token.encode(), b'{"x": 1}', b"1700000000000", b"0", b"0", b"0", b""]
+    """One job of a dequeue reply, as the library writes it (its reply 'rec': id, token, the
+    record string)."""
+    rec = b'1700000000000 1700000000000 0 0 0 0\t\t{"x": 1}'
+    return [job_id.encode(), token.encode(), rec]
 
 
 def test_a_reply_with_more_jobs_than_asked_takes_none_of_them(built: Any) -> None:
@@ -80,3 +82,29 @@ def test_a_second_lease_is_held_only_for_an_id_running_in_its_own_queue(built: A
     checkouts.take(sup.states["a"], [proc], [0, b""] + record("same", "t.3"), now, batches)
     assert [(j.queue, j.token) for j in batches[proc]] == [("b", "t.2")]
     assert [(job.queue, job.token) for job, _ in checkouts.twins.held] == [("a", "t.3")]
+
+
+def test_a_reply_s_records_are_parsed_and_a_malformed_one_is_dropped_alone(built: Any) -> None:
+    """Library 5.1.0's reply 'rec' gives each job's record string; take() splits it: the
+    numbers at their places (run_at, then retry, stall and timeout after enqueued_at), the
+    trace when there is one (at most MAX_TRACE), and the data after the second tab as it is
+    (tabs and all). A record that does not parse is dropped alone, its units released."""
+    sup, proc, _ = built
+    state = sup.states["a"]
+    free = proc.free
+    proc.free -= 4
+    trace = b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-01"
+    reply = [0, b""] + [b"j1", b"t.1", b"1700000000005 - 3 2 1 9\t" + trace + b'\t"a\tb"']
+    reply += [b"j2", b"t.2", b"1700000000000 1 0 0 0\t\t{}"]  # five numbers: malformed
+    reply += [b"j3", b"t.3", b"x 1 0 0 0 0\t\t{}"]  # a run_at that is no integer
+    reply += [b"j4", b"t.4", b"1700000000000 1 0 0 0 0\t" + b"a" * 300 + b"\t{}"]
+    batches: dict = {}
+    sup.rounds.checkouts.take(state, [proc] * 4, reply, time.time(), batches)
+    jobs = {job.id: job for job in batches[proc]}
+    assert set(jobs) == {"j1", "j4"}, jobs
+    j1 = jobs["j1"]
+    assert (j1.token, j1.data, j1.run_at) == ("t.1", b'"a\tb"', 1700000000005)
+    assert (j1.retry_count, j1.stall_count, j1.timeout_count) == (3, 2, 1)
+    assert j1.trace == trace.decode()
+    assert jobs["j4"].trace == ""  # longer than MAX_TRACE: none
+    assert proc.free == free - 2  # the two dropped gave their units back

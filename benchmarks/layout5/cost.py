@@ -2,7 +2,8 @@
 today's library and through `benchmarks/layout5/proto.lua`, side by side.
 
     python benchmarks/layout5/cost.py [--n 20000] [--batch 10] [--maxlen 100000]
-        [--keep 1000] [--layouts 4,5,5h] [--library FILE] [--callgrind] [--keep-dumps DIR]
+        [--keep 1000] [--layouts 4,5,5h] [--library FILE] [--reply rec|wide] [--callgrind]
+        [--keep-dumps DIR]
 
 One server of its own (the embedded one; with --callgrind under valgrind, as
 benchmarks/server_cost.py, whose helpers this reuses). For each layout, on a queue of its own:
@@ -11,7 +12,8 @@ then N jobs measured phase by phase, as server_cost.py runs them: dispatch (call
 ids given: "<round>-<k>"), dequeue (--batch per FCALL, one client), finish (--batch acks per
 FCALL, events and --keep ends kept). Layouts: 4 (the library as loaded, the bundled one or
 --library FILE, e.g. tests/fixtures/queasy-4.4.0.lua to compare 4.4.0 with 5.0: queasy_dispatch,
-queasy_dequeue, queasy_finish), 5 (the prototype, records as fields of one hash per queue:
+queasy_dequeue with the reply 'rec' of 5.1.0, or with --reply wide the 8 values per job of
+earlier libraries, queasy_finish), 5 (the prototype, records as fields of one hash per queue:
 q5_*), 5h (the prototype, a record as a small hash per job: q5h_*). The same arguments go to
 each. Printed per phase and layout: FCALL µs/job, the server process's CPU µs/job, the
 commands run inside (calls/job), and with --callgrind the server's instructions per job.
@@ -38,8 +40,8 @@ import redis
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
-from benchmarks.server_cost import JOB_WIDTH, measure, server_for  # noqa: E402
-from queasy_py.store.library import ensure_loaded  # noqa: E402
+from benchmarks.server_cost import REPLIES, measure, server_for  # noqa: E402
+from queasy_py.store.library import ensure_loaded, parse_version  # noqa: E402
 
 PROTO = HERE / "proto.lua"
 #: layout -> (the function names' prefix, what it is)
@@ -65,7 +67,9 @@ def run_layout(r: redis.Redis, layout: str, args: argparse.Namespace, server: ps
     """Two rounds of N jobs through `layout` (the second measured); the rows and what the
     correctness check needs."""
     pre, n, batch = LAYOUTS[layout][0], args.n, args.batch
-    width = JOB_WIDTH if layout == "4" else 3  # (the prototype replies id, token, record)
+    # (the prototype replies id, token, record; the library as --reply asks: ARGV[8])
+    form, width = REPLIES[args.reply] if layout == "4" else ("", 3)
+    extra = ["", form] if layout == "4" else []  # (ARGV[7] '': no park)
     base = f"l{layout}:{{b}}:b"
     seen: dict[str, list] = {"codes": [], "leases": [], "ended": []}
 
@@ -88,6 +92,7 @@ def run_layout(r: redis.Redis, layout: str, args: argparse.Namespace, server: ps
             k += 1
             reply = r.execute_command(
                 "FCALL", pre + "dequeue", 1, base, "", "c1", f"n{k}", batch, 60000, args.maxlen,
+                *extra,
             )  # fmt: skip
             jobs = reply[2:]
             if not jobs:
@@ -218,6 +223,9 @@ def main() -> int:
     parser.add_argument("--library", metavar="FILE",
                         help="layout 4: this library file instead of the bundled lua/queasy.lua"
                         " (e.g. tests/fixtures/queasy-4.4.0.lua, to compare with it)")  # fmt: skip
+    parser.add_argument("--reply", choices=sorted(REPLIES), default="rec",
+                        help="layout 4, dequeue's reply: rec (id, token, record: library 5.1.0)"
+                        " or wide (8 values per job, as before 5.1.0)")  # fmt: skip
     parser.add_argument("--callgrind", action="store_true", help="count instructions too")
     parser.add_argument("--keep-dumps", metavar="DIR",
                         help="with --callgrind: keep the dumps in DIR (per layout, in order:"
@@ -235,6 +243,8 @@ def main() -> int:
         if args.library:
             r.function_load(Path(args.library).read_text(), replace=True)
         library = r.fcall("queasy_library", 0).decode()
+        if "4" in layouts and args.reply == "rec" and parse_version(library.split(" ")[1]) < (5, 1):
+            parser.error(f"--reply rec needs library 5.1.0 or later, not {library}: --reply wide")
         r.function_load(PROTO.read_text(), replace=True)
         server = psutil.Process(pid)
         for layout in layouts:
@@ -248,7 +258,8 @@ def main() -> int:
             except Failed as exc:
                 failures.append(f"layout {layout}: {exc}")
     print(f"{args.n:,} no-op jobs, {args.batch} per dequeue/finish, maxlen {args.maxlen},"
-          f" keep {args.keep}; layout 4 is the library {library}")  # fmt: skip
+          f" keep {args.keep}; layout 4 is the library {library} (dequeue's reply"
+          f" {args.reply})")  # fmt: skip
     print()
     grind_col = " instructions/job |" if grind else ""
     print(f"| layout | phase | FCALL µs/job | process CPU µs/job | commands run inside, calls/job"

@@ -25,8 +25,10 @@ if TYPE_CHECKING:
     from ..store.pubsub import Message
     from .heartbeat import ServerClock
 
-#: fields of one job in a dequeue reply (after status and next_run_at)
-JOB_FIELDS = 8
+#: fields of one job in a dequeue reply (after status and next_run_at): its id, lease token
+#: and record (queasy_dequeue's reply 'rec': "<run_at> <enqueued_at> <retry_count>
+#: <stall_count> <timeout_count> <attempts>\t<trace>\t<data>")
+JOB_FIELDS = 3
 Batches = dict[WorkerProc, list[Running]]
 
 
@@ -103,10 +105,13 @@ class Checkouts:
         seq = self.seq
         for i in range(count):
             at = 2 + i * JOB_FIELDS
-            job_id, token, data, run_at, retries, stalls, timeouts, trace = reply[at : at + 8]
+            job_id, token, rec = reply[at], reply[at + 1], reply[at + 2]
             proc = procs[i]
             try:
                 seq += 1
+                # "<run_at> <enqueued_at> <retry> <stall> <timeout> <attempts>\t<trace>\t<data>"
+                nums, trace, data = rec.split(b"\t", 2)
+                run_at, _, retries, stalls, timeouts, _ = nums.split(b" ")
                 job = Running(
                     seq,
                     name,
@@ -124,9 +129,7 @@ class Checkouts:
                     job.trace = trace.decode(errors="replace")  # as a pushed one's
             except (ValueError, TypeError, AttributeError) as exc:
                 seq -= 1
-                self.malformed(
-                    "job record", (job_id, token, run_at, retries, stalls, timeouts, exc)
-                )
+                self.malformed("job record", (job_id, token, rec, exc))  # (%.200r: cut)
                 self.workers.release(size, [proc])  # its lease goes back with a reconcile
                 continue
             if job.stall_count >= max_stalls or job.timeout_count >= max_timeouts:

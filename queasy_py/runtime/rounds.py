@@ -168,6 +168,7 @@ class Rounds:
                     self.expiry_ms,
                     state.spec.events_maxlen,
                     1,  # park the slots left: dispatch pushes the next ready job here
+                    "rec",  # per job its id, token and record (checkouts.take parses it)
                 )
             )
 
