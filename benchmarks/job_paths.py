@@ -37,11 +37,12 @@ from queasy_py.store.embedded import EmbeddedServer  # noqa: E402
 
 
 def reply(first: int, batch: int) -> list:
-    """A dequeue reply of `batch` jobs, as the library writes it."""
+    """A dequeue reply of `batch` jobs, as the library writes it (the 'rec' form of library
+    5.1.0: id, token, record string)."""
     out: list = [0, b""]
     for seq in range(first, first + batch):
-        out += [b"job%012d" % seq, b"0123456789ab.%x" % seq, b'{"n": 1}', b"1700000000000"]
-        out += [b"0", b"0", b"0", b""]
+        record = b'1700000000000 1700000000000 0 0 0 0\t\t{"n": 1}'
+        out += [b"job%012d" % seq, b"0123456789ab.%x" % seq, record]
     return out
 
 
