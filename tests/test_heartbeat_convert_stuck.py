@@ -6,6 +6,7 @@ queue, and logged only 'first heartbeat failed: WRONGTYPE ...' without naming th
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import redis
 from runtime_helpers import Runtime, queue_spec, runtime, wait_for
 
 from queasy_py.runtime.heartbeat import Heartbeat
+from queasy_py.store.connection import loop_client
 from queasy_py.store.keys import QueueKeys
 from queasy_py.store.library import ensure_loaded
 
@@ -95,3 +97,23 @@ def test_a_supervisor_runs_the_other_queues_beside_one_that_cannot_convert(
     assert sup.stop() == 0, log
     assert "first heartbeat failed" not in log, log
     assert f"ERROR heartbeat of queue {B} failed on its own keys" in log, log
+
+
+def test_on_a_cluster_a_beat_goes_on_beside_a_queue_that_cannot_convert(
+    local_cluster: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    prefix = f"hc-{uuid.uuid4().hex[:8]}"
+    r = loop_client(local_cluster.url)
+    try:
+        ensure_loaded(r)
+        bad = stuck_4x_queue(r, prefix, "bad")
+        ok = QueueKeys(prefix, "ok", "ok").base
+        hb = Heartbeat(local_cluster.url, {bad: 100, ok: 100}, lambda: "c1", 5.0, lambda: None)
+        with caplog.at_level(logging.INFO, logger="queasy_py"):
+            for _ in range(2):
+                assert hb.beat_or_reload(r, "c1") is True
+        assert r.zscore(ok + ":expiry", "c1") is not None
+        errors = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.ERROR]
+        assert len(errors) == 1 and bad in errors[0] and "WRONGTYPE" in errors[0], errors
+    finally:
+        r.close()
