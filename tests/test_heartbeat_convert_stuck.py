@@ -6,6 +6,7 @@ queue, and logged only 'first heartbeat failed: WRONGTYPE ...' without naming th
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,10 +94,14 @@ def test_a_supervisor_runs_the_other_queues_beside_one_that_cannot_convert(
     sup = rt.start({"ok": queue_spec(), "bad": queue_spec()}, workers=1)
     rt.queue("ok").dispatch({"tag": "ok1"})
     wait_for(lambda: rt.records("end", tag="ok1"), 20, "the job of the converted queue runs")
+    # its dequeue fails at each poll (1 s): an absence of repeated lines is checked over 3
+    polls = time.monotonic() + 3.5
+    wait_for(lambda: time.monotonic() > polls, 10, "three polls of the stuck queue")
     log = sup.log()
     assert sup.stop() == 0, log
     assert "first heartbeat failed" not in log, log
-    assert f"ERROR heartbeat of queue {B} failed on its own keys" in log, log
+    assert log.count(f"ERROR heartbeat of queue {B} failed on its own keys") == 1, log
+    assert log.count("ERROR dequeue of bad failed: WRONGTYPE") == 1, log
 
 
 def test_on_a_cluster_a_beat_goes_on_beside_a_queue_that_cannot_convert(

@@ -82,6 +82,8 @@ class Rounds:
         self.outage = Outage()
         self.reload = False  # the library is gone (FUNCTION FLUSH, a restart): load it again
         self.unserved: set[QueueState] = set()  # ready queues the last plan gave no units
+        #: queues whose dequeue fails on their own (not an outage): logged once until it works
+        self.failing: set[str] = set()
         # lease tokens are <nonce>.<n>: a nonce per round, unique for this process (a random
         # part, then a count: no uuid per round)
         self.nonce_prefix = os.urandom(6).hex()
@@ -283,8 +285,13 @@ class Rounds:
                     refused = reply
                 else:  # not an outage: this queue waits a poll, the others go on
                     state.ready_at = now + self.poll_interval
-                    log.error("dequeue of %s failed: %s", state.name, reply)
+                    if state.name not in self.failing:  # once, not once per poll
+                        self.failing.add(state.name)
+                        log.error("dequeue of %s failed: %s", state.name, reply)
                 continue
+            if state.name in self.failing:
+                self.failing.discard(state.name)
+                log.warning("dequeue of %s works again", state.name)
             try:
                 self.checkouts.take(state, procs, reply, now, batches)
             except (ValueError, TypeError, IndexError, AttributeError):
