@@ -297,6 +297,17 @@ class Rounds:
             except (ValueError, TypeError, IndexError, AttributeError):
                 self.checkouts.malformed("dequeue reply", reply)
                 self.workers.release(state.spec.size, procs)
+                # a library older than the bundled one loaded meanwhile (a process of an
+                # earlier version reloaded its own after a flush): 5.0.0 ignores ARGV[8] and
+                # replies 8 values per job. Load the bundled one again (ensure_loaded replaces
+                # an older one), and hand back now the leases of the reply dropped
+                if not self.reload:
+                    log.warning(
+                        "a dequeue reply of %s is not library 5.1.0's reply 'rec' (an older "
+                        "library on the server?): loading the bundled one again",
+                        state.name,
+                    )
+                self.reload = self.reconcile = True
         self.checkouts.send(batches)
         if refused is not None:
             self._redis_down(refused)
