@@ -87,6 +87,11 @@ class Checkouts:
         count = fields // JOB_FIELDS
         if count > len(procs):  # checked before any job is taken: none starts, none is lost
             raise ValueError(f"{count} jobs for {len(procs)} asked")
+        for at in range(4, len(reply), JOB_FIELDS):  # each record: "<numbers>\t<trace>\t..."
+            rec = reply[at]
+            if not isinstance(rec, bytes) or rec.find(b"\t", rec.find(b"\t") + 1) < 0:
+                # 8 values per job read 3 by 3 (library 5.0.0, which ignores ARGV[8] 'rec')
+                raise ValueError("not the reply 'rec' of library 5.1.0")
         if count < len(procs):
             state.ready_at = self.clock.local(int(next_run_at)) if next_run_at else float("inf")
             # a wake-up that came while the dequeue was on its way is not in its reply

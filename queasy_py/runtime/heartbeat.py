@@ -11,18 +11,34 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 
 import redis
 
-from ..errors import ConnectionFailed
+from ..errors import ConnectionFailed, QueasyError
 from ..store.connection import loop_client
 from ..store.library import Status, ensure_loaded, fcall
-from ..store.upgrading import maybe_upgrading, upgraded
+from ..store.upgrading import maybe_upgrading, upgraded, upgrading
 from .outage import redirect_log, redirected
 from .registry import Registry
 
 log = logging.getLogger("queasy_py")
+
+
+def queue_error(exc: BaseException) -> bool:
+    """Whether `exc`, a queue's bump refused, is that queue's own: an error raised in the
+    library's code by a key of the queue (written around the library: WRONGTYPE, a value it
+    cannot read) or the conversion of its 4.x keys failing, which no retry mends. Not an
+    error of the server (its library gone, read-only, loading, out of memory, a slot moving:
+    those fail the whole beat, as before)."""
+    if isinstance(exc, QueasyError):
+        return True
+    text = str(exc)
+    return (
+        type(exc) is redis.exceptions.ResponseError
+        and "function not found" not in text.lower()
+        and ("script:" in text or "user_function" in text)
+    )
 
 
 def expiry_ms(interval: float) -> int:
@@ -86,6 +102,8 @@ class Heartbeat(threading.Thread):
         self.redirects = redirect_log  # a cluster's slot moving: a WARNING now and then
         self.errors = 0  # beats that failed (/metrics: queasy_redis_errors_total)
         self.last_ok = time.monotonic()
+        #: queues whose bump fails on their own keys (queue_error): base -> the error logged
+        self.broken: dict[str, str] = {}
         self._redis: redis.Redis | None = None
         self.clock = ServerClock()
 
@@ -109,13 +127,52 @@ class Heartbeat(threading.Thread):
             if self.registry is not None:
                 self.registry.add(pipe, client_id, server_now, self.expiry_ms / 1000.0)
             before = time.time()
-            replies = pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
             if not cluster:
                 server, *replies = replies
+                if isinstance(server, Exception):
+                    raise server
                 self.clock.measure(server, before, time.time())
+        for reply in replies[len(self.bases) :]:  # the registry's commands
+            if isinstance(reply, Exception):
+                raise reply
+        statuses = self.bumped(r, client_id, replies[: len(self.bases)])
         if self.registry is not None:
             self.registry.prune(r, server_now)
-        return all(int(s) != Status.SWEPT for s in replies[: len(self.bases)])
+        return all(int(s) != Status.SWEPT for s in statuses)
+
+    def bumped(self, r: redis.Redis, client_id: str, replies: list[object]) -> list[object]:
+        """The statuses of the bumps that worked, from the replies of the beat's bumps (one per
+        queue, errors in place). A queue refused with 'TRYAGAIN upgrading' (keys of library
+        4.x) is converted (queasy_upgrade) and bumped again. A queue whose bump fails on its
+        own keys (queue_error: a conversion that fails every time, a key written around the
+        library) is left out, with one ERROR naming it until it works again: the other
+        queues' beat goes on (before, one such queue failed every beat, and the supervisor,
+        never alive, ran no job of any queue). Any other error fails the whole beat."""
+        out = []
+        for (base, maxlen), reply in zip(self.bases.items(), replies, strict=True):
+            if isinstance(reply, Exception) and upgrading(reply):
+                try:
+                    self.convert_one(r, base)
+                    reply = fcall(r, "queasy_bump", [base], ["", client_id, self.expiry_ms, maxlen])
+                except (redis.ResponseError, QueasyError) as exc:
+                    reply = exc
+            if isinstance(reply, Exception):
+                if not queue_error(reply):
+                    raise reply
+                if base not in self.broken:
+                    log.error(
+                        "heartbeat of queue %s failed on its own keys (the other queues go "
+                        "on; it gets no jobs until this is mended): %s",
+                        base,
+                        reply,
+                    )
+                self.broken[base] = str(reply)
+                continue
+            if self.broken.pop(base, None) is not None:
+                log.warning("heartbeat of queue %s works again", base)
+            out.append(reply)
+        return out
 
     def beat_or_reload(self, r: redis.Redis, client_id: str) -> bool:
         """Beat; when the library is gone (FUNCTION FLUSH, a server restarted without its
@@ -135,23 +192,31 @@ class Heartbeat(threading.Thread):
 
     def convert(self, r: redis.Redis) -> None:
         """Convert the 4.x keys of every listened queue to library 5.0's layout (a queue in
-        that layout answers at once)."""
+        that layout answers at once); a queue that cannot be converted is logged (ERROR,
+        naming it) and left as it is."""
         for base in self.bases:
-            started, steps = time.monotonic(), itertools.count(1)
+            try:
+                self.convert_one(r, base)
+            except (redis.ResponseError, QueasyError) as exc:
+                log.error("the keys of library 4.x of %s cannot be converted: %s", base, exc)
 
-            def step(base: str = base, steps: Iterator[int] = steps) -> object:
-                next(steps)
-                return r.fcall("queasy_upgrade", 1, base, "")
+    def convert_one(self, r: redis.Redis, base: str) -> None:
+        """Convert the 4.x keys of queue `base` (queasy_upgrade until done)."""
+        started, steps = time.monotonic(), itertools.count(1)
 
-            upgraded(step)
-            done = next(steps) - 1
-            if done > 1:
-                log.info(
-                    "converted the keys of library 4.x of %s to library 5.0 (%d steps, %.1f s)",
-                    base,
-                    done,
-                    time.monotonic() - started,
-                )
+        def step() -> object:
+            next(steps)
+            return r.fcall("queasy_upgrade", 1, base, "")
+
+        upgraded(step)
+        done = next(steps) - 1
+        if done > 1:
+            log.info(
+                "converted the keys of library 4.x of %s to library 5.0 (%d steps, %.1f s)",
+                base,
+                done,
+                time.monotonic() - started,
+            )
 
     def run(self) -> None:
         while True:

@@ -82,6 +82,8 @@ class Rounds:
         self.outage = Outage()
         self.reload = False  # the library is gone (FUNCTION FLUSH, a restart): load it again
         self.unserved: set[QueueState] = set()  # ready queues the last plan gave no units
+        #: queues whose dequeue fails on their own (not an outage): logged once until it works
+        self.failing: set[str] = set()
         # lease tokens are <nonce>.<n>: a nonce per round, unique for this process (a random
         # part, then a count: no uuid per round)
         self.nonce_prefix = os.urandom(6).hex()
@@ -283,13 +285,29 @@ class Rounds:
                     refused = reply
                 else:  # not an outage: this queue waits a poll, the others go on
                     state.ready_at = now + self.poll_interval
-                    log.error("dequeue of %s failed: %s", state.name, reply)
+                    if state.name not in self.failing:  # once, not once per poll
+                        self.failing.add(state.name)
+                        log.error("dequeue of %s failed: %s", state.name, reply)
                 continue
+            if state.name in self.failing:
+                self.failing.discard(state.name)
+                log.warning("dequeue of %s works again", state.name)
             try:
                 self.checkouts.take(state, procs, reply, now, batches)
             except (ValueError, TypeError, IndexError, AttributeError):
                 self.checkouts.malformed("dequeue reply", reply)
                 self.workers.release(state.spec.size, procs)
+                # a library older than the bundled one loaded meanwhile (a process of an
+                # earlier version reloaded its own after a flush): 5.0.0 ignores ARGV[8] and
+                # replies 8 values per job. Load the bundled one again (ensure_loaded replaces
+                # an older one), and hand back now the leases of the reply dropped
+                if not self.reload:
+                    log.warning(
+                        "a dequeue reply of %s is not library 5.1.0's reply 'rec' (an older "
+                        "library on the server?): loading the bundled one again",
+                        state.name,
+                    )
+                self.reload = self.reconcile = True
         self.checkouts.send(batches)
         if refused is not None:
             self._redis_down(refused)
