@@ -27,6 +27,7 @@ from runtime_helpers import ROOT, Runtime, queue_spec, wait_for
 
 from queasy_py.aio import AsyncClient
 from queasy_py.errors import InvalidInput
+from queasy_py.store.keys import QueueKeys
 
 SCHEDULED = "tests.runtime_handlers.scheduled"
 SECONDS = float(os.environ.get("QUEASY_SCHEDULE_SECONDS", "20"))
@@ -362,3 +363,25 @@ def async_requeue(rt: Runtime) -> Any:
 def failed_ids(q: Any) -> set[str]:
     jobs, _ = q.jobs("failed", limit=1000)
     return {j.id for j in jobs}
+
+
+def test_a_schedule_check_that_fails_on_its_queue_logs_once_until_it_works(
+    rt: Runtime,
+) -> None:
+    """A check refused by the queue's own keys (B:schedule written around the library as a
+    string: WRONGTYPE, every check) logged an ERROR at every check (each poll_interval) for as
+    long as it lasted; now once, and once more when it works again."""
+    sup = rt.start({"q": queue_spec(SCHEDULED, schedule="* * * * * *")}, poll_interval=0.2)
+    rt.wait_records(1, "start", timeout=20)
+    skey = QueueKeys(rt.prefix, "q", "q").base + ":schedule"
+    rt.r.delete(skey)
+    rt.r.set(skey, "not a hash")
+    failed = "ERROR schedule check of q failed"
+    wait_for(lambda: failed in sup.log(), 10, "a failed check logged")
+    until = time.monotonic() + 1.0
+    wait_for(lambda: time.monotonic() > until, 5, "five more checks (poll_interval 0.2 s)")
+    assert sup.log().count(failed) == 1, sup.log()
+    rt.r.delete(skey)
+    wait_for(lambda: "schedule check of q works again" in sup.log(), 10, "works again")
+    assert sup.stop() == 0
+    assert sup.log().count(failed) == 1

@@ -81,6 +81,7 @@ class Rounds:
         self.given_up: list[str] = []  # client ids this process gave up (swept): their leases
         self.outage = Outage()
         self.reload = False  # the library is gone (FUNCTION FLUSH, a restart): load it again
+        self.older = False  # ...or the server's is older than ours (a dequeue reply not ours)
         self.unserved: set[QueueState] = set()  # ready queues the last plan gave no units
         #: queues whose dequeue fails on their own (not an outage): logged once until it works
         self.failing: set[str] = set()
@@ -119,8 +120,11 @@ class Rounds:
             try:
                 if self.reload:
                     version = ensure_loaded(self.r)
-                    log.warning("the queasy library is gone; loading %s again", version)
-                    self.reload = False
+                    if self.older:  # (its WARNING came with the reply)
+                        log.info("loaded the queasy library %s again", version)
+                    else:
+                        log.warning("the queasy library is gone; loading %s again", version)
+                    self.reload = self.older = False
                 if self.reconcile:
                     self._reconcile(client_id)
             except (redis.RedisError, OSError, QueasyError) as exc:
@@ -231,7 +235,7 @@ class Rounds:
         # undone leaves a lease this client no longer knows of): reconcile once back
         self.reconcile = True
         if "FUNCTION NOT FOUND" in str(exc).upper():
-            self.reload = True
+            self.reload, self.older = True, False
         self.outage.down(exc)
 
     def _on_round_error(self, acks: list[outcomes.Ack], asks: Asks, exc: BaseException) -> None:
@@ -307,7 +311,7 @@ class Rounds:
                         "library on the server?): loading the bundled one again",
                         state.name,
                     )
-                self.reload = self.reconcile = True
+                self.reload = self.reconcile = self.older = True
         self.checkouts.send(batches)
         if refused is not None:
             self._redis_down(refused)

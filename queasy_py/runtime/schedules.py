@@ -199,6 +199,7 @@ class ScheduleCheck:
         self.seen = Seen()
         self.due = 0.0  # monotonic time of the next check (0: now)
         self.inflight = False
+        self.failing = False  # its last check failed on its own (logged once until it works)
 
     def text(self) -> str:
         """The text to send: the stored one where it spells this schedule another way (written
@@ -357,9 +358,14 @@ class Schedules:
                 if transient(reply):
                     refused, check.due = reply, 0.0
                 else:  # learn what is stored again before the next
-                    log.error("schedule check of %s failed: %s", check.state.name, reply)
+                    if not check.failing:  # once until it works again, not once a check
+                        log.error("schedule check of %s failed: %s", check.state.name, reply)
+                    check.failing = True
                     check.seen = Seen()
                 continue
+            if check.failing:
+                check.failing = False
+                log.warning("schedule check of %s works again", check.state.name)
             try:
                 check.on_reply(reply, self.clock)
             except (ValueError, TypeError, AttributeError):
