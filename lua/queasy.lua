@@ -247,6 +247,46 @@ end
 
 -- The id rules of queasy_py/validate.py, on bytes: 1-256 characters (UTF-8), no ASCII control
 -- or space, no C1 control, no Unicode space (so newline-separated messages cannot be shifted).
+-- Where `s` stops being well-formed UTF-8 (as Python's strict decoder reads it: no overlong
+-- form, no surrogate, nothing past U+10FFFF): the index of the first byte of the first bad
+-- sequence, or nil when it is all well-formed. Called for an id that is not printable ASCII.
+local function utf8_bad(s)
+  local byte, i, n = string.byte, 1, #s
+  while i <= n do
+    local c = byte(s, i)
+    if c < 0x80 then
+      i = i + 1
+    else
+      local len, lo, hi = nil, 0x80, 0xBF -- (lo, hi: the second byte's range)
+      if c >= 0xC2 and c <= 0xDF then
+        len = 2
+      elseif c >= 0xE0 and c <= 0xEF then
+        len = 3
+        lo = c == 0xE0 and 0xA0 or 0x80
+        hi = c == 0xED and 0x9F or 0xBF
+      elseif c >= 0xF0 and c <= 0xF4 then
+        len = 4
+        lo = c == 0xF0 and 0x90 or 0x80
+        hi = c == 0xF4 and 0x8F or 0xBF
+      else
+        return i
+      end
+      local c2 = byte(s, i + 1)
+      if not c2 or c2 < lo or c2 > hi then
+        return i
+      end
+      for k = i + 2, i + len - 1 do
+        local ck = byte(s, k)
+        if not ck or ck < 0x80 or ck > 0xBF then
+          return i
+        end
+      end
+      i = i + len
+    end
+  end
+  return nil
+end
+
 local function check_id(arg, name, n)
   if type(arg) ~= 'string' or arg == '' or #arg > 4 * MAX_ID_CHARS then
     invalid(label(name, n) .. ' must be 1-256 characters, got ' .. shown(arg))
@@ -256,6 +296,11 @@ local function check_id(arg, name, n)
       invalid(label(name, n) .. ' must be 1-256 characters, got ' .. shown(arg))
     end
     return arg
+  end
+  local bad = utf8_bad(arg) -- (a supervisor could not read it: a job that never ran)
+  if bad then -- (its bytes are not echoed: the error would not be UTF-8 either)
+    invalid(label(name, n) .. ' is not UTF-8: byte ' .. bad .. ' is '
+      .. string.format('0x%02x', string.byte(arg, bad)) .. ' (' .. #arg .. ' bytes)')
   end
   local chars = #arg - select(2, string.gsub(arg, '[\128-\191]', ''))
   if chars > MAX_ID_CHARS then

@@ -320,3 +320,32 @@ def test_a_relative_retry_time_counts_from_the_servers_clock(lua: Lua, r: redis.
     assert r.zscore(lua.B + ":waiting", "rel") == run_at
     assert lua.retry("c1", late, run_at="+999999", now=MAX_MS - 10) == Ack.OK
     assert records.record(r, lua.B, "late")["run_at"] == str(MAX_MS)
+
+
+#: ids another producer could send through a raw FCALL that are not UTF-8: 5.1.0 took them
+#: (its id rules counted characters by their continuation bytes), and no supervisor could
+#: read them: each was dropped as malformed when dequeued, handed back a reconcile later, and
+#: dequeued again, for ever
+NOT_UTF8 = [
+    (b"\xff", 1),  # never in UTF-8
+    (b"ab\xc3", 3),  # a sequence cut short
+    (b"a\xc0\xafb", 2),  # an overlong '/'
+    (b"\xed\xa0\x80", 1),  # a surrogate
+    (b"\xf4\x90\x80\x80", 1),  # past U+10FFFF
+    (b"caf\xc3\xa9\x80", 6),  # a stray continuation byte after a good 'é'
+]
+
+
+@pytest.mark.parametrize("bad, at", NOT_UTF8, ids=[repr(b) for b, _ in NOT_UTF8])
+def test_dispatch_refuses_an_id_that_is_not_utf8(
+    lua: Lua, r: redis.Redis, prefix: str, before: dict, bad: bytes, at: int
+) -> None:
+    message = refused(lua.dispatch, ("new", '"x"', NOW), (bad, '"x"', NOW))
+    assert f"job 2 id is not UTF-8: byte {at} is 0x{bad[at - 1]:02x}" in message
+    assert snapshot(r, prefix) == before
+
+
+@pytest.mark.parametrize("good", ["é", "日本", "\U0001f600", "a\u00e9\u65e5\U0010fffd"])
+def test_dispatch_takes_a_well_formed_utf8_id(lua: Lua, good: str) -> None:
+    assert lua.add(good) == Dispatched.CREATED
+    assert lua.get_job(good)["id"] == good
