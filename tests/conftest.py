@@ -154,3 +154,14 @@ def q(redis_url: str, prefix: str) -> Iterator[Queue]:
 
     with Client(redis_url, workers=0, prefix=prefix) as client:
         yield client.queue("q")
+
+
+@pytest.fixture
+def rt(request: Any, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Any) -> Iterator[Any]:
+    """A test's `Runtime` (tests/runtime_helpers.py): real supervisors on the embedded server,
+    or, with ON_CLUSTER's param 'cluster', on the local Redis Cluster. A module that needs
+    another kind defines its own `rt`."""
+    from runtime_helpers import runtime
+
+    with runtime(request, redis_url, prefix, r, tmp_path) as made:
+        yield made

@@ -5,32 +5,20 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-import redis
 from runtime_helpers import (
     ACT_ASYNC,
     Runtime,
     max_units_in_flight,
     queue_spec,
-    runtime,
     wait_for,
 )
 
 from queasy_py import Client, InvalidInput, defaults
 from queasy_py.store.keys import QueueKeys
-
-
-@pytest.fixture
-def rt(
-    request: Any, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
-) -> Iterator[Runtime]:
-    with runtime(request, redis_url, prefix, r, tmp_path) as rt:
-        yield rt
 
 
 def trickle(rt: Runtime, queue: str, seconds: float, every: float, data: dict) -> threading.Thread:

@@ -12,13 +12,11 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from runtime_helpers import ACT, FAIL_RECORD, ON_CLUSTER, Runtime, queue_spec, runtime, wait_for
+from runtime_helpers import ACT, FAIL_RECORD, ON_CLUSTER, Runtime, queue_spec, wait_for
 
 from queasy_py import Client, JobInfo
 from queasy_py.aio import AsyncClient
@@ -28,14 +26,6 @@ from queasy_py.store.keys import QueueKeys
 RETURNS = "tests.runtime_handlers.returns"
 QUIET = "tests.runtime_handlers.quiet"
 FAST = {"min_backoff": 0.05, "max_backoff": 0.1}
-
-
-@pytest.fixture
-def rt(
-    request: Any, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
-) -> Iterator[Runtime]:
-    with runtime(request, redis_url, prefix, r, tmp_path) as rt:
-        yield rt
 
 
 def in_log(sup: Any, pattern: str) -> re.Match:

@@ -8,26 +8,16 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from runtime_helpers import Runtime, queue_spec, runtime, wait_for
+from runtime_helpers import Runtime, queue_spec, wait_for
 
 from queasy_py.runtime.heartbeat import Heartbeat
 from queasy_py.store.connection import loop_client
 from queasy_py.store.keys import QueueKeys
 from queasy_py.store.library import ensure_loaded
-
-
-@pytest.fixture
-def rt(
-    request: Any, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
-) -> Iterator[Runtime]:
-    with runtime(request, redis_url, prefix, r, tmp_path) as rt:
-        yield rt
 
 
 def stuck_4x_queue(r: redis.Redis, prefix: str, name: str, n: int = 600) -> str:

@@ -6,28 +6,16 @@ megabyte string, or comes with a trace, each once with its data whole: taken fro
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
-import pytest
 import redis
 from runtime_handlers.echo import digest
-from runtime_helpers import Runtime, queue_spec, runtime, wait_for
+from runtime_helpers import Runtime, queue_spec, wait_for
 
 from queasy_py.store.keys import QueueKeys
 from queasy_py.store.library import ensure_loaded
 
 ECHO = "tests.runtime_handlers.echo"
 TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-
-
-@pytest.fixture
-def rt(
-    request: Any, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
-) -> Iterator[Runtime]:
-    with runtime(request, redis_url, prefix, r, tmp_path) as rt:
-        yield rt
 
 
 def jobs(tag: str) -> dict[str, str]:

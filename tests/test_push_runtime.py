@@ -7,24 +7,11 @@ The Lua side alone is in test_push.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
-import pytest
 import records
 import redis
-from runtime_helpers import ON_CLUSTER, Runtime, queue_spec, runtime, wait_for
+from runtime_helpers import ON_CLUSTER, Runtime, queue_spec, wait_for
 
 from queasy_py.store.keys import QueueKeys
-
-
-@pytest.fixture
-def rt(
-    request: Any, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
-) -> Iterator[Runtime]:
-    with runtime(request, redis_url, prefix, r, tmp_path) as rt:
-        yield rt
 
 
 def parked(rt: Runtime, queue: str) -> dict[str, str]:

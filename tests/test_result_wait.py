@@ -10,13 +10,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from runtime_helpers import Runtime, queue_spec, runtime, wait_for
+from runtime_helpers import Runtime, queue_spec, wait_for
 
 from queasy_py import Client, defaults
 from queasy_py.aio import AsyncClient
@@ -28,14 +26,6 @@ RETURNS = "tests.runtime_handlers.returns"
 SEEN_WITHIN = defaults.RESULT_RECHECK + 2.0
 #: result()'s own timeout: what a waiter that missed the end would wait out
 TIMEOUT = 60.0
-
-
-@pytest.fixture
-def rt(
-    request: Any, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
-) -> Iterator[Runtime]:
-    with runtime(request, redis_url, prefix, r, tmp_path) as rt:
-        yield rt
 
 
 class Waiting:

@@ -9,12 +9,9 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import redis
 from lua_calls import live
 from runtime_helpers import (
     ACT,
@@ -25,7 +22,6 @@ from runtime_helpers import (
     Runtime,
     max_units_in_flight,
     queue_spec,
-    runtime,
     wait_for,
 )
 
@@ -33,14 +29,6 @@ from queasy_py import Client, HandlerError
 from queasy_py.runtime.scheduler import SHARE
 
 FAST_FAIL = {"min_backoff": 0.05, "max_backoff": 0.1}
-
-
-@pytest.fixture
-def rt(
-    request: Any, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
-) -> Iterator[Runtime]:
-    with runtime(request, redis_url, prefix, r, tmp_path) as rt:
-        yield rt
 
 
 def job_record(job_id: str, queue: str, run_at: float, **counts: int) -> dict:

@@ -7,24 +7,12 @@ single server) and converted a step per beat or per backoff of its loop."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
-import pytest
 import redis
 from lua_calls import Lua
-from runtime_helpers import Runtime, queue_spec, runtime, wait_for
+from runtime_helpers import Runtime, queue_spec, wait_for
 
 from tests.test_upgrade_5 import BUDGET, load
-
-
-@pytest.fixture
-def rt(
-    request: Any, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
-) -> Iterator[Runtime]:
-    with runtime(request, redis_url, prefix, r, tmp_path) as rt:
-        yield rt
 
 
 def test_a_supervisor_alone_converts_a_4_x_backlog_and_runs_it(rt: Runtime, r: redis.Redis) -> None:
