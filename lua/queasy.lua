@@ -153,7 +153,7 @@ than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond
 call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '5.1.0'
+local VERSION = '5.1.1'
 -- the functions called per job, as locals (a global is two table lookups per use); the
 -- globals exist only while a function runs: `entry` (registration) sets them
 local call, format, find = nil, nil, nil
@@ -3367,13 +3367,15 @@ KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  state: 'waiting' (ready now) | 'delayed' | 'blocked' | 'active' | 'finished' |
          'failed' | 'cancelled'
-ARGV[3]  cursor: '0' for the first page, then the one the page before returned
+ARGV[3]  cursor: '0' for the first page, then the one the page before returned (of active
+         jobs: '<client>.<n>', the client to go on with and its HSCAN cursor, 5.1.1)
 ARGV[4]  limit: jobs per page (1..MAX_PAGE; a blocked or active page may hold a few more)
 ARGV[5]  with data '1'|'0': include each record's data
 Returns: {next cursor ('0' after the last page), {state, {field, value, ...}}, ...}:
          waiting and delayed by run_at, finished, failed and cancelled newest first, blocked
-         and active in scan order. A page may miss or repeat a job that changed state since
-         the page before.
+         in scan order, active by client id (each client's leases in scan order: a
+         heartbeat, which moves its client in B:expiry, does not move its jobs in the
+         listing). A page may miss or repeat a job that changed state since the page before.
 Refuses: an unknown state, a malformed cursor, a limit out of range.
 ]]
 local function jobs(keys, args)
@@ -3385,14 +3387,24 @@ local function jobs(keys, args)
   local with_data = flag(args[5], 'with data')
   local out = {'0'}
   if state == 'active' then
-    local i, c = string.match(cursor or '', '^(%d+)%.(%d+)$')
+    -- the clients in the order of their ids, and the cursor names the client to go on with
+    -- (5.1.1): B:expiry's order is by expiry, which every heartbeat changes, and a cursor
+    -- of a rank in it (5.1.0's '<n>.<n>') listed one client's jobs twice and another's never
+    local holder, c = string.match(cursor or '', '^(.+)%.(%d+)$')
     if cursor == '0' then
-      i, c = '1', '0'
-    elseif i == nil or #i > 15 or #c > 20 then
-      invalid('cursor of active jobs must be 0 or <n>.<n>, got ' .. shown(cursor))
+      holder, c = '', '0'
+    elseif holder == nil or #holder > 4 * MAX_ID_CHARS or #c > 20 then -- (bytes)
+      invalid('cursor of active jobs must be 0 or <client>.<n>, got ' .. shown(cursor))
     end
-    i = tonumber(i)
     local clients = call('ZRANGE', B .. ':expiry', 0, -1)
+    table.sort(clients)
+    local i = 1
+    while i <= #clients and clients[i] < holder do
+      i = i + 1
+    end
+    if clients[i] ~= holder then -- (that client left since: the next one, from its start)
+      c = '0'
+    end
     local calls = 0
     while i <= #clients and #out - 1 < limit and calls < 10 do
       calls = calls + 1
@@ -3416,7 +3428,7 @@ local function jobs(keys, args)
       end
     end
     if i <= #clients then
-      out[1] = int(i) .. '.' .. c
+      out[1] = clients[i] .. '.' .. c
     end
     return out
   end

@@ -303,6 +303,44 @@ def test_jobs_pages_through_each_state(lua: Lua) -> None:
     assert jobs[0][1]["data"] == '"x"' and "data" not in lua.jobs("waiting", limit=1)[1][0][1]
 
 
+def test_active_pages_hold_on_through_heartbeats(lua: Lua) -> None:
+    """A page of active jobs names the client its next page goes on with (5.1.1): a
+    heartbeat between two pages, which moves its client in B:expiry (ordered by expiry),
+    neither lists that client's jobs again nor passes over the other's (5.1.0 kept a rank in
+    B:expiry: the second page listed cA's jobs again and never cB's)."""
+    lua.dispatch(*[(f"a{n}", '"x"', NOW) for n in range(3)])
+    assert len(lua.dequeue("cA", limit=3).jobs) == 3
+    lua.dispatch(*[(f"b{n}", '"x"', NOW) for n in range(3)])
+    assert len(lua.dequeue("cB", limit=3, now=NOW + 1).jobs) == 3
+    cursor, first = lua.jobs("active", "0", 3, now=NOW + 2)
+    assert [f["id"] for _, f in first] == ["a0", "a1", "a2"] and cursor != "0"
+    assert lua.bump("cA", now=NOW + 500) == 0  # cA's heartbeat: now after cB in B:expiry
+    cursor, second = lua.jobs("active", cursor, 3, now=NOW + 600)
+    assert [f["id"] for _, f in second] == ["b0", "b1", "b2"] and cursor == "0"
+    # a client that left between two pages: the listing goes on with the next one
+    lua.dispatch(*[(f"c{n}", '"x"', NOW) for n in range(2)])
+    assert len(lua.dequeue("cC", limit=2, now=NOW + 700).jobs) == 2
+    cursor, first = lua.jobs("active", "0", 3, now=NOW + 800)
+    assert [f["id"] for _, f in first] == ["a0", "a1", "a2"]
+    lua.r.delete(f"{lua.B}:lease:cB")  # cB's leases gone (as its sweep leaves them)
+    lua.r.zrem(f"{lua.B}:expiry", "cB")
+    cursor, rest = lua.jobs("active", cursor, 3, now=NOW + 900)
+    assert [f["id"] for _, f in rest] == ["c0", "c1"] and cursor == "0"
+
+
+def test_active_cursor_of_a_long_client_id(lua: Lua, q: Queue) -> None:
+    """The cursor of an active page holds its client's id (up to 256 characters): the API
+    takes back every cursor it gave."""
+    holders = ["h" * 250, "i" * 250]
+    for n, holder in enumerate(holders):
+        q.dispatch("x", id=f"j{n}")
+        assert len(lua.dequeue(holder, limit=1, now=int(time.time() * 1000)).jobs) == 1
+    page, cursor = q.jobs("active", limit=1)
+    assert [j.id for j in page] == ["j0"] and cursor == "i" * 250 + ".0"
+    page, cursor = q.jobs("active", cursor=cursor, limit=1)
+    assert [j.id for j in page] == ["j1"] and cursor == "0"
+
+
 @pytest.mark.parametrize(
     "args, what",
     [
