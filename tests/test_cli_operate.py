@@ -486,6 +486,24 @@ def test_a_fail_queue_is_found_under_its_owners_hash_tag(client: Client, queasy:
     assert (listed["id"], listed["queue"], listed["data"]) == ("f1", "mail-fail", {"x": 1})
 
 
+def test_cancel_finds_a_fail_queue_under_its_owners_hash_tag(
+    client: Client, queasy: Queasy
+) -> None:
+    """`queasy cancel mail-fail ID` looked under the hash tag `mail-fail`, where no key of
+    the fail queue is: it said there was no such job (exit NOT_FOUND) while `queasy jobs
+    mail-fail` listed it delayed. It finds the queue as the operator commands do now."""
+    fail_queue = client.queue("mail").fail_queue  # tag "mail", not "mail-fail"
+    fail_queue.dispatch({"x": 1}, id="f1", delay=600)
+    assert [j["state"] for j in queasy.lines("jobs", "mail-fail")] == ["delayed"]
+    code, out, err = queasy("cancel", "mail-fail", "f1")
+    assert (code, out.strip()) == (exitcodes.OK, "cancelled f1"), err
+    assert fail_queue.get_job("f1").state == "cancelled"  # type: ignore[union-attr]
+    code, _, err = queasy("cancel", "mail-fail", "f1")  # nothing left to cancel: says why
+    assert code == exitcodes.NOT_FOUND and "(it is cancelled)" in err, err
+    code, _, err = queasy("cancel", "nowhere", "f1")
+    one_error_line(code, err, exitcodes.NOT_FOUND, "unknown queue 'nowhere'")
+
+
 # ---------------------------------------------------------------- result() without results
 
 
