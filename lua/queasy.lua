@@ -3361,21 +3361,51 @@ local function get_job(keys, args)
   return living(B, id, now, true) or ended(B, id, true)
 end
 
+-- The rank where a page of the sorted set `zkey` starts (its listing holds the ranks from
+-- `from`, in reverse order with `rev`) after `cursor`: '0' the first page; '<score>.<id>' the
+-- last job the page before listed, with its score (5.1.1): the page goes on after that job,
+-- wherever it is now (jobs taken from the head of the listing meanwhile, by a supervisor's
+-- dequeues or by new ends, do not move the page over jobs that did not change); when that
+-- job left (or moved), from the first job of its score (those of its score before it may be
+-- listed again); '<n>' an offset from `from`, 5.1.0's cursor (still taken).
+local function page_start(zkey, from, cursor, rev)
+  if cursor == '0' then
+    return from
+  end
+  local score, id = string.match(cursor, '^(%d+)%.(.+)$')
+  if score == nil then
+    return from + whole(cursor, 'cursor', MAX_MS)
+  elseif #score > 15 or #id > 4 * MAX_ID_CHARS then
+    invalid('cursor must be 0 or the one a page returned, got ' .. shown(cursor))
+  end
+  local at = call('ZSCORE', zkey, id)
+  if at and tonumber(at) == tonumber(score) then
+    return math.max(from, call(rev and 'ZREVRANK' or 'ZRANK', zkey, id) + 1)
+  end
+  if rev then
+    return math.max(from, call('ZCOUNT', zkey, '(' .. score, '+inf'))
+  end
+  return math.max(from, call('ZCOUNT', zkey, '-inf', '(' .. score))
+end
+
 --[[ queasy_jobs: one page of the jobs of a state (read-only: each call bounded; a listing
 of the whole queue is a loop of calls that hands on the cursor).
 KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  state: 'waiting' (ready now) | 'delayed' | 'blocked' | 'active' | 'finished' |
          'failed' | 'cancelled'
-ARGV[3]  cursor: '0' for the first page, then the one the page before returned (of active
-         jobs: '<client>.<n>', the client to go on with and its HSCAN cursor, 5.1.1)
+ARGV[3]  cursor: '0' for the first page, then the one the page before returned (5.1.1: of
+         active jobs '<client>.<n>', the client to go on with and its HSCAN cursor; of
+         waiting, delayed and ended ones '<score>.<id>', the last job listed: page_start)
 ARGV[4]  limit: jobs per page (1..MAX_PAGE; a blocked or active page may hold a few more)
 ARGV[5]  with data '1'|'0': include each record's data
 Returns: {next cursor ('0' after the last page), {state, {field, value, ...}}, ...}:
          waiting and delayed by run_at, finished, failed and cancelled newest first, blocked
          in scan order, active by client id (each client's leases in scan order: a
          heartbeat, which moves its client in B:expiry, does not move its jobs in the
-         listing). A page may miss or repeat a job that changed state since the page before.
+         listing). A page may miss or repeat a job that changed state since the page before
+         (and repeat a few of the same score as the last one listed when that one left);
+         jobs taken from the head of a listing do not make the next page pass over others.
 Refuses: an unknown state, a malformed cursor, a limit out of range.
 ]]
 local function jobs(keys, args)
@@ -3432,8 +3462,8 @@ local function jobs(keys, args)
     end
     return out
   end
-  local at = whole(cursor, 'cursor', MAX_MS)
   if state == 'blocked' then
+    whole(cursor, 'cursor', MAX_MS)
     local scan = call('HSCAN', B .. ':blocked', cursor, 'COUNT', limit)
     out[1] = scan[1]
     for k = 1, #scan[2], 2 do
@@ -3444,45 +3474,54 @@ local function jobs(keys, args)
     end
     return out
   end
-  local ids, total, from
+  local zkey, from, total, rev
   if state == 'waiting' or state == 'delayed' then
-    local ready = call('ZCOUNT', B .. ':waiting', '-inf', int(now))
+    zkey = B .. ':waiting'
+    local ready = call('ZCOUNT', zkey, '-inf', int(now))
     if state == 'waiting' then
       from, total = 0, ready
     else
-      from, total = ready, call('ZCARD', B .. ':waiting')
-    end
-    local first = from + at
-    ids = {}
-    if first < total then
-      ids = call('ZRANGE', B .. ':waiting', first, math.min(first + limit, total) - 1)
-    end
-    if #ids > 0 then
-      local recs = call('HMGET', B .. ':rec', unpack(ids))
-      local errs = call('HMGET', B .. ':err', unpack(ids))
-      for k, id in ipairs(ids) do
-        local rec = describe_rec(id, recs[k], errs[k], with_data)
-        if rec ~= nil then
-          out[#out + 1] = {state, rec}
-        end
-      end
+      from, total = ready, call('ZCARD', zkey)
     end
   elseif END_STATES[state] then
-    local zkey = B .. ':' .. state
+    zkey, rev = B .. ':' .. state, true
     from, total = 0, call('ZCARD', zkey)
-    ids = call('ZRANGE', zkey, at, at + limit - 1, 'REV')
+  else
+    invalid('state must be waiting, delayed, blocked, active, finished, failed or cancelled, '
+      .. 'got ' .. shown(state))
+  end
+  local first = page_start(zkey, from, cursor, rev)
+  local read = {}
+  if first < total then
+    local last = math.min(first + limit, total) - 1
+    read = rev and call('ZRANGE', zkey, first, last, 'REV', 'WITHSCORES')
+      or call('ZRANGE', zkey, first, last, 'WITHSCORES')
+  end
+  local ids = {}
+  for k = 1, #read, 2 do
+    ids[#ids + 1] = read[k]
+  end
+  if rev then
     for _, id in ipairs(ids) do
       local rec = ended(B, id, with_data)
       if rec ~= nil and rec[1] == state then -- an id that ended again since: not this state
         out[#out + 1] = rec
       end
     end
-  else
-    invalid('state must be waiting, delayed, blocked, active, finished, failed or cancelled, '
-      .. 'got ' .. shown(state))
+  elseif #ids > 0 then
+    local recs = call('HMGET', B .. ':rec', unpack(ids))
+    local errs = call('HMGET', B .. ':err', unpack(ids))
+    for k, id in ipairs(ids) do
+      local rec = describe_rec(id, recs[k], errs[k], with_data)
+      if rec ~= nil then
+        out[#out + 1] = {state, rec}
+      end
+    end
   end
-  if from + at + #ids < total then
-    out[1] = int(at + #ids)
+  if first + #ids < total then -- the last job listed (a score written around the library
+    local score = read[#read] -- that is no ms: an offset, 5.1.0's cursor)
+    out[1] = string.match(score, '^%d+$') and #score <= 15 and (score .. '.' .. ids[#ids])
+      or int(first + #ids - from)
   end
   return out
 end

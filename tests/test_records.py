@@ -303,6 +303,38 @@ def test_jobs_pages_through_each_state(lua: Lua) -> None:
     assert jobs[0][1]["data"] == '"x"' and "data" not in lua.jobs("waiting", limit=1)[1][0][1]
 
 
+def test_pages_go_on_after_the_last_job_listed_while_jobs_leave_the_head(lua: Lua) -> None:
+    """A page's cursor is the last job it listed (5.1.1), not an offset: a supervisor's
+    dequeue of the jobs at the head of the waiting listing between two pages made the next
+    page skip as many jobs that were still waiting (5.1.0 listed w3..w5 never), and the ends
+    written between two pages of finished jobs (newest first) made it list the same ones
+    again."""
+    lua.dispatch(*[(f"w{n}", '"x"', NOW) for n in range(6)])
+    cursor, first = lua.jobs("waiting", "0", 3, now=NOW + 1)
+    assert [f["id"] for _, f in first] == ["w0", "w1", "w2"]
+    taken = lua.dequeue("c1", limit=3, now=NOW + 2).jobs  # a supervisor takes the head
+    assert [job.id for job in taken] == ["w0", "w1", "w2"]
+    cursor, rest = lua.jobs("waiting", cursor, 3, now=NOW + 3)
+    assert [f["id"] for _, f in rest] == ["w3", "w4", "w5"] and cursor == "0"
+    for job in taken:
+        assert lua.finish("c1", job, now=NOW + 10) == Ack.OK
+    cursor, first = lua.jobs("finished", "0", 2, now=NOW + 20)
+    assert [f["id"] for _, f in first] == ["w2", "w1"]  # (one ended_at: by id, newest first)
+    for job in lua.dequeue("c1", limit=2, now=NOW + 21).jobs:
+        assert lua.finish("c1", job, now=NOW + 30) == Ack.OK  # two newer ends
+    cursor, rest = lua.jobs("finished", cursor, 2, now=NOW + 40)
+    assert [f["id"] for _, f in rest] == ["w0"] and cursor == "0"
+    # the job a cursor names left meanwhile: the page goes on from the first of its run_at
+    lua.dispatch(*[(f"d{n}", '"x"', NOW + 1_000 + n) for n in range(4)])
+    cursor, first = lua.jobs("delayed", "0", 2, now=NOW + 40)
+    assert [f["id"] for _, f in first] == ["d0", "d1"]
+    assert lua.cancel("d1", now=NOW + 41) == 1
+    cursor, rest = lua.jobs("delayed", cursor, 5, now=NOW + 42)
+    assert [f["id"] for _, f in rest] == ["d2", "d3"] and cursor == "0"
+    # an offset, 5.1.0's cursor, is still taken
+    assert [f["id"] for _, f in lua.jobs("delayed", "1", 5, now=NOW + 42)[1]] == ["d2", "d3"]
+
+
 def test_active_pages_hold_on_through_heartbeats(lua: Lua) -> None:
     """A page of active jobs names the client its next page goes on with (5.1.1): a
     heartbeat between two pages, which moves its client in B:expiry (ordered by expiry),
