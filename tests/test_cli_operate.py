@@ -405,6 +405,46 @@ def test_dead_letter_requeue_takes_the_letters_there_when_called_not_those_of_it
     assert sorted(requeued) == sorted(ids)
 
 
+def test_requeue_does_not_take_the_letter_of_a_requeued_job_that_failed_again(
+    rt: Runtime,
+    client: Client,
+    redis_url: str,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`queasy requeue --failed` requeues the kept failed records, then the dead letters.
+    A job requeued from its record that the running supervisor fails again before the
+    letters are read has a new letter (and record): the command counted the letters after
+    the records, so it took that one too and ran the job a third time. The requeue of the
+    records is made as slow as a large one (it returns once the re-run failed: its timing
+    only, on the real server and supervisor); the letters counted before it are taken."""
+    from queasy_py.cli.main import main
+
+    rt.start({"work": queue_spec(ACT, max_retries=0, fail_handler=DEAD_LETTER)})
+    work = client.queue("work")
+    work.dispatch({"raise": "permanent", "message": "still broken"}, id="x")
+    wait_for(lambda: len(dead_letter.read(work)) == 1, 30, "the dead letter of x")
+    assert work.get_job("x").state == "failed"  # type: ignore[union-attr]
+    requeue_failed = Queue.requeue_failed
+
+    def slow(self: Queue, ids: Any = None) -> int:
+        done = requeue_failed(self, ids)
+        wait_for(lambda: len(dead_letter.read(work)) == 2, 30, "x to fail again")
+        return done
+
+    monkeypatch.setattr(Queue, "requeue_failed", slow)
+    args = ["requeue", "work", "--failed", "--json", "--redis", redis_url, "--prefix", prefix]
+    assert main(args) == exitcodes.OK
+    assert json.loads(capsys.readouterr().out) == {
+        "queue": "work", "requeued": 1, "records": 1, "dead_letters": 0, "not_found": [],
+    }  # fmt: skip
+    assert len(rt.records("start", id="x")) == 2  # its first run and the requeued one
+    assert work.get_job("x").state == "failed"  # type: ignore[union-attr]  # not again
+    (letter,) = dead_letter.read(work)  # the re-run's letter stays, for the next requeue
+    assert letter["job"]["id"] == "x"
+
+
 def test_dead_letter_requeue_pages_oldest_first_and_leaves_what_it_does_not_take(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
