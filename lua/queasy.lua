@@ -3361,13 +3361,27 @@ local function get_job(keys, args)
   return living(B, id, now, true) or ended(B, id, true)
 end
 
+-- Whether `a` comes before `b` as a sorted set orders the members of one score (byte by
+-- byte, memcmp; Lua's `<` follows the server's collation locale).
+local function bytes_before(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then
+      return x < y
+    end
+  end
+  return #a < #b
+end
+
 -- The rank where a page of the sorted set `zkey` starts (its listing holds the ranks from
 -- `from`, in reverse order with `rev`) after `cursor`: '0' the first page; '<score>.<id>' the
--- last job the page before listed, with its score (5.1.1): the page goes on after that job,
--- wherever it is now (jobs taken from the head of the listing meanwhile, by a supervisor's
--- dequeues or by new ends, do not move the page over jobs that did not change); when that
--- job left (or moved), from the first job of its score (those of its score before it may be
--- listed again); '<n>' an offset from `from`, 5.1.0's cursor (still taken).
+-- last job the page before listed, with its score (5.1.1): the page goes on after that
+-- place in the set's order, whether that job is still there or not, so jobs taken from
+-- the head of the listing meanwhile (a supervisor's dequeues) or new ones before it (new
+-- ends, newest first) do not move it over jobs that did not change, nor back over some
+-- again; '<n>' an offset from `from`, 5.1.0's cursor (still taken). The place among the
+-- jobs of that score is found by a binary search of them (a ZRANGE of one per step: no
+-- command beyond those of the README's ACL line).
 local function page_start(zkey, from, cursor, rev)
   if cursor == '0' then
     return from
@@ -3378,14 +3392,20 @@ local function page_start(zkey, from, cursor, rev)
   elseif #score > 15 or #id > 4 * MAX_ID_CHARS then
     invalid('cursor must be 0 or the one a page returned, got ' .. shown(cursor))
   end
-  local at = call('ZSCORE', zkey, id)
-  if at and tonumber(at) == tonumber(score) then
-    return math.max(from, call(rev and 'ZREVRANK' or 'ZRANK', zkey, id) + 1)
+  local low = rev and call('ZCOUNT', zkey, '(' .. score, '+inf')
+    or call('ZCOUNT', zkey, '-inf', '(' .. score)
+  local high = low + call('ZCOUNT', zkey, score, score)
+  while low < high do -- the first of that score that comes after `id` in the listing
+    local mid = math.floor((low + high) / 2)
+    local m = rev and call('ZRANGE', zkey, mid, mid, 'REV') or call('ZRANGE', zkey, mid, mid)
+    m = m[1]
+    if rev and bytes_before(m, id) or not rev and bytes_before(id, m) then
+      high = mid
+    else
+      low = mid + 1
+    end
   end
-  if rev then
-    return math.max(from, call('ZCOUNT', zkey, '(' .. score, '+inf'))
-  end
-  return math.max(from, call('ZCOUNT', zkey, '-inf', '(' .. score))
+  return math.max(from, low)
 end
 
 --[[ queasy_jobs: one page of the jobs of a state (read-only: each call bounded; a listing
@@ -3403,9 +3423,9 @@ Returns: {next cursor ('0' after the last page), {state, {field, value, ...}}, .
          waiting and delayed by run_at, finished, failed and cancelled newest first, blocked
          in scan order, active by client id (each client's leases in scan order: a
          heartbeat, which moves its client in B:expiry, does not move its jobs in the
-         listing). A page may miss or repeat a job that changed state since the page before
-         (and repeat a few of the same score as the last one listed when that one left);
-         jobs taken from the head of a listing do not make the next page pass over others.
+         listing). A page may miss or repeat a job that changed state since the page before;
+         jobs taken from the head of a listing, or new ones before the cursor, do not make
+         the next page pass over others or list some again.
 Refuses: an unknown state, a malformed cursor, a limit out of range.
 ]]
 local function jobs(keys, args)

@@ -324,8 +324,9 @@ def test_pages_go_on_after_the_last_job_listed_while_jobs_leave_the_head(lua: Lu
         assert lua.finish("c1", job, now=NOW + 30) == Ack.OK  # two newer ends
     cursor, rest = lua.jobs("finished", cursor, 2, now=NOW + 40)
     assert [f["id"] for _, f in rest] == ["w0"] and cursor == "0"
-    # the job a cursor names left meanwhile: the page goes on from the first of its run_at
-    lua.dispatch(*[(f"d{n}", '"x"', NOW + 1_000 + n) for n in range(4)])
+    # the job a cursor names left meanwhile: the page goes on after its place, not from the
+    # first job of its run_at again (all these have one run_at)
+    lua.dispatch(*[(f"d{n}", '"x"', NOW + 1_000) for n in range(4)])
     cursor, first = lua.jobs("delayed", "0", 2, now=NOW + 40)
     assert [f["id"] for _, f in first] == ["d0", "d1"]
     assert lua.cancel("d1", now=NOW + 41) == 1
@@ -333,6 +334,43 @@ def test_pages_go_on_after_the_last_job_listed_while_jobs_leave_the_head(lua: Lu
     assert [f["id"] for _, f in rest] == ["d2", "d3"] and cursor == "0"
     # an offset, 5.1.0's cursor, is still taken
     assert [f["id"] for _, f in lua.jobs("delayed", "1", 5, now=NOW + 42)[1]] == ["d2", "d3"]
+
+
+def test_pages_after_the_first_need_no_command_beyond_the_acl_line(
+    lua: Lua, redis_url: str, prefix: str
+) -> None:
+    """The README's ACL line (tests/test_security.py) lets a user page through every state:
+    the cursors of 5.1.1 are followed with the commands it grants (no ZRANK)."""
+    from urllib.parse import urlsplit
+
+    from test_security import acl_line
+
+    user, at = f"pager-{prefix}", urlsplit(redis_url)
+    url = f"redis://{user}:pager-pw-5e1c@{at.hostname}:{at.port}/0"
+    lua.r.execute_command(*acl_line(user, "pager-pw-5e1c", prefix).split())
+    try:
+        now = int(time.time() * 1000)  # (the API reads on the server's clock)
+        lua.dispatch(*[(f"j{n}", '"x"', now) for n in range(5)], now=now)
+        lua.dispatch(*[(f"later{n}", '"x"', now + 10**9) for n in range(3)], now=now)
+        for job in lua.dequeue("c1", limit=2, now=now).jobs:
+            assert lua.finish("c1", job, now=now) == Ack.OK
+        lua.dequeue("c2", limit=1, now=now)
+        lua.dequeue("c3", limit=1, now=now)
+        with Client(url, prefix=prefix) as client:
+            q = client.queue("q")
+            listed: dict[str, list[str]] = {}
+            for state in ("waiting", "delayed", "active", "finished"):
+                cursor, listed[state] = "0", []
+                while True:
+                    page, cursor = q.jobs(state, cursor=cursor, limit=1)
+                    listed[state] += [job.id for job in page]
+                    if cursor == "0":
+                        break
+        assert listed["waiting"] == ["j4"] and listed["delayed"] == ["later0", "later1", "later2"]
+        assert sorted(listed["active"]) == ["j2", "j3"]
+        assert sorted(listed["finished"]) == ["j0", "j1"]
+    finally:
+        lua.r.execute_command("ACL", "DELUSER", user)
 
 
 def test_active_pages_hold_on_through_heartbeats(lua: Lua) -> None:
