@@ -3447,9 +3447,9 @@ local function jobs(keys, args)
       invalid('cursor of active jobs must be 0 or <client>.<n>, got ' .. shown(cursor))
     end
     local clients = call('ZRANGE', B .. ':expiry', 0, -1)
-    table.sort(clients)
+    table.sort(clients, bytes_before) -- (not `<`: the server's collation locale)
     local i = 1
-    while i <= #clients and clients[i] < holder do
+    while i <= #clients and bytes_before(clients[i], holder) do
       i = i + 1
     end
     if clients[i] ~= holder then -- (that client left since: the next one, from its start)
