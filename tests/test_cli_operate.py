@@ -544,6 +544,31 @@ def test_cancel_finds_a_fail_queue_under_its_owners_hash_tag(
     one_error_line(code, err, exitcodes.NOT_FOUND, "unknown queue 'nowhere'")
 
 
+def test_cancel_of_an_active_ids_blocked_copy_says_the_active_job_runs_on(
+    rt: Runtime, client: Client, queasy: Queasy
+) -> None:
+    """`queasy cancel q x` while x runs on a supervisor and a dispatch of x waits blocked
+    behind it cancels the blocked copy: it said `cancelled x` alone, as if x had stopped."""
+    rt.start({"work": queue_spec(ACT)})
+    work = client.queue("work")
+    work.dispatch({"gate": "x"}, id="x")
+    wait_for(lambda: work.counts()["active"] == 1, 15, "x to run")
+    work.dispatch({"tag": "again"}, id="x")  # blocked behind the active x
+    assert work.counts()["blocked"] == 1
+    code, out, err = queasy("cancel", "work", "x")
+    assert code == exitcodes.OK, err
+    assert out.strip() == (
+        "cancelled x: its blocked copy (the job x that is active runs on: an active job is "
+        "never cancelled)"
+    )
+    assert work.get_job("x").state == "active"  # type: ignore[union-attr]
+    assert work.counts()["blocked"] == 0
+    rt.open_gate("x")
+    rt.wait_records(1, "end", id="x")
+    wait_for(lambda: work.get_job("x").state == "finished", 15, "x to finish")  # type: ignore[union-attr]
+    assert len(rt.records("start", id="x")) == 1  # the copy never ran
+
+
 # ---------------------------------------------------------------- result() without results
 
 

@@ -241,7 +241,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         # its owner's hash tag, where client.queue() would look under its own (none there)
         queue = operate.locate(client, args.queue)
         if queue.cancel(args.id):
-            print(f"cancelled {args.id}")
+            job = queue.get_job(args.id)
+            if job is not None and job.state == "active":  # singleton by id: its copy
+                print(f"cancelled {args.id}: its blocked copy (the job {args.id} that is active "
+                      "runs on: an active job is never cancelled)")  # fmt: skip
+            else:
+                print(f"cancelled {args.id}")
             return exitcodes.OK
         job = queue.get_job(args.id)
     why = f" (it is {job.state})" if job is not None else ""
