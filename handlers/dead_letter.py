@@ -82,7 +82,9 @@ def read(queue: Queue, count: int = 100) -> list[dict[str, Any]]:
     return letters
 
 
-def requeue(queue: Queue, ids: Iterable[str] | None = None) -> list[str]:
+def requeue(
+    queue: Queue, ids: Iterable[str] | None = None, entries: int | None = None
+) -> list[str]:
     """Dispatch the jobs of `queue`'s dead letters again, each with its data and id, and
     remove their entries: those of these job ids, or every entry. An id that has a live job
     (waiting, delayed, blocked or active: requeued from its kept failed record, or
@@ -92,13 +94,20 @@ def requeue(queue: Queue, ids: Iterable[str] | None = None) -> list[str]:
     never read (InvalidJobData), or whose job cannot be dispatched (an id or data the
     library refuses), stays. Takes the entries there when it is called, oldest first, CHUNK
     at a time: a letter added meanwhile (a job requeued here that failed again) is not
-    requeued by this call. Returns the ids dispatched."""
+    requeued by this call. `entries`: at most the oldest `entries` of them, those there
+    when the caller counted them (pending()) before it requeued the jobs' kept failed
+    records: a job requeued so that failed again meanwhile has a new letter, not taken.
+    Returns the ids dispatched."""
     if isinstance(ids, str):
         raise InvalidInput("ids must be a list of job ids, not a str")
+    if entries is not None and (isinstance(entries, bool) or not isinstance(entries, int)):
+        raise InvalidInput(f"entries must be None or an int, not {entries!r}")
     wanted = None if ids is None else {validate.job_id(i) for i in ids}
     r, key = queue.client.redis, queue.keys.dead_letters
     dispatched: list[str] = []
     left = r.llen(key)  # the entries there now; new ones are pushed at the head
+    if entries is not None:
+        left = min(left, max(0, entries))
     stays = 0  # entries at the tail looked at and left in the list
     while left > 0:
         chunk = r.lrange(key, -stays - min(CHUNK, left), -stays - 1)
@@ -118,6 +127,11 @@ def requeue(queue: Queue, ids: Iterable[str] | None = None) -> list[str]:
                 continue
             r.lrem(key, -1, raw)  # from the tail: this entry (those after it are gone or stay)
     return dispatched
+
+
+def pending(queue: Queue) -> int:
+    """How many entries `queue`'s list holds now (requeue()'s `entries`)."""
+    return int(queue.client.redis.llen(queue.keys.dead_letters))
 
 
 def _seconds(run_at: Any) -> float | None:

@@ -153,7 +153,7 @@ than `keep ms`; each call drops at most (jobs it ended + 2) of the oldest beyond
 call does O(N) work and what is kept shrinks back after the retention is lowered.
 ]]
 
-local VERSION = '5.1.0'
+local VERSION = '5.1.1'
 -- the functions called per job, as locals (a global is two table lookups per use); the
 -- globals exist only while a function runs: `entry` (registration) sets them
 local call, format, find = nil, nil, nil
@@ -3361,19 +3361,71 @@ local function get_job(keys, args)
   return living(B, id, now, true) or ended(B, id, true)
 end
 
+-- Whether `a` comes before `b` as a sorted set orders the members of one score (byte by
+-- byte, memcmp; Lua's `<` follows the server's collation locale).
+local function bytes_before(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then
+      return x < y
+    end
+  end
+  return #a < #b
+end
+
+-- The rank where a page of the sorted set `zkey` starts (its listing holds the ranks from
+-- `from`, in reverse order with `rev`) after `cursor`: '0' the first page; '<score>.<id>' the
+-- last job the page before listed, with its score (5.1.1): the page goes on after that
+-- place in the set's order, whether that job is still there or not, so jobs taken from
+-- the head of the listing meanwhile (a supervisor's dequeues) or new ones before it (new
+-- ends, newest first) do not move it over jobs that did not change, nor back over some
+-- again; '<n>' an offset from `from`, 5.1.0's cursor (still taken). The place among the
+-- jobs of that score is found by a binary search of them (a ZRANGE of one per step: no
+-- command beyond those of the README's ACL line).
+local function page_start(zkey, from, cursor, rev)
+  if cursor == '0' then
+    return from
+  end
+  local score, id = string.match(cursor, '^(%d+)%.(.+)$')
+  if score == nil then
+    return from + whole(cursor, 'cursor', MAX_MS)
+  elseif #score > 15 or #id > 4 * MAX_ID_CHARS then
+    invalid('cursor must be 0 or the one a page returned, got ' .. shown(cursor))
+  end
+  local low = rev and call('ZCOUNT', zkey, '(' .. score, '+inf')
+    or call('ZCOUNT', zkey, '-inf', '(' .. score)
+  local high = low + call('ZCOUNT', zkey, score, score)
+  while low < high do -- the first of that score that comes after `id` in the listing
+    local mid = math.floor((low + high) / 2)
+    local m = rev and call('ZRANGE', zkey, mid, mid, 'REV') or call('ZRANGE', zkey, mid, mid)
+    m = m[1]
+    if rev and bytes_before(m, id) or not rev and bytes_before(id, m) then
+      high = mid
+    else
+      low = mid + 1
+    end
+  end
+  return math.max(from, low)
+end
+
 --[[ queasy_jobs: one page of the jobs of a state (read-only: each call bounded; a listing
 of the whole queue is a loop of calls that hands on the cursor).
 KEYS[1]  B
 ARGV[1]  now (ms or '')
 ARGV[2]  state: 'waiting' (ready now) | 'delayed' | 'blocked' | 'active' | 'finished' |
          'failed' | 'cancelled'
-ARGV[3]  cursor: '0' for the first page, then the one the page before returned
+ARGV[3]  cursor: '0' for the first page, then the one the page before returned (5.1.1: of
+         active jobs '<client>.<n>', the client to go on with and its HSCAN cursor; of
+         waiting, delayed and ended ones '<score>.<id>', the last job listed: page_start)
 ARGV[4]  limit: jobs per page (1..MAX_PAGE; a blocked or active page may hold a few more)
 ARGV[5]  with data '1'|'0': include each record's data
 Returns: {next cursor ('0' after the last page), {state, {field, value, ...}}, ...}:
          waiting and delayed by run_at, finished, failed and cancelled newest first, blocked
-         and active in scan order. A page may miss or repeat a job that changed state since
-         the page before.
+         in scan order, active by client id (each client's leases in scan order: a
+         heartbeat, which moves its client in B:expiry, does not move its jobs in the
+         listing). A page may miss or repeat a job that changed state since the page before;
+         jobs taken from the head of a listing, or new ones before the cursor, do not make
+         the next page pass over others or list some again.
 Refuses: an unknown state, a malformed cursor, a limit out of range.
 ]]
 local function jobs(keys, args)
@@ -3385,14 +3437,24 @@ local function jobs(keys, args)
   local with_data = flag(args[5], 'with data')
   local out = {'0'}
   if state == 'active' then
-    local i, c = string.match(cursor or '', '^(%d+)%.(%d+)$')
+    -- the clients in the order of their ids, and the cursor names the client to go on with
+    -- (5.1.1): B:expiry's order is by expiry, which every heartbeat changes, and a cursor
+    -- of a rank in it (5.1.0's '<n>.<n>') listed one client's jobs twice and another's never
+    local holder, c = string.match(cursor or '', '^(.+)%.(%d+)$')
     if cursor == '0' then
-      i, c = '1', '0'
-    elseif i == nil or #i > 15 or #c > 20 then
-      invalid('cursor of active jobs must be 0 or <n>.<n>, got ' .. shown(cursor))
+      holder, c = '', '0'
+    elseif holder == nil or #holder > 4 * MAX_ID_CHARS or #c > 20 then -- (bytes)
+      invalid('cursor of active jobs must be 0 or <client>.<n>, got ' .. shown(cursor))
     end
-    i = tonumber(i)
     local clients = call('ZRANGE', B .. ':expiry', 0, -1)
+    table.sort(clients, bytes_before) -- (not `<`: the server's collation locale)
+    local i = 1
+    while i <= #clients and bytes_before(clients[i], holder) do
+      i = i + 1
+    end
+    if clients[i] ~= holder then -- (that client left since: the next one, from its start)
+      c = '0'
+    end
     local calls = 0
     while i <= #clients and #out - 1 < limit and calls < 10 do
       calls = calls + 1
@@ -3416,12 +3478,12 @@ local function jobs(keys, args)
       end
     end
     if i <= #clients then
-      out[1] = int(i) .. '.' .. c
+      out[1] = clients[i] .. '.' .. c
     end
     return out
   end
-  local at = whole(cursor, 'cursor', MAX_MS)
   if state == 'blocked' then
+    whole(cursor, 'cursor', MAX_MS)
     local scan = call('HSCAN', B .. ':blocked', cursor, 'COUNT', limit)
     out[1] = scan[1]
     for k = 1, #scan[2], 2 do
@@ -3432,45 +3494,54 @@ local function jobs(keys, args)
     end
     return out
   end
-  local ids, total, from
+  local zkey, from, total, rev
   if state == 'waiting' or state == 'delayed' then
-    local ready = call('ZCOUNT', B .. ':waiting', '-inf', int(now))
+    zkey = B .. ':waiting'
+    local ready = call('ZCOUNT', zkey, '-inf', int(now))
     if state == 'waiting' then
       from, total = 0, ready
     else
-      from, total = ready, call('ZCARD', B .. ':waiting')
-    end
-    local first = from + at
-    ids = {}
-    if first < total then
-      ids = call('ZRANGE', B .. ':waiting', first, math.min(first + limit, total) - 1)
-    end
-    if #ids > 0 then
-      local recs = call('HMGET', B .. ':rec', unpack(ids))
-      local errs = call('HMGET', B .. ':err', unpack(ids))
-      for k, id in ipairs(ids) do
-        local rec = describe_rec(id, recs[k], errs[k], with_data)
-        if rec ~= nil then
-          out[#out + 1] = {state, rec}
-        end
-      end
+      from, total = ready, call('ZCARD', zkey)
     end
   elseif END_STATES[state] then
-    local zkey = B .. ':' .. state
+    zkey, rev = B .. ':' .. state, true
     from, total = 0, call('ZCARD', zkey)
-    ids = call('ZRANGE', zkey, at, at + limit - 1, 'REV')
+  else
+    invalid('state must be waiting, delayed, blocked, active, finished, failed or cancelled, '
+      .. 'got ' .. shown(state))
+  end
+  local first = page_start(zkey, from, cursor, rev)
+  local read = {}
+  if first < total then
+    local last = math.min(first + limit, total) - 1
+    read = rev and call('ZRANGE', zkey, first, last, 'REV', 'WITHSCORES')
+      or call('ZRANGE', zkey, first, last, 'WITHSCORES')
+  end
+  local ids = {}
+  for k = 1, #read, 2 do
+    ids[#ids + 1] = read[k]
+  end
+  if rev then
     for _, id in ipairs(ids) do
       local rec = ended(B, id, with_data)
       if rec ~= nil and rec[1] == state then -- an id that ended again since: not this state
         out[#out + 1] = rec
       end
     end
-  else
-    invalid('state must be waiting, delayed, blocked, active, finished, failed or cancelled, '
-      .. 'got ' .. shown(state))
+  elseif #ids > 0 then
+    local recs = call('HMGET', B .. ':rec', unpack(ids))
+    local errs = call('HMGET', B .. ':err', unpack(ids))
+    for k, id in ipairs(ids) do
+      local rec = describe_rec(id, recs[k], errs[k], with_data)
+      if rec ~= nil then
+        out[#out + 1] = {state, rec}
+      end
+    end
   end
-  if from + at + #ids < total then
-    out[1] = int(at + #ids)
+  if first + #ids < total then -- the last job listed (a score written around the library
+    local score = read[#read] -- that is no ms: an offset, 5.1.0's cursor)
+    out[1] = string.match(score, '^%d+$') and #score <= 15 and (score .. '.' .. ids[#ids])
+      or int(first + #ids - from)
   end
   return out
 end

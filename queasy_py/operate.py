@@ -27,6 +27,9 @@ PAGE = 1000
 LISTED = ("waiting", "delayed", "blocked", "active", *END_STATES)
 #: what purge("all") removes, in this order: every state but active
 PURGED = ("waiting", "delayed", "blocked", "cancelled", "finished", "failed")
+#: the longest cursor a page returns: of active jobs '<client id>.<HSCAN cursor>' (library
+#: 5.1.1), a client id of up to 256 characters and up to 20 digits
+CURSOR_CHARS = validate.MAX_ID_LENGTH + 21
 
 
 class OperateArgs:
@@ -39,7 +42,7 @@ class OperateArgs:
     def _jobs_args(self, state: str, cursor: str, limit: int, with_data: bool) -> list:
         if state not in LISTED:
             raise InvalidInput(f"state must be one of {', '.join(LISTED)}, not {state!r}")
-        if not isinstance(cursor, str) or not cursor or len(cursor) > 40:
+        if not isinstance(cursor, str) or not cursor or len(cursor) > CURSOR_CHARS:
             raise InvalidInput(f"cursor must be '0' or the one a page returned, not {cursor!r}")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE:
             raise InvalidInput(f"limit must be an int 1..{PAGE}, not {limit!r}")

@@ -405,6 +405,46 @@ def test_dead_letter_requeue_takes_the_letters_there_when_called_not_those_of_it
     assert sorted(requeued) == sorted(ids)
 
 
+def test_requeue_does_not_take_the_letter_of_a_requeued_job_that_failed_again(
+    rt: Runtime,
+    client: Client,
+    redis_url: str,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`queasy requeue --failed` requeues the kept failed records, then the dead letters.
+    A job requeued from its record that the running supervisor fails again before the
+    letters are read has a new letter (and record): the command counted the letters after
+    the records, so it took that one too and ran the job a third time. The requeue of the
+    records is made as slow as a large one (it returns once the re-run failed: its timing
+    only, on the real server and supervisor); the letters counted before it are taken."""
+    from queasy_py.cli.main import main
+
+    rt.start({"work": queue_spec(ACT, max_retries=0, fail_handler=DEAD_LETTER)})
+    work = client.queue("work")
+    work.dispatch({"raise": "permanent", "message": "still broken"}, id="x")
+    wait_for(lambda: len(dead_letter.read(work)) == 1, 30, "the dead letter of x")
+    assert work.get_job("x").state == "failed"  # type: ignore[union-attr]
+    requeue_failed = Queue.requeue_failed
+
+    def slow(self: Queue, ids: Any = None) -> int:
+        done = requeue_failed(self, ids)
+        wait_for(lambda: len(dead_letter.read(work)) == 2, 30, "x to fail again")
+        return done
+
+    monkeypatch.setattr(Queue, "requeue_failed", slow)
+    args = ["requeue", "work", "--failed", "--json", "--redis", redis_url, "--prefix", prefix]
+    assert main(args) == exitcodes.OK
+    assert json.loads(capsys.readouterr().out) == {
+        "queue": "work", "requeued": 1, "records": 1, "dead_letters": 0, "not_found": [],
+    }  # fmt: skip
+    assert len(rt.records("start", id="x")) == 2  # its first run and the requeued one
+    assert work.get_job("x").state == "failed"  # type: ignore[union-attr]  # not again
+    (letter,) = dead_letter.read(work)  # the re-run's letter stays, for the next requeue
+    assert letter["job"]["id"] == "x"
+
+
 def test_dead_letter_requeue_pages_oldest_first_and_leaves_what_it_does_not_take(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -484,6 +524,49 @@ def test_a_fail_queue_is_found_under_its_owners_hash_tag(client: Client, queasy:
     fail_queue.dispatch({"x": 1}, id="f1")
     (listed,) = queasy.lines("jobs", "mail-fail", "--data")
     assert (listed["id"], listed["queue"], listed["data"]) == ("f1", "mail-fail", {"x": 1})
+
+
+def test_cancel_finds_a_fail_queue_under_its_owners_hash_tag(
+    client: Client, queasy: Queasy
+) -> None:
+    """`queasy cancel mail-fail ID` looked under the hash tag `mail-fail`, where no key of
+    the fail queue is: it said there was no such job (exit NOT_FOUND) while `queasy jobs
+    mail-fail` listed it delayed. It finds the queue as the operator commands do now."""
+    fail_queue = client.queue("mail").fail_queue  # tag "mail", not "mail-fail"
+    fail_queue.dispatch({"x": 1}, id="f1", delay=600)
+    assert [j["state"] for j in queasy.lines("jobs", "mail-fail")] == ["delayed"]
+    code, out, err = queasy("cancel", "mail-fail", "f1")
+    assert (code, out.strip()) == (exitcodes.OK, "cancelled f1"), err
+    assert fail_queue.get_job("f1").state == "cancelled"  # type: ignore[union-attr]
+    code, _, err = queasy("cancel", "mail-fail", "f1")  # nothing left to cancel: says why
+    assert code == exitcodes.NOT_FOUND and "(it is cancelled)" in err, err
+    code, _, err = queasy("cancel", "nowhere", "f1")
+    one_error_line(code, err, exitcodes.NOT_FOUND, "unknown queue 'nowhere'")
+
+
+def test_cancel_of_an_active_ids_blocked_copy_says_the_active_job_runs_on(
+    rt: Runtime, client: Client, queasy: Queasy
+) -> None:
+    """`queasy cancel q x` while x runs on a supervisor and a dispatch of x waits blocked
+    behind it cancels the blocked copy: it said `cancelled x` alone, as if x had stopped."""
+    rt.start({"work": queue_spec(ACT)})
+    work = client.queue("work")
+    work.dispatch({"gate": "x"}, id="x")
+    wait_for(lambda: work.counts()["active"] == 1, 15, "x to run")
+    work.dispatch({"tag": "again"}, id="x")  # blocked behind the active x
+    assert work.counts()["blocked"] == 1
+    code, out, err = queasy("cancel", "work", "x")
+    assert code == exitcodes.OK, err
+    assert out.strip() == (
+        "cancelled x: its blocked copy (the job x that is active runs on: an active job is "
+        "never cancelled)"
+    )
+    assert work.get_job("x").state == "active"  # type: ignore[union-attr]
+    assert work.counts()["blocked"] == 0
+    rt.open_gate("x")
+    rt.wait_records(1, "end", id="x")
+    wait_for(lambda: work.get_job("x").state == "finished", 15, "x to finish")  # type: ignore[union-attr]
+    assert len(rt.records("start", id="x")) == 1  # the copy never ran
 
 
 # ---------------------------------------------------------------- result() without results

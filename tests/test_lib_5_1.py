@@ -41,7 +41,7 @@ def conn(own_server: Any) -> Iterator[redis.Redis]:
     old = old.replace("function_name = 'queasy_", "function_name = 'q50_")
     r.function_load(source(), replace=True)
     r.function_load(old, replace=True)
-    assert r.fcall("queasy_library", 0) == "queasy_py 5.1.0"
+    assert r.fcall("queasy_library", 0) == "queasy_py 5.1.1"
     assert r.fcall("q50_library", 0) == "queasy_py 5.0.0"
     try:
         yield r

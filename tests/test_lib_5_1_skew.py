@@ -55,7 +55,7 @@ def test_a_5_1_supervisor_runs_jobs_on_a_library_that_is_5_0_0_again(
     assert sup.stop() == 0
     for n in range(3):
         assert len(rt.records("start", tag=f"j{n}")) == 1  # once each
-    assert r.fcall("queasy_library", 0) == "queasy_py 5.1.0"  # loaded again
+    assert r.fcall("queasy_library", 0) == "queasy_py 5.1.1"  # loaded again
     log = sup.log()
     assert "not library 5.1.0's reply 'rec'" in log
     assert "the queasy library is gone" not in log  # (it was not: it was older)

@@ -303,6 +303,114 @@ def test_jobs_pages_through_each_state(lua: Lua) -> None:
     assert jobs[0][1]["data"] == '"x"' and "data" not in lua.jobs("waiting", limit=1)[1][0][1]
 
 
+def test_pages_go_on_after_the_last_job_listed_while_jobs_leave_the_head(lua: Lua) -> None:
+    """A page's cursor is the last job it listed (5.1.1), not an offset: a supervisor's
+    dequeue of the jobs at the head of the waiting listing between two pages made the next
+    page skip as many jobs that were still waiting (5.1.0 listed w3..w5 never), and the ends
+    written between two pages of finished jobs (newest first) made it list the same ones
+    again."""
+    lua.dispatch(*[(f"w{n}", '"x"', NOW) for n in range(6)])
+    cursor, first = lua.jobs("waiting", "0", 3, now=NOW + 1)
+    assert [f["id"] for _, f in first] == ["w0", "w1", "w2"]
+    taken = lua.dequeue("c1", limit=3, now=NOW + 2).jobs  # a supervisor takes the head
+    assert [job.id for job in taken] == ["w0", "w1", "w2"]
+    cursor, rest = lua.jobs("waiting", cursor, 3, now=NOW + 3)
+    assert [f["id"] for _, f in rest] == ["w3", "w4", "w5"] and cursor == "0"
+    for job in taken:
+        assert lua.finish("c1", job, now=NOW + 10) == Ack.OK
+    cursor, first = lua.jobs("finished", "0", 2, now=NOW + 20)
+    assert [f["id"] for _, f in first] == ["w2", "w1"]  # (one ended_at: by id, newest first)
+    for job in lua.dequeue("c1", limit=2, now=NOW + 21).jobs:
+        assert lua.finish("c1", job, now=NOW + 30) == Ack.OK  # two newer ends
+    cursor, rest = lua.jobs("finished", cursor, 2, now=NOW + 40)
+    assert [f["id"] for _, f in rest] == ["w0"] and cursor == "0"
+    # the job a cursor names left meanwhile: the page goes on after its place, not from the
+    # first job of its run_at again (all these have one run_at)
+    lua.dispatch(*[(f"d{n}", '"x"', NOW + 1_000) for n in range(4)])
+    cursor, first = lua.jobs("delayed", "0", 2, now=NOW + 40)
+    assert [f["id"] for _, f in first] == ["d0", "d1"]
+    assert lua.cancel("d1", now=NOW + 41) == 1
+    cursor, rest = lua.jobs("delayed", cursor, 5, now=NOW + 42)
+    assert [f["id"] for _, f in rest] == ["d2", "d3"] and cursor == "0"
+    # an offset, 5.1.0's cursor, is still taken
+    assert [f["id"] for _, f in lua.jobs("delayed", "1", 5, now=NOW + 42)[1]] == ["d2", "d3"]
+
+
+def test_pages_after_the_first_need_no_command_beyond_the_acl_line(
+    lua: Lua, redis_url: str, prefix: str
+) -> None:
+    """The README's ACL line (tests/test_security.py) lets a user page through every state:
+    the cursors of 5.1.1 are followed with the commands it grants (no ZRANK)."""
+    from urllib.parse import urlsplit
+
+    from test_security import acl_line
+
+    user, at = f"pager-{prefix}", urlsplit(redis_url)
+    url = f"redis://{user}:pager-pw-5e1c@{at.hostname}:{at.port}/0"
+    lua.r.execute_command(*acl_line(user, "pager-pw-5e1c", prefix).split())
+    try:
+        now = int(time.time() * 1000)  # (the API reads on the server's clock)
+        lua.dispatch(*[(f"j{n}", '"x"', now) for n in range(5)], now=now)
+        lua.dispatch(*[(f"later{n}", '"x"', now + 10**9) for n in range(3)], now=now)
+        for job in lua.dequeue("c1", limit=2, now=now).jobs:
+            assert lua.finish("c1", job, now=now) == Ack.OK
+        lua.dequeue("c2", limit=1, now=now)
+        lua.dequeue("c3", limit=1, now=now)
+        with Client(url, prefix=prefix) as client:
+            q = client.queue("q")
+            listed: dict[str, list[str]] = {}
+            for state in ("waiting", "delayed", "active", "finished"):
+                cursor, listed[state] = "0", []
+                while True:
+                    page, cursor = q.jobs(state, cursor=cursor, limit=1)
+                    listed[state] += [job.id for job in page]
+                    if cursor == "0":
+                        break
+        assert listed["waiting"] == ["j4"] and listed["delayed"] == ["later0", "later1", "later2"]
+        assert sorted(listed["active"]) == ["j2", "j3"]
+        assert sorted(listed["finished"]) == ["j0", "j1"]
+    finally:
+        lua.r.execute_command("ACL", "DELUSER", user)
+
+
+def test_active_pages_hold_on_through_heartbeats(lua: Lua) -> None:
+    """A page of active jobs names the client its next page goes on with (5.1.1): a
+    heartbeat between two pages, which moves its client in B:expiry (ordered by expiry),
+    neither lists that client's jobs again nor passes over the other's (5.1.0 kept a rank in
+    B:expiry: the second page listed cA's jobs again and never cB's)."""
+    lua.dispatch(*[(f"a{n}", '"x"', NOW) for n in range(3)])
+    assert len(lua.dequeue("cA", limit=3).jobs) == 3
+    lua.dispatch(*[(f"b{n}", '"x"', NOW) for n in range(3)])
+    assert len(lua.dequeue("cB", limit=3, now=NOW + 1).jobs) == 3
+    cursor, first = lua.jobs("active", "0", 3, now=NOW + 2)
+    assert [f["id"] for _, f in first] == ["a0", "a1", "a2"] and cursor != "0"
+    assert lua.bump("cA", now=NOW + 500) == 0  # cA's heartbeat: now after cB in B:expiry
+    cursor, second = lua.jobs("active", cursor, 3, now=NOW + 600)
+    assert [f["id"] for _, f in second] == ["b0", "b1", "b2"] and cursor == "0"
+    # a client that left between two pages: the listing goes on with the next one
+    lua.dispatch(*[(f"c{n}", '"x"', NOW) for n in range(2)])
+    assert len(lua.dequeue("cC", limit=2, now=NOW + 700).jobs) == 2
+    cursor, first = lua.jobs("active", "0", 3, now=NOW + 800)
+    assert [f["id"] for _, f in first] == ["a0", "a1", "a2"]
+    lua.r.delete(f"{lua.B}:lease:cB")  # cB's leases gone (as its sweep leaves them)
+    lua.r.zrem(f"{lua.B}:expiry", "cB")
+    cursor, rest = lua.jobs("active", cursor, 3, now=NOW + 900)
+    assert [f["id"] for _, f in rest] == ["c0", "c1"] and cursor == "0"
+
+
+def test_active_cursor_of_a_long_client_id(lua: Lua, q: Queue) -> None:
+    """The cursor of an active page holds its client's id (up to 256 characters): the API
+    takes back every cursor it gave."""
+    holders = ["h" * 250, "i" * 250]
+    for n, holder in enumerate(holders):
+        q.dispatch("x", id=f"j{n}")
+        assert len(lua.dequeue(holder, limit=1, now=int(time.time() * 1000)).jobs) == 1
+    page, cursor = q.jobs("active", limit=1)
+    assert [j.id for j in page] == ["j0"] and cursor == "i" * 250 + ".0"
+    page, cursor = q.jobs("active", cursor=cursor, limit=1)
+    assert [j.id for j in page] == ["j1"] and cursor == "0"
+
+
 @pytest.mark.parametrize(
     "args, what",
     [

@@ -104,13 +104,25 @@ def readers(lua: Lua, now: int = NOW, ids: tuple[str, ...] = IDS) -> dict[str, A
         out["get_job " + id] = lua.call("queasy_get_job", [lua.B], now, id)
     for state in STATES:
         for with_data in ("0", "1"):
-            rows = lua.call("queasy_jobs", [lua.B], now, state, "0", 100, with_data)
-            out[f"jobs {state} {with_data}"] = rows
+            out[f"jobs {state} {with_data}"] = pages(lua, now, state, with_data)
     out["counts"] = lua.call("queasy_counts", [lua.B], now)
     for client in ("c1", "c2", "c3"):
         out["leases " + client] = sorted(lua.call("queasy_leases", [lua.B], now, client))
     out["schedule_info"] = schedule_info(lua, now)
     return out
+
+
+def pages(lua: Lua, now: int, state: str, with_data: str) -> list[list[Any]]:
+    """Every page of queasy_jobs of `state` (100 jobs a page), following the cursors: each
+    as [whether a page follows, its rows] (a cursor's form is its library's: 5.1.1 names
+    the last job or client listed, 4.4.0 an offset)."""
+    out, cursor = [], "0"
+    while True:
+        reply = lua.call("queasy_jobs", [lua.B], now, state, cursor, 100, with_data)
+        cursor = reply[0]
+        out.append([cursor != "0", *reply[1:]])
+        if cursor == "0":
+            return out
 
 
 def as_dicts(replies: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +138,7 @@ def as_dicts(replies: dict[str, Any]) -> dict[str, Any]:
         if name.startswith("get_job"):
             out[name] = job(reply)
         elif name.startswith("jobs"):
-            out[name] = [reply[0], sorted((job(row) for row in reply[1:]), key=repr)]
+            out[name] = [[p[0], sorted((job(row) for row in p[1:]), key=repr)] for p in reply]
         else:
             out[name] = reply
     return out

@@ -237,10 +237,20 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     with producer(args) as client:
-        if client.queue(args.queue).cancel(args.id):
-            print(f"cancelled {args.id}")
+        # found as the operator commands find it: a fail queue (`emails-fail`) lives under
+        # its owner's hash tag, where client.queue() would look under its own (none there)
+        queue = operate.locate(client, args.queue)
+        if queue.cancel(args.id):
+            job = queue.get_job(args.id)
+            if job is not None and job.state == "active":  # singleton by id: its copy
+                print(f"cancelled {args.id}: its blocked copy (the job {args.id} that is active "
+                      "runs on: an active job is never cancelled)")  # fmt: skip
+            else:
+                print(f"cancelled {args.id}")
             return exitcodes.OK
-    print(f"no waiting, delayed or blocked job {args.id} in {args.queue}", file=sys.stderr)
+        job = queue.get_job(args.id)
+    why = f" (it is {job.state})" if job is not None else ""
+    print(f"no waiting, delayed or blocked job {args.id} in {args.queue}{why}", file=sys.stderr)
     return exitcodes.NOT_FOUND
 
 

@@ -173,6 +173,10 @@ def cmd_inspect(args: argparse.Namespace, client: Client) -> int:
 
 def cmd_requeue(args: argparse.Namespace, client: Client) -> int:
     queue = locate(client, args.queue)
+    # the dead letters there before the records are requeued: a job requeued from its
+    # record that a running supervisor fails again meanwhile gets a new letter, which is
+    # not this command's to requeue (it would run the job a third time)
+    entries = dead_letter.pending(queue)
     if args.ids is None:
         from_records, requeued = queue.requeue_failed(), set()
     else:
@@ -180,7 +184,7 @@ def cmd_requeue(args: argparse.Namespace, client: Client) -> int:
             queue._refuse_schedule([args.ids], queue.schedule_info() is not None)
         requeued = {job_id for job_id in dict.fromkeys(args.ids) if queue.requeue_failed([job_id])}
         from_records = len(requeued)
-    letters = dead_letter.requeue(queue, args.ids)
+    letters = dead_letter.requeue(queue, args.ids, entries)
     missing = [i for i in dict.fromkeys(args.ids or ()) if i not in requeued | set(letters)]
     total = from_records + len(letters)
     if args.json:
