@@ -5,21 +5,55 @@ job's id. The waiter chooses again before each look at the job (records.publishe
 the live supervisors of the registry): supervisors come and go during a wait (a rolling
 deploy, a second supervisor). Each wait lasts defaults.RESULT_RECHECK at most, so an end that
 woke nothing (run by a supervisor without store_results that started after the choice, or
-on a queue with events off) is seen at the next look, never polled for more often."""
+on a queue with events off) is seen at the next look, never polled for more often.
+
+A wake also keeps the end of the job it saw (`take_end`): the job's record can be gone by
+the look that follows (keep_finished or keep_failed of count 0, or trimmed by other ends
+meanwhile), and the waiter then answers from the end it saw (records.outcome), not with
+JobNotFound for a job it saw end."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from .store import events
+from .job import END_STATES
+from .store import events, fields
 from .store.keys import QueueKeys
 
 #: the most events one XREAD of a waiter reads (those of other jobs are skipped)
 READ = 1000
 
 
-class ResultWake:
+def end_of(job_id: str, new: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The last end (finished, failed, cancelled) of job `job_id` among these events."""
+    ends = [e for e in new if e.get("id") == job_id and e.get("outcome") in END_STATES]
+    return ends[-1] if ends else None
+
+
+def end_message(message: Any) -> dict[str, Any] | None:
+    """The end a message of the job's channel tells (the library SPUBLISHes the state), as
+    {"outcome": state, "channel": True}; None for anything else."""
+    if not isinstance(message, dict) or message.get("type") not in ("smessage", "message"):
+        return None
+    state = fields.text(message.get("data"))
+    return {"outcome": state, "channel": True} if state in END_STATES else None
+
+
+class Ends:
+    """The end of the job a wake saw during its last wait (an event, or the channel's
+    state), taken by the look that follows it."""
+
+    ended: dict[str, Any] | None = None
+
+    def take_end(self) -> dict[str, Any] | None:
+        """The end seen since the last take (None: none), forgotten: a look that finds the
+        job live again (dispatched anew) waits for that one."""
+        ended, self.ended = self.ended, None
+        return ended
+
+
+class ResultWake(Ends):
     """The wake-up of a synchronous waiter (a context manager: closes its subscription)."""
 
     def __init__(self, r: Any, keys: QueueKeys, job_id: str) -> None:
@@ -44,7 +78,7 @@ class ResultWake:
         if self._pubsub is not None:
             # a cluster's pub/sub reads the shard's node (redis-py's ClusterPubSub)
             get = getattr(self._pubsub, "get_sharded_message", self._pubsub.get_message)
-            get(timeout=seconds)
+            self.ended = end_message(get(timeout=seconds)) or self.ended
             return
         until = time.monotonic() + seconds
         while (block := until - time.monotonic()) > 0:  # until an event of this job
@@ -52,6 +86,7 @@ class ResultWake:
             new = events.follow(self.r, key, self._after, READ, events.read_block(self.r, block))
             if new:
                 self._after = new[-1]["event_id"]
+                self.ended = end_of(self.job_id, new) or self.ended
                 if any(event.get("id") == self.job_id for event in new):
                     return
 
@@ -90,7 +125,7 @@ class CancelSeen:
             raise asyncio.CancelledError
 
 
-class AsyncResultWake:
+class AsyncResultWake(Ends):
     """ResultWake of an asyncio waiter (an async context manager)."""
 
     def __init__(self, r: Any, keys: QueueKeys, job_id: str) -> None:
@@ -115,7 +150,7 @@ class AsyncResultWake:
         if self._pubsub is not None:
             # a cluster's pub/sub reads the shard's node (redis-py's asyncio ClusterPubSub)
             get = getattr(self._pubsub, "get_sharded_message", self._pubsub.get_message)
-            await get(timeout=seconds)
+            self.ended = end_message(await get(timeout=seconds)) or self.ended
             return
         key, until = self.keys.events, time.monotonic() + seconds
         while (block := until - time.monotonic()) > 0:  # until an event of this job
@@ -125,6 +160,7 @@ class AsyncResultWake:
             new = events.read_entries(reply, key)
             if new:
                 self._after = new[-1]["event_id"]
+                self.ended = end_of(self.job_id, new) or self.ended
                 if any(event.get("id") == self.job_id for event in new):
                     return
 

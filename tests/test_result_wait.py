@@ -18,7 +18,7 @@ from runtime_helpers import Runtime, queue_spec, wait_for
 
 from queasy_py import Client, defaults
 from queasy_py.aio import AsyncClient
-from queasy_py.errors import ClientClosed, JobFailed, ResultTimeout
+from queasy_py.errors import ClientClosed, JobFailed, JobNotFound, ResultTimeout
 from queasy_py.store.keys import QueueKeys
 
 RETURNS = "tests.runtime_handlers.returns"
@@ -59,6 +59,13 @@ class Waiting:
         assert not self.thread.is_alive(), f"result() did not see the end within {within}s"
         assert "error" not in self.got, self.got["error"]
         return self.got["value"]
+
+    def error(self, within: float) -> Exception:
+        """What result() raised, once it did (within `within` seconds from now)."""
+        self.thread.join(within)
+        assert not self.thread.is_alive(), f"result() did not see the end within {within}s"
+        assert "error" in self.got, f"result() returned {self.got.get('value')!r}"
+        return self.got["error"]
 
 
 def on_channel(rt: Runtime, job_id: str) -> bool:
@@ -349,3 +356,69 @@ def test_closing_an_async_client_ends_its_waiter_before_its_connections(
     assert not thread.is_alive(), "result() went on waiting after close()"
     assert isinstance(got.get("error"), ClientClosed), got
     assert opened_after == [], f"connections opened after close(): {opened_after}"
+
+
+# ------------------------------------------- an end seen, its record gone by the next look
+#: a retention that keeps no record of an end (removeOnComplete in BullMQ's words)
+KEEP_NONE = {"count": 0, "seconds": 0}
+
+
+def gated_and_waited(rt: Runtime, how: str, data: Any, **spec: Any) -> tuple[Any, Waiting]:
+    """A supervisor of r (`spec`), job 'g' of r (`data`, and a gate) running behind its
+    gate, and a waiter of it woken by its end (on its channel with store_results, else on
+    the outcome events)."""
+    rt.start({"r": queue_spec(RETURNS, **spec)})
+    q = rt.queue("r")
+    wait_for(lambda: q.client.supervisors(), what="the supervisor's registry entry")
+    q.dispatch({"tag": "g", "gate": "g", **data}, id="g")
+    rt.wait_records(1, "start", tag="g")
+    waiting = Waiting(rt, "g", how)
+    channel = spec.get("store_results")
+    wait_for(
+        lambda: on_channel(rt, "g") if channel else reading_events(rt),
+        what="the waiter waiting for the end of g",
+    )
+    return q, waiting
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_waiter_that_saw_its_job_finish_returns_though_no_record_is_kept(
+    rt: Runtime, how: str
+) -> None:
+    """keep_finished of count 0 keeps no record of a finished job: the waiter's look after
+    the end found nothing and raised JobNotFound ('never dispatched') for a job it saw end,
+    so result() could not serve as 'wait until done' on such a queue."""
+    q, waiting = gated_and_waited(rt, how, {"value": 7}, keep_finished=KEEP_NONE)
+    rt.open_gate("g")
+    assert waiting.value(within=SEEN_WITHIN) is None  # the queue stores no results
+    assert q.get_job("g") is None  # no record was kept: the end seen answered
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_waiter_that_saw_its_job_fail_raises_job_failed_though_no_record_is_kept(
+    rt: Runtime, how: str
+) -> None:
+    data = {"raise": "permanent", "message": "no"}
+    q, waiting = gated_and_waited(rt, how, data, keep_failed=KEEP_NONE)
+    rt.open_gate("g")
+    error = waiting.error(within=SEEN_WITHIN)
+    assert isinstance(error, JobFailed), repr(error)
+    assert (error.error["name"], error.error["message"]) == ("PermanentError", "no")
+    assert error.error["kind"] == "permanent" and "PermanentError: no" in error.error["traceback"]
+    assert error.job.state == "failed" and error.job.id == "g" and error.job.queue == "r"
+    assert error.job.ended_at is not None and error.job.worker_pid is not None
+    assert "keep_failed" in str(error)
+    assert q.get_job("g") is None
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_waiter_whose_finished_jobs_result_was_not_kept_is_told_so(rt: Runtime, how: str) -> None:
+    """With store_results and keep_finished of count 0 the result is gone with the record:
+    JobNotFound naming keep_finished, never a None that was not the handler's value."""
+    spec = {"keep_finished": KEEP_NONE, "store_results": True}
+    _, waiting = gated_and_waited(rt, how, {"value": 7}, **spec)
+    rt.open_gate("g")
+    error = waiting.error(within=SEEN_WITHIN)
+    assert isinstance(error, JobNotFound), repr(error)
+    assert "finished, but its record, with its result, is no longer kept" in str(error)
+    assert "keep_finished" in str(error)
