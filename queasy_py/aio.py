@@ -366,7 +366,11 @@ class AsyncQueue(QueueBase):
                     self._check_open(job_id, closes)
                     by_channel, results = await self._publishes_ends()
                     await wake.choose(by_channel)
-                    info, ended = await self.get_job(job_id), wake.take_end()
+                    info = await self.get_job(job_id)
+                    ended, watched = wake.look(info)
+                    if watched is not None:  # it ended, and its id is live again
+                        page, _ = await self.jobs(ended["outcome"], limit=records.ENDS_LOOKED_AT)
+                        info = records.ended_run(page, job_id, watched)
                     done, value = records.outcome(info, job_id, self.name, ended, results)
                     cancel.check()
                     if done:

@@ -241,7 +241,11 @@ class Operate:
                     supervisors = self.client.supervisors()
                     wake.choose(records.publishes_ends(supervisors, self.name))
                     results = records.stores_results(supervisors, self.name)
-                    info, ended = self.get_job(job_id), wake.take_end()
+                    info = self.get_job(job_id)
+                    ended, watched = wake.look(info)
+                    if watched is not None:  # it ended, and its id is live again
+                        page, _ = self.jobs(ended["outcome"], limit=records.ENDS_LOOKED_AT)
+                        info = records.ended_run(page, job_id, watched)
                     done, value = records.outcome(info, job_id, self.name, ended, results)
                     if done:
                         return value

@@ -249,3 +249,16 @@ def stores_results(supervisors: list[dict[str, Any]], queue: str) -> bool:
     return any(
         queue in (s.get("queues") or ()) and queue in (s.get("results") or ()) for s in supervisors
     )
+
+
+#: the newest kept ends of a state a waiter reads for the end of a job whose id is live again
+ENDS_LOOKED_AT = 100
+
+
+def ended_run(page: list[JobInfo], job_id: str, watched: JobInfo) -> JobInfo | None:
+    """The kept end, among a page of the newest ends of a state, of the job `watched`
+    (job_id's run a waiter waited for, whose id is live again): same id and dispatch."""
+    for info in page:
+        if info.id == job_id and info.enqueued_at == watched.enqueued_at:
+            return info
+    return None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .job import END_STATES
+from .job import END_STATES, JobInfo
 from .store import events, fields
 from .store.keys import QueueKeys
 
@@ -42,15 +42,28 @@ def end_message(message: Any) -> dict[str, Any] | None:
 
 class Ends:
     """The end of the job a wake saw during its last wait (an event, or the channel's
-    state), taken by the look that follows it."""
+    state), and the job it waits for (its live record at the last look), taken by each
+    look."""
 
     ended: dict[str, Any] | None = None
+    watched: JobInfo | None = None
 
-    def take_end(self) -> dict[str, Any] | None:
-        """The end seen since the last take (None: none), forgotten: a look that finds the
-        job live again (dispatched anew) waits for that one."""
+    def look(self, info: JobInfo | None) -> tuple[dict[str, Any] | None, JobInfo | None]:
+        """(the end seen since the last look, or None; the job it ended when another job
+        with its id is live now, or None). The job a look finds live is the one waited for
+        from then on; a live job dispatched since with the same id (a blocked copy promoted
+        at the end, the next occurrence of a schedule, a job that dispatched itself again)
+        has another `enqueued_at`, and an end seen before the look that finds it was the end
+        of the job waited for. (A blocked copy cancelled while its id is active ends nothing
+        that runs: the look finds the active job, the same one.)"""
         ended, self.ended = self.ended, None
-        return ended
+        before, live = self.watched, info is not None and info.state not in END_STATES
+        if live:
+            self.watched = info
+        if ended is not None and live and before is not None:
+            if info.enqueued_at != before.enqueued_at:  # type: ignore[union-attr]
+                return ended, before
+        return ended, None
 
 
 class ResultWake(Ends):

@@ -422,3 +422,82 @@ def test_a_waiter_whose_finished_jobs_result_was_not_kept_is_told_so(rt: Runtime
     assert isinstance(error, JobNotFound), repr(error)
     assert "finished, but its record, with its result, is no longer kept" in str(error)
     assert "keep_finished" in str(error)
+
+
+# ------------------------------------- the id live again: the end of the job waited for
+@pytest.mark.parametrize(
+    ("how", "results"), [("sync", True), ("async", True), ("sync", False), ("async", False)]
+)
+def test_a_waiter_gets_the_end_of_its_job_though_a_twin_with_its_id_runs_next(
+    rt: Runtime, how: str, results: bool
+) -> None:
+    """A dispatch of an active id blocks behind it and becomes live at its end: the waiter
+    looked again, found the twin live and waited for it (for ever, where a job dispatches
+    itself again, or a schedule's next occurrence follows); it gets the end it saw."""
+    rt.start({"r": queue_spec(RETURNS, store_results=results)})
+    q = rt.queue("r")
+    wait_for(lambda: q.client.supervisors(), what="the supervisor's registry entry")
+    q.dispatch({"tag": "first", "gate": "first", "value": 1}, id="p")
+    rt.wait_records(1, "start", tag="first")
+    waiting = Waiting(rt, "p", how)
+    wait_for(
+        lambda: on_channel(rt, "p") if results else reading_events(rt),
+        what="the waiter waiting for the end of p",
+    )
+    q.dispatch({"tag": "twin", "gate": "twin", "value": 2}, id="p")  # blocked behind it
+    rt.open_gate("first")
+    assert waiting.value(within=SEEN_WITHIN) == (1 if results else None)
+    rt.wait_records(1, "start", tag="twin")  # the twin runs (its gate shut)
+    assert q.get_job("p").state == "active"
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_waiter_gets_the_failure_of_its_job_though_a_twin_with_its_id_runs_next(
+    rt: Runtime, how: str
+) -> None:
+    rt.start({"r": queue_spec(RETURNS)})
+    q = rt.queue("r")
+    wait_for(lambda: q.client.supervisors(), what="the supervisor's registry entry")
+    q.dispatch({"tag": "first", "gate": "first", "raise": "permanent", "message": "x"}, id="p")
+    rt.wait_records(1, "start", tag="first")
+    waiting = Waiting(rt, "p", how)
+    wait_for(lambda: reading_events(rt), what="the waiter waiting for the end of p")
+    q.dispatch({"tag": "twin", "gate": "twin", "value": 2}, id="p")
+    rt.open_gate("first")
+    error = waiting.error(within=SEEN_WITHIN)
+    assert isinstance(error, JobFailed), repr(error)
+    assert (error.error["name"], error.error["message"]) == ("PermanentError", "x")
+    # its kept record, read from the newest failed ones (without data: a listing's page)
+    assert error.job.state == "failed" and error.job.host is not None
+    assert error.job.attempts == 1 and error.job.data is None
+
+
+def test_a_cancelled_twin_is_not_the_end_of_the_active_job_waited_for(rt: Runtime) -> None:
+    rt.start({"r": queue_spec(RETURNS, store_results=True)})
+    q = rt.queue("r")
+    wait_for(lambda: q.client.supervisors(), what="the supervisor's registry entry")
+    q.dispatch({"tag": "first", "gate": "first", "value": 1}, id="p")
+    rt.wait_records(1, "start", tag="first")
+    waiting = Waiting(rt, "p", "sync")
+    wait_for(lambda: on_channel(rt, "p"), what="the waiter waiting for the end of p")
+    q.dispatch({"tag": "twin", "value": 2}, id="p")  # blocked behind it
+    assert q.cancel("p")  # the blocked copy: its channel says 'cancelled'
+    time.sleep(0.5)  # (what the waiter does with it: nothing, it waits on)
+    assert waiting.thread.is_alive() and not waiting.got
+    rt.open_gate("first")
+    assert waiting.value(within=SEEN_WITHIN) == 1
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_waiter_of_a_schedules_occurrence_gets_its_end_not_the_nexts(
+    rt: Runtime, how: str
+) -> None:
+    """The next occurrence (the same id) is created as one ends: result('schedule') waited
+    for each next one in turn, and never returned."""
+    rt.start({"r": queue_spec("tests.runtime_handlers.scheduled", schedule_every=2)})
+    q = rt.queue("r")
+    wait_for(lambda: (info := q.schedule_info()) and info.state, what="the first occurrence")
+    waiting = Waiting(rt, "schedule", how)
+    assert waiting.value(within=2.0 + SEEN_WITHIN) is None
+    (end,) = rt.records("end")[:1]
+    assert waiting.got["at"] - end["t"] < SEEN_WITHIN
