@@ -56,13 +56,12 @@ class Ends:
         has another `enqueued_at`, and an end seen before the look that finds it was the end
         of the job waited for. (A blocked copy cancelled while its id is active ends nothing
         that runs: the look finds the active job, the same one.)"""
-        ended, self.ended = self.ended, None
-        before, live = self.watched, info is not None and info.state not in END_STATES
-        if live:
-            self.watched = info
-        if ended is not None and live and before is not None:
-            if info.enqueued_at != before.enqueued_at:  # type: ignore[union-attr]
-                return ended, before
+        ended, self.ended, before = self.ended, None, self.watched
+        if info is None or info.state in END_STATES:
+            return ended, None
+        self.watched = info
+        if ended is not None and before is not None and info.enqueued_at != before.enqueued_at:
+            return ended, before
         return ended, None
 
 
