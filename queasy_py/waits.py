@@ -7,10 +7,11 @@ deploy, a second supervisor). Each wait lasts defaults.RESULT_RECHECK at most, s
 woke nothing (run by a supervisor without store_results that started after the choice, or
 on a queue with events off) is seen at the next look, never polled for more often.
 
-A wake also keeps the end of the job it saw (`take_end`): the job's record can be gone by
-the look that follows (keep_finished or keep_failed of count 0, or trimmed by other ends
-meanwhile), and the waiter then answers from the end it saw (records.outcome), not with
-JobNotFound for a job it saw end."""
+A wake also keeps the end of the job it saw, and the job it waits for (`Ends.look`): the
+job's record can be gone by the look that follows (keep_finished or keep_failed of count 0,
+or trimmed by other ends meanwhile), or another job with its id can be live by then (a
+blocked copy promoted, a schedule's next occurrence); the waiter then answers from the end
+it saw (records.outcome), not with JobNotFound, nor by waiting for the next job."""
 
 from __future__ import annotations
 
