@@ -364,8 +364,14 @@ class AsyncQueue(QueueBase):
             try:
                 while True:  # the wake-up is chosen before the look: an end after it wakes it
                     self._check_open(job_id, closes)
-                    await wake.choose(await self._publishes_ends())
-                    done, value = records.outcome(await self.get_job(job_id), job_id, self.name)
+                    by_channel, results = await self._publishes_ends()
+                    await wake.choose(by_channel)
+                    info = await self.get_job(job_id)
+                    ended, watched = wake.look(info)
+                    if watched is not None:  # it ended, and its id is live again
+                        page, _ = await self.jobs(ended["outcome"], limit=records.ENDS_LOOKED_AT)
+                        info = records.ended_run(page, job_id, watched)
+                    done, value = records.outcome(info, job_id, self.name, ended, results)
                     cancel.check()
                     if done:
                         return value
@@ -379,13 +385,17 @@ class AsyncQueue(QueueBase):
                 self._check_open(job_id, closes, exc)
                 raise
 
-    async def _publishes_ends(self) -> bool:
+    async def _publishes_ends(self) -> tuple[bool, bool]:
         """Whether the ends of this queue's jobs are published on their channels now
-        (records.publishes_ends over the registry's live supervisors)."""
+        (records.publishes_ends over the registry's live supervisors), and whether one of
+        them stores results (records.stores_results)."""
         key = RegistryKeys(self.client.prefix).supervisors
         now, entries = await time_and_hash(self.client.redis, key, self.client.cluster)
         supervisors = records.live(entries.values(), now)
-        return records.publishes_ends(supervisors, self.name)
+        return (
+            records.publishes_ends(supervisors, self.name),
+            records.stores_results(supervisors, self.name),
+        )
 
     @as_connection_failed
     async def events(self, after: str = "0", count: int = 100) -> list[dict[str, Any]]:

@@ -241,8 +241,15 @@ class Operate:
             try:
                 while True:  # the wake-up is chosen before the look: an end after it wakes it
                     self._check_open(job_id, closes)
-                    wake.choose(records.publishes_ends(self.client.supervisors(), self.name))
-                    done, value = records.outcome(self.get_job(job_id), job_id, self.name)
+                    supervisors = self.client.supervisors()
+                    wake.choose(records.publishes_ends(supervisors, self.name))
+                    results = records.stores_results(supervisors, self.name)
+                    info = self.get_job(job_id)
+                    ended, watched = wake.look(info)
+                    if watched is not None:  # it ended, and its id is live again
+                        page, _ = self.jobs(ended["outcome"], limit=records.ENDS_LOOKED_AT)
+                        info = records.ended_run(page, job_id, watched)
+                    done, value = records.outcome(info, job_id, self.name, ended, results)
                     if done:
                         return value
                     wake.wait(self._left(job_id, deadline, timeout))

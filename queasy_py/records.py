@@ -136,11 +136,23 @@ def publishes_ends(supervisors: list[dict[str, Any]], queue: str) -> bool:
     return bool(serving) and all(queue in (s.get("results") or ()) for s in serving)
 
 
-def outcome(info: JobInfo | None, job_id: str, queue: str) -> tuple[bool, Any]:
+def outcome(
+    info: JobInfo | None,
+    job_id: str,
+    queue: str,
+    ended: dict[str, Any] | None = None,
+    results: bool = False,
+) -> tuple[bool, Any]:
     """What result() makes of a job: (True, its result) once it finished, (False, None)
     while it has not ended; JobFailed when it failed or was cancelled, JobNotFound when
-    there is no such job (or its record is no longer kept)."""
+    there is no such job (or its record is no longer kept). `ended`: the end of the job the
+    waiter saw since its last look (waits.Ends), which answers when the record is gone by
+    now (a retention of count 0, or trimmed meanwhile); `results`: whether a supervisor of
+    the queue may have stored its result (then a finished job whose record is gone took
+    its result with it: JobNotFound saying so, never a None that was not the result)."""
     if info is None:
+        if ended is not None:
+            return _seen_end(ended, job_id, queue, results)
         raise JobNotFound(
             f"no job {job_id!r} in queue {queue!r} (never dispatched, or its record is no "
             "longer kept: see keep_finished and keep_failed)"
@@ -149,17 +161,104 @@ def outcome(info: JobInfo | None, job_id: str, queue: str) -> tuple[bool, Any]:
         return False, None
     if info.state == "finished":
         return True, info.result
-    error = info.last_error or {}
-    if info.state == "cancelled":
-        error = {
-            "name": "Cancelled",
-            "kind": "cancelled",
-            "message": "the job was cancelled",
-            "traceback": None,
-            "at": info.ended_at,
-        }
+    error = cancelled_error(info.ended_at) if info.state == "cancelled" else info.last_error or {}
     raise JobFailed(
         f"job {job_id} of {queue} {info.state}: {error.get('name')}: {error.get('message')}",
         info,
         error,
     )
+
+
+def cancelled_error(at: float | None) -> dict[str, Any]:
+    """The error of a cancelled job."""
+    return {
+        "name": "Cancelled",
+        "kind": "cancelled",
+        "message": "the job was cancelled",
+        "traceback": None,
+        "at": at,
+    }
+
+
+def _seen_end(ended: dict[str, Any], job_id: str, queue: str, results: bool) -> tuple[bool, Any]:
+    """outcome() of a job whose end the waiter saw and whose record is gone since: from the
+    outcome event (or the channel's state: the supervisor that ended it stored results)."""
+    state = ended["outcome"]
+    gone = "keep_finished" if state == "finished" else "keep_failed"
+    if state == "finished":
+        if results or ended.get("channel"):
+            raise JobNotFound(
+                f"job {job_id} of {queue} finished, but its record, with its result, is no "
+                f"longer kept (see {gone})"
+            )
+        return True, None  # a queue that stores no results: its result is None
+    info = _ended_info(ended, job_id, queue)
+    error = info.last_error or {}
+    what = f"{error.get('name')}: {error.get('message')}" if error else "its error is gone"
+    raise JobFailed(
+        f"job {job_id} of {queue} {state}: {what} (its record is no longer kept: see {gone})",
+        info,
+        error,
+    )
+
+
+def _ended_info(ended: dict[str, Any], job_id: str, queue: str) -> JobInfo:
+    """A JobInfo of an ended job from its outcome event (README "Outcome events"): what the
+    event does not hold (data, attempts, host) is left at None or 0."""
+
+    def at(name: str) -> float | None:
+        value = ended.get(name)
+        return value / 1000 if isinstance(value, int) and value > 0 else None
+
+    def count(name: str) -> int:
+        value = ended.get(name)
+        return value if isinstance(value, int) else 0
+
+    state, ended_at = ended["outcome"], at("ended_at")
+    error: dict[str, Any] | None = None
+    if state == "cancelled":
+        error = cancelled_error(ended_at)
+    elif ended.get("error_name"):
+        error = {
+            "name": ended["error_name"],
+            "kind": ended.get("error_kind") or "",
+            "message": ended.get("error_message") or "",
+            "traceback": ended.get("traceback") or None,
+            "at": ended_at,
+        }
+    return JobInfo(
+        id=job_id,
+        queue=queue,
+        data=None,
+        state=state,
+        run_at=at("run_at") or 0.0,
+        retry_count=count("retry_count"),
+        stall_count=count("stall_count"),
+        timeout_count=count("timeout_count"),
+        enqueued_at=at("enqueued_at"),
+        started_at=at("started_at"),
+        ended_at=ended_at,
+        last_error=error,
+        worker_pid=count("pid") or None,
+        client=ended.get("client") or None,
+    )
+
+
+def stores_results(supervisors: list[dict[str, Any]], queue: str) -> bool:
+    """Whether some live supervisor listening on `queue` stores its results."""
+    return any(
+        queue in (s.get("queues") or ()) and queue in (s.get("results") or ()) for s in supervisors
+    )
+
+
+#: the newest kept ends of a state a waiter reads for the end of a job whose id is live again
+ENDS_LOOKED_AT = 100
+
+
+def ended_run(page: list[JobInfo], job_id: str, watched: JobInfo) -> JobInfo | None:
+    """The kept end, among a page of the newest ends of a state, of the job `watched`
+    (job_id's run a waiter waited for, whose id is live again): same id and dispatch."""
+    for info in page:
+        if info.id == job_id and info.enqueued_at == watched.enqueued_at:
+            return info
+    return None

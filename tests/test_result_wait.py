@@ -18,7 +18,7 @@ from runtime_helpers import Runtime, queue_spec, wait_for
 
 from queasy_py import Client, defaults
 from queasy_py.aio import AsyncClient
-from queasy_py.errors import ClientClosed, JobFailed, ResultTimeout
+from queasy_py.errors import ClientClosed, JobFailed, JobNotFound, ResultTimeout
 from queasy_py.store.keys import QueueKeys
 
 RETURNS = "tests.runtime_handlers.returns"
@@ -59,6 +59,13 @@ class Waiting:
         assert not self.thread.is_alive(), f"result() did not see the end within {within}s"
         assert "error" not in self.got, self.got["error"]
         return self.got["value"]
+
+    def error(self, within: float) -> Exception:
+        """What result() raised, once it did (within `within` seconds from now)."""
+        self.thread.join(within)
+        assert not self.thread.is_alive(), f"result() did not see the end within {within}s"
+        assert "error" in self.got, f"result() returned {self.got.get('value')!r}"
+        return self.got["error"]
 
 
 def on_channel(rt: Runtime, job_id: str) -> bool:
@@ -349,3 +356,148 @@ def test_closing_an_async_client_ends_its_waiter_before_its_connections(
     assert not thread.is_alive(), "result() went on waiting after close()"
     assert isinstance(got.get("error"), ClientClosed), got
     assert opened_after == [], f"connections opened after close(): {opened_after}"
+
+
+# ------------------------------------------- an end seen, its record gone by the next look
+#: a retention that keeps no record of an end (removeOnComplete in BullMQ's words)
+KEEP_NONE = {"count": 0, "seconds": 0}
+
+
+def gated_and_waited(rt: Runtime, how: str, data: Any, **spec: Any) -> tuple[Any, Waiting]:
+    """A supervisor of r (`spec`), job 'g' of r (`data`, and a gate) running behind its
+    gate, and a waiter of it woken by its end (on its channel with store_results, else on
+    the outcome events)."""
+    rt.start({"r": queue_spec(RETURNS, **spec)})
+    q = rt.queue("r")
+    wait_for(lambda: q.client.supervisors(), what="the supervisor's registry entry")
+    q.dispatch({"tag": "g", "gate": "g", **data}, id="g")
+    rt.wait_records(1, "start", tag="g")
+    waiting = Waiting(rt, "g", how)
+    channel = spec.get("store_results")
+    wait_for(
+        lambda: on_channel(rt, "g") if channel else reading_events(rt),
+        what="the waiter waiting for the end of g",
+    )
+    return q, waiting
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_waiter_that_saw_its_job_finish_returns_though_no_record_is_kept(
+    rt: Runtime, how: str
+) -> None:
+    """keep_finished of count 0 keeps no record of a finished job: the waiter's look after
+    the end found nothing and raised JobNotFound ('never dispatched') for a job it saw end,
+    so result() could not serve as 'wait until done' on such a queue."""
+    q, waiting = gated_and_waited(rt, how, {"value": 7}, keep_finished=KEEP_NONE)
+    rt.open_gate("g")
+    assert waiting.value(within=SEEN_WITHIN) is None  # the queue stores no results
+    assert q.get_job("g") is None  # no record was kept: the end seen answered
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_waiter_that_saw_its_job_fail_raises_job_failed_though_no_record_is_kept(
+    rt: Runtime, how: str
+) -> None:
+    data = {"raise": "permanent", "message": "no"}
+    q, waiting = gated_and_waited(rt, how, data, keep_failed=KEEP_NONE)
+    rt.open_gate("g")
+    error = waiting.error(within=SEEN_WITHIN)
+    assert isinstance(error, JobFailed), repr(error)
+    assert (error.error["name"], error.error["message"]) == ("PermanentError", "no")
+    assert error.error["kind"] == "permanent" and "PermanentError: no" in error.error["traceback"]
+    assert error.job.state == "failed" and error.job.id == "g" and error.job.queue == "r"
+    assert error.job.ended_at is not None and error.job.worker_pid is not None
+    assert "keep_failed" in str(error)
+    assert q.get_job("g") is None
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_waiter_whose_finished_jobs_result_was_not_kept_is_told_so(rt: Runtime, how: str) -> None:
+    """With store_results and keep_finished of count 0 the result is gone with the record:
+    JobNotFound naming keep_finished, never a None that was not the handler's value."""
+    spec = {"keep_finished": KEEP_NONE, "store_results": True}
+    _, waiting = gated_and_waited(rt, how, {"value": 7}, **spec)
+    rt.open_gate("g")
+    error = waiting.error(within=SEEN_WITHIN)
+    assert isinstance(error, JobNotFound), repr(error)
+    assert "finished, but its record, with its result, is no longer kept" in str(error)
+    assert "keep_finished" in str(error)
+
+
+# ------------------------------------- the id live again: the end of the job waited for
+@pytest.mark.parametrize(
+    ("how", "results"), [("sync", True), ("async", True), ("sync", False), ("async", False)]
+)
+def test_a_waiter_gets_the_end_of_its_job_though_a_twin_with_its_id_runs_next(
+    rt: Runtime, how: str, results: bool
+) -> None:
+    """A dispatch of an active id blocks behind it and becomes live at its end: the waiter
+    looked again, found the twin live and waited for it (for ever, where a job dispatches
+    itself again, or a schedule's next occurrence follows); it gets the end it saw."""
+    rt.start({"r": queue_spec(RETURNS, store_results=results)})
+    q = rt.queue("r")
+    wait_for(lambda: q.client.supervisors(), what="the supervisor's registry entry")
+    q.dispatch({"tag": "first", "gate": "first", "value": 1}, id="p")
+    rt.wait_records(1, "start", tag="first")
+    waiting = Waiting(rt, "p", how)
+    wait_for(
+        lambda: on_channel(rt, "p") if results else reading_events(rt),
+        what="the waiter waiting for the end of p",
+    )
+    q.dispatch({"tag": "twin", "gate": "twin", "value": 2}, id="p")  # blocked behind it
+    rt.open_gate("first")
+    assert waiting.value(within=SEEN_WITHIN) == (1 if results else None)
+    rt.wait_records(1, "start", tag="twin")  # the twin runs (its gate shut)
+    assert q.get_job("p").state == "active"
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_waiter_gets_the_failure_of_its_job_though_a_twin_with_its_id_runs_next(
+    rt: Runtime, how: str
+) -> None:
+    rt.start({"r": queue_spec(RETURNS)})
+    q = rt.queue("r")
+    wait_for(lambda: q.client.supervisors(), what="the supervisor's registry entry")
+    q.dispatch({"tag": "first", "gate": "first", "raise": "permanent", "message": "x"}, id="p")
+    rt.wait_records(1, "start", tag="first")
+    waiting = Waiting(rt, "p", how)
+    wait_for(lambda: reading_events(rt), what="the waiter waiting for the end of p")
+    q.dispatch({"tag": "twin", "gate": "twin", "value": 2}, id="p")
+    rt.open_gate("first")
+    error = waiting.error(within=SEEN_WITHIN)
+    assert isinstance(error, JobFailed), repr(error)
+    assert (error.error["name"], error.error["message"]) == ("PermanentError", "x")
+    # its kept record, read from the newest failed ones (without data: a listing's page)
+    assert error.job.state == "failed" and error.job.host is not None
+    assert error.job.attempts == 1 and error.job.data is None
+
+
+def test_a_cancelled_twin_is_not_the_end_of_the_active_job_waited_for(rt: Runtime) -> None:
+    rt.start({"r": queue_spec(RETURNS, store_results=True)})
+    q = rt.queue("r")
+    wait_for(lambda: q.client.supervisors(), what="the supervisor's registry entry")
+    q.dispatch({"tag": "first", "gate": "first", "value": 1}, id="p")
+    rt.wait_records(1, "start", tag="first")
+    waiting = Waiting(rt, "p", "sync")
+    wait_for(lambda: on_channel(rt, "p"), what="the waiter waiting for the end of p")
+    q.dispatch({"tag": "twin", "value": 2}, id="p")  # blocked behind it
+    assert q.cancel("p")  # the blocked copy: its channel says 'cancelled'
+    time.sleep(0.5)  # (what the waiter does with it: nothing, it waits on)
+    assert waiting.thread.is_alive() and not waiting.got
+    rt.open_gate("first")
+    assert waiting.value(within=SEEN_WITHIN) == 1
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_waiter_of_a_schedules_occurrence_gets_its_end_not_the_nexts(
+    rt: Runtime, how: str
+) -> None:
+    """The next occurrence (the same id) is created as one ends: result('schedule') waited
+    for each next one in turn, and never returned."""
+    rt.start({"r": queue_spec("tests.runtime_handlers.scheduled", schedule_every=2)})
+    q = rt.queue("r")
+    wait_for(lambda: (info := q.schedule_info()) and info.state, what="the first occurrence")
+    waiting = Waiting(rt, "schedule", how)
+    assert waiting.value(within=2.0 + SEEN_WITHIN) is None
+    (end,) = rt.records("end")[:1]
+    assert waiting.got["at"] - end["t"] < SEEN_WITHIN
