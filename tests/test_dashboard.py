@@ -21,6 +21,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from urllib.parse import urlparse
 
 import pytest
 import redis
+from lua_calls import Lua
 from runtime_helpers import ACT, Runtime, queue_spec, wait_for
 
 import queasy_py
@@ -395,6 +397,41 @@ def test_actions_need_post_a_csrf_token_and_their_own_origin(
         assert dash.request("GET", "/queues/q?state=waiting&cursor=zzz")[0] == 200  # page 1
         assert dash.request("GET", "/queues/nope")[0] == 404
         assert dash.request("GET", "/queues/q/jobs/nope")[0] == 404
+    client.close()
+
+
+def test_a_cancel_of_an_active_ids_blocked_copy_says_the_active_job_runs_on(
+    redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """Cancel on the page of x, while x is active and a dispatch of x waits blocked behind it,
+    cancels the blocked copy: the page said `cancelled 1 job` above a job shown active."""
+    client = Client(redis_url, workers=0, prefix=prefix)
+    q = client.queue("q")
+    q.dispatch({}, id="x")
+    lua = Lua(redis.Redis.from_url(redis_url, decode_responses=True), prefix)
+    assert lua.dequeue(now=int(time.time() * 1000), expiry=600_000).ids == ["x"]
+    q.dispatch({"again": 1}, id="x")  # blocked behind the active x
+    assert q.get_job("x").state == "active" and q.counts()["blocked"] == 1  # type: ignore[union-attr]
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    with dashboard(redis_url, prefix, tmp_path) as dash:
+        cookie, token = csrf_of(dash, "/queues/q/confirm?action=cancel&id=x")
+        good = {**form, "Cookie": cookie, "Origin": f"http://127.0.0.1:{dash.port}"}
+        status, headers, _ = dash.request(
+            "POST", "/queues/q/actions/cancel", body=f"csrf={token}&id=x", headers=good
+        )
+        assert status == 303 and headers["location"] == "/queues/q/jobs/x?done=cancel&n=1"
+        status, _, body = dash.request("GET", headers["location"])
+        assert status == 200
+        assert (
+            '<p class="done" id="done">cancelled its blocked copy: the job that is active runs '
+            "on (an active job is never cancelled)</p>"
+        ) in body
+        assert q.get_job("x").state == "active" and q.counts()["blocked"] == 0  # type: ignore[union-attr]
+        # a job that did stop still reads as before
+        q.dispatch({}, id="y")
+        assert q.cancel("y")
+        status, _, body = dash.request("GET", "/queues/q/jobs/y?done=cancel&n=1")
+        assert '<p class="done" id="done">cancelled 1 job</p>' in body
     client.close()
 
 

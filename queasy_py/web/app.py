@@ -96,12 +96,19 @@ def queue(request: Request) -> Response:
     return d.html(request, name, _done(request) + body)
 
 
-def _done(request: Request) -> str:
-    """The line saying what an action just did (from fixed words and numbers only)."""
+def _done(request: Request, state: str | None = None) -> str:
+    """The line saying what an action just did (from fixed words and numbers only). On the
+    page of a job that is `state` now: a cancel of an id whose job is active cancelled the
+    copy blocked behind it (singleton by id; an active job is never cancelled)."""
     action, n = request.query_params.get("done"), request.query_params.get("n", "")
     if action not in queuepages.ACTIONS or not (n.isascii() and n.isdigit()) or len(n) > 18:
         return ""
     words = {"requeue": "requeued", "cancel": "cancelled", "purge": "purged"}[action]
+    if action == "cancel" and n == "1" and state == "active":
+        return (
+            '<p class="done" id="done">cancelled its blocked copy: the job that is active '
+            "runs on (an active job is never cancelled)</p>"
+        )
     return f'<p class="done" id="done">{words} {int(n)} job{"" if n == "1" else "s"}</p>'
 
 
@@ -118,7 +125,7 @@ def job(request: Request) -> Response:
     if info is None:
         return d.not_found(request, f"no job {job_id!r} kept in queue {name!r}")
     page = queuepages.job_page(info, d.reader.server_now(), d.read_only)
-    return d.html(request, f"job {job_id}", _done(request) + page)
+    return d.html(request, f"job {job_id}", _done(request, info.state) + page)
 
 
 def confirm(request: Request) -> Response:
