@@ -75,6 +75,16 @@ def color(name: str) -> str:
     return next(c for key, c in COLORS.items() if name.startswith(key))
 
 
+def save(f, ax, title: str, source: str, path: Path) -> Path:
+    """The charts' common end: no top and right frame, the title, the source line, the SVG."""
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.set_title(title, loc="left")
+    f.text(0.01, 0.01, source, fontsize=6, color="#555555")
+    f.tight_layout(rect=(0, 0.05, 1, 1))
+    f.savefig(path, metadata={"Date": None})
+    return path
+
+
 def peers(plt, out: Path) -> Path:
     fig = FIGURES["peers"]
     names, values = list(fig["processed"]), list(fig["processed"].values())
@@ -83,13 +93,9 @@ def peers(plt, out: Path) -> Path:
     ax.bar_label(bars, labels=[f"{v:,}" for v in values[::-1]], padding=4)
     ax.set_xlabel("no-op jobs processed per second (2 cores, 2 worker processes)")
     ax.set_xlim(0, max(values) * 1.18)
-    ax.spines[["top", "right"]].set_visible(False)
-    ax.set_title("queasy_py against its peers on 2 cores", loc="left")
-    f.text(0.01, 0.01, fig["source"], fontsize=6, color="#555555")
-    f.tight_layout(rect=(0, 0.05, 1, 1))
-    path = out / "peers-2-cores.svg"
-    f.savefig(path, metadata={"Date": None})
-    return path
+    return save(
+        f, ax, "queasy_py against its peers on 2 cores", fig["source"], out / "peers-2-cores.svg"
+    )
 
 
 def scaling(plt, out: Path) -> Path:
@@ -104,13 +110,13 @@ def scaling(plt, out: Path) -> Path:
     ax.axhline(28_000, color="#c0392b", linestyle=":", linewidth=1)
     ax.text(2.1, 28_600, "queasy_py's ceiling: one server core at ~35 µs a job", fontsize=7)
     ax.legend(loc="lower right", frameon=False)
-    ax.spines[["top", "right"]].set_visible(False)
-    ax.set_title("How it scales: queasy_py nears its server's one-core ceiling", loc="left")
-    f.text(0.01, 0.01, fig["source"], fontsize=6, color="#555555")
-    f.tight_layout(rect=(0, 0.05, 1, 1))
-    path = out / "scaling-16-cores.svg"
-    f.savefig(path, metadata={"Date": None})
-    return path
+    return save(
+        f,
+        ax,
+        "How it scales: queasy_py nears its server's one-core ceiling",
+        fig["source"],
+        out / "scaling-16-cores.svg",
+    )
 
 
 def ratios(plt, out: Path) -> Path:
@@ -129,13 +135,13 @@ def ratios(plt, out: Path) -> Path:
     ax.set_xticks(xs, [f"{when}\n{lib}" for when, lib, _, _ in runs], fontsize=7)
     ax.set_ylim(0, 4.5)
     ax.set_ylabel("processed/s, queasy_py / best peer")
-    ax.spines[["top", "right"]].set_visible(False)
-    ax.set_title("The 2-core ratio, run by run (date UTC, library)", loc="left")
-    f.text(0.01, 0.01, fig["source"], fontsize=6, color="#555555")
-    f.tight_layout(rect=(0, 0.05, 1, 1))
-    path = out / "ratio-runs.svg"
-    f.savefig(path, metadata={"Date": None})
-    return path
+    return save(
+        f,
+        ax,
+        "The 2-core ratio, run by run (date UTC, library)",
+        fig["source"],
+        out / "ratio-runs.svg",
+    )
 
 
 def floor(plt, out: Path) -> Path:
@@ -157,13 +163,9 @@ def floor(plt, out: Path) -> Path:
     ax.set_xlabel("server instructions per no-op job (thousands)")
     ax.tick_params(axis="y", labelsize=7)
     ax.legend(loc="lower right", frameon=False, fontsize=7)
-    ax.spines[["top", "right"]].set_visible(False)
-    ax.set_title("A job's server cost and the 10 µs target", loc="left")
-    f.text(0.01, 0.01, fig["source"], fontsize=6, color="#555555")
-    f.tight_layout(rect=(0, 0.05, 1, 1))
-    path = out / "server-floor.svg"
-    f.savefig(path, metadata={"Date": None})
-    return path
+    return save(
+        f, ax, "A job's server cost and the 10 µs target", fig["source"], out / "server-floor.svg"
+    )
 
 
 def main() -> None:
